@@ -1,0 +1,118 @@
+"""The job specification: one validated model shared by the operator, the CLI and the master.
+
+Every process of a job (master, parameter servers, workers) reads the same ``JobSpec`` from
+``job.json`` in the job directory, so a field validated here is valid everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+REFERENCE_MODELS = ("wide_deep",)
+OPTIMIZERS = ("adagrad",)
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TableConfig(_Strict):
+    """One embedding table fed by one categorical column of the dataset."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
+    column: str = Field(min_length=1, description="categorical column whose ids index the table")
+    vocab_size: int = Field(gt=0, description="hashed vocabulary size: ids lie in [0, vocab_size)")
+    dim: int = Field(gt=0, le=1024)
+    pooling: Literal["sum", "mean"] = "sum"
+
+
+class FeatureConfig(_Strict):
+    """Which dense features and embedding tables the model sees."""
+
+    num_dense: int = Field(ge=0)
+    tables: tuple[TableConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> FeatureConfig:
+        names = [t.name for t in self.tables]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"features.tables: duplicate table names {dupes}")
+        return self
+
+
+class ResourcePlan(_Strict):
+    """How many nodes of each role and how big: what the optimizer proposes and launchers apply."""
+
+    num_workers: int = Field(default=1, ge=1, le=1024)
+    num_ps: int = Field(default=1, ge=1, le=256)
+    worker_cpu: float = Field(default=1.0, gt=0, le=256)
+    worker_memory_mb: int = Field(default=2048, ge=256)
+    ps_cpu: float = Field(default=1.0, gt=0, le=256)
+    ps_memory_mb: int = Field(default=2048, ge=256)
+
+
+class TrainingConfig(_Strict):
+    """Optimisation settings; the same for every worker of the job."""
+
+    batch_size: int = Field(default=512, ge=1, le=1 << 20)
+    epochs: int = Field(default=1, ge=1, le=1000)
+    learning_rate: float = Field(default=0.05, gt=0, le=10)
+    optimizer: Literal["adagrad"] = "adagrad"
+    shard_size: int = Field(
+        default=8192, ge=1, description="samples per shard leased from the master's queue"
+    )
+    seed: int = 0
+    shard_lease_s: float = Field(
+        default=120.0, gt=0, description="a worker that holds a shard longer loses the lease"
+    )
+
+
+class JobSpec(_Strict):
+    """Everything a job's processes need to run; written to ``job.json`` by the launcher."""
+
+    job_id: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    train_data: str = Field(min_length=1, description="dataset directory of the training split")
+    eval_data: str | None = Field(default=None, description="held-out split scored at the end")
+    model: str = Field(
+        default="wide_deep",
+        description="a reference model name or an import path 'package.module:factory'",
+    )
+    features: FeatureConfig | None = Field(
+        default=None, description="default: one table per categorical column of the dataset"
+    )
+    embedding_dim: int = Field(default=16, gt=0, le=1024)
+    plan: ResourcePlan = ResourcePlan()
+    training: TrainingConfig = TrainingConfig()
+
+    @field_validator("model")
+    @classmethod
+    def _model_ref(cls, value: str) -> str:
+        if value in REFERENCE_MODELS or _IMPORT_PATH.match(value):
+            return value
+        raise ValueError(
+            f"model={value!r}: expected one of {list(REFERENCE_MODELS)} "
+            "or an import path like 'mypkg.models:build_tower'"
+        )
+
+
+# Reference models whose wide (linear) part reads a 1-dim table per categorical column.
+_WIDE_TABLE_MODELS = frozenset({"wide_deep"})
+WIDE_SUFFIX = "_wide"
+
+
+def default_features(
+    columns: list[tuple[str, int]], num_dense: int, model: str, dim: int
+) -> FeatureConfig:
+    """One ``dim``-wide table per categorical column (plus a 1-dim linear table for Wide&Deep)."""
+    tables = [TableConfig(name=name, column=name, vocab_size=vocab, dim=dim) for name, vocab in columns]
+    if model in _WIDE_TABLE_MODELS:
+        tables += [
+            TableConfig(name=f"{name}{WIDE_SUFFIX}", column=name, vocab_size=vocab, dim=1)
+            for name, vocab in columns
+        ]
+    return FeatureConfig(num_dense=num_dense, tables=tuple(tables))

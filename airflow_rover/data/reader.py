@@ -1,0 +1,285 @@
+"""Format-agnostic sample access: the training runtime reads data only through this interface.
+
+A dataset directory holds ``manifest.json`` whose ``format`` names the on-disk layout;
+``open_dataset`` dispatches on it through a small registry, so a new layout (Parquet, TFRecord,
+...) is one ``register_format`` call and no change to the trainers. Readers serve contiguous
+index ranges because the master hands out work as index-range shards.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class CategoricalColumn:
+    """One categorical feature: ids are integers in ``[0, vocab_size)``."""
+
+    name: str
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Column layout shared by every batch of a dataset (what a model needs to be built)."""
+
+    num_dense: int
+    categorical: tuple[CategoricalColumn, ...]
+
+    @property
+    def num_categorical(self) -> int:
+        return len(self.categorical)
+
+    @property
+    def vocab_sizes(self) -> tuple[int, ...]:
+        return tuple(column.vocab_size for column in self.categorical)
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A block of consecutive samples, column-major by feature kind, ready for a model."""
+
+    dense: np.ndarray  # float32 (n, num_dense)
+    categorical: np.ndarray  # int64 (n, num_categorical)
+    label: np.ndarray  # float32 (n,)
+
+    def __post_init__(self) -> None:
+        """Catch mismatched or mistyped columns here, not deep inside a training step."""
+        n = self.label.shape[0] if self.label.ndim == 1 else -1
+        if n < 0:
+            raise ValueError(f"label must be 1-D, got shape {self.label.shape}")
+        if self.dense.ndim != 2 or self.dense.shape[0] != n:
+            raise ValueError(f"dense must have shape ({n}, num_dense), got {self.dense.shape}")
+        if self.categorical.ndim != 2 or self.categorical.shape[0] != n:
+            raise ValueError(
+                f"categorical must have shape ({n}, num_categorical), got {self.categorical.shape}"
+            )
+        for name, array, dtype in (
+            ("dense", self.dense, np.float32),
+            ("categorical", self.categorical, np.int64),
+            ("label", self.label, np.float32),
+        ):
+            if array.dtype != dtype:
+                raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {array.dtype}")
+
+    def __len__(self) -> int:
+        return int(self.label.shape[0])
+
+
+@runtime_checkable
+class SampleReader(Protocol):
+    """Random access to a dataset's samples by index range."""
+
+    @property
+    def schema(self) -> Schema: ...
+
+    @property
+    def num_samples(self) -> int: ...
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Samples ``[start, stop)``; ValueError naming start/stop if out of range."""
+        ...
+
+
+ReaderFactory = Callable[[Path, Mapping[str, Any]], SampleReader]
+
+_FORMATS: dict[str, ReaderFactory] = {}
+
+
+def register_format(name: str, factory: ReaderFactory) -> None:
+    """Make ``open_dataset`` understand manifests with ``"format": name``.
+
+    ``factory(path, manifest)`` receives the dataset directory and the parsed manifest.
+    Re-registering a name replaces its factory (useful for tests and plugins).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    _FORMATS[name] = factory
+
+
+def registered_formats() -> tuple[str, ...]:
+    """Names ``open_dataset`` accepts, sorted."""
+    return tuple(sorted(_FORMATS))
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse ``<path>/manifest.json``; ValueError naming the path if missing or malformed."""
+    directory = Path(path)
+    manifest_path = directory / MANIFEST_NAME
+    accepted = ", ".join(registered_formats())
+    try:
+        text = manifest_path.read_text()
+    except FileNotFoundError:
+        raise ValueError(
+            f"{directory}: no {MANIFEST_NAME}; a dataset directory needs one naming its format "
+            f"(accepted formats: {accepted})"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{manifest_path}: cannot read manifest: {exc}") from exc
+    try:
+        manifest = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{manifest_path}: not valid JSON: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{manifest_path}: manifest must be a JSON object")
+    return manifest
+
+
+def schema_from_manifest(manifest: Mapping[str, Any], where: str | os.PathLike[str]) -> Schema:
+    """Build the Schema recorded in a manifest; ValueError naming ``where`` if malformed."""
+    try:
+        num_dense = manifest["num_dense"]
+        columns = tuple(
+            CategoricalColumn(name=str(column["name"]), vocab_size=column["vocab_size"])
+            for column in manifest["categorical"]
+        )
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{where}: manifest lacks a valid num_dense/categorical: {exc}") from exc
+    if isinstance(num_dense, bool) or not isinstance(num_dense, int) or num_dense < 0:
+        raise ValueError(f"{where}: num_dense must be an integer >= 0, got {num_dense!r}")
+    for column in columns:
+        size = column.vocab_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"{where}: vocab_size of {column.name} must be an integer >= 1, got {size!r}"
+            )
+    return Schema(num_dense=num_dense, categorical=columns)
+
+
+def sha256_file(path: str | os.PathLike[str]) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks (dataset files can exceed RAM)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_checksums(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> None:
+    """Check every file listed under ``files`` against its sha256; ValueError on mismatch.
+
+    Format-agnostic: any layout that lists its files in the manifest gets this for free.
+    """
+    directory = Path(path)
+    files = manifest.get("files")
+    if not isinstance(files, Mapping) or not files:
+        raise ValueError(f"{directory}: manifest has no 'files' checksums to verify")
+    for name, expected in files.items():
+        file_path = directory / name
+        try:
+            actual = sha256_file(file_path)
+        except OSError as exc:
+            raise ValueError(f"{file_path}: cannot read file listed in manifest: {exc}") from exc
+        if actual != expected:
+            raise ValueError(
+                f"{file_path}: sha256 mismatch (manifest {expected}, file {actual}); "
+                "the dataset is corrupt or was modified"
+            )
+
+
+def open_dataset(path: str | os.PathLike[str], *, verify: bool = False) -> SampleReader:
+    """Open the dataset directory ``path`` with the reader its manifest's format names."""
+    directory = Path(path)
+    manifest = read_manifest(directory)
+    fmt = manifest.get("format")
+    factory = _FORMATS.get(fmt) if isinstance(fmt, str) else None
+    if factory is None:
+        raise ValueError(
+            f"{directory}: unknown dataset format {fmt!r}; "
+            f"accepted formats: {', '.join(registered_formats())}"
+        )
+    if verify:
+        verify_checksums(directory, manifest)
+    return factory(directory, manifest)
+
+
+class NpyColumnsReader:
+    """Reader for the ``npy-columns`` layout: one memory-mapped .npy per feature kind.
+
+    Memory mapping makes opening O(1) and a range read touch only the pages it needs, so any
+    worker can read any shard of a dataset far larger than its RAM.
+    """
+
+    FORMAT = "npy-columns"
+    _ARRAYS = (("dense", "dense.npy"), ("categorical", "categorical.npy"), ("label", "label.npy"))
+
+    def __init__(
+        self, path: str | os.PathLike[str], manifest: Mapping[str, Any] | None = None
+    ) -> None:
+        self.path = Path(path)
+        manifest = read_manifest(self.path) if manifest is None else manifest
+        self._schema = schema_from_manifest(manifest, self.path)
+        num_samples = manifest.get("num_samples")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 0:
+            raise ValueError(
+                f"{self.path}: num_samples must be an integer >= 0, got {num_samples!r}"
+            )
+        self._num_samples = num_samples
+        expected = {
+            "dense": (np.float32, (num_samples, self._schema.num_dense)),
+            "categorical": (np.int64, (num_samples, self._schema.num_categorical)),
+            "label": (np.float32, (num_samples,)),
+        }
+        arrays: dict[str, np.ndarray] = {}
+        for key, filename in self._ARRAYS:
+            file_path = self.path / filename
+            try:
+                array = np.load(file_path, mmap_mode="r")
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"{file_path}: cannot open as .npy: {exc}") from exc
+            dtype, shape = expected[key]
+            if array.dtype != dtype or array.shape != shape:
+                raise ValueError(
+                    f"{file_path}: expected {np.dtype(dtype).name} {shape}, "
+                    f"got {array.dtype} {array.shape}"
+                )
+            arrays[key] = array
+        self._dense = arrays["dense"]
+        self._categorical = arrays["categorical"]
+        self._label = arrays["label"]
+
+    @property
+    def schema(self) -> Schema:
+        return self._schema
+
+    @property
+    def num_samples(self) -> int:
+        return self._num_samples
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    def __reduce__(self) -> tuple[type[NpyColumnsReader], tuple[Path]]:
+        """Pickle as the path (re-mapped on load), never as the mapped data itself."""
+        return (NpyColumnsReader, (self.path,))
+
+    def __repr__(self) -> str:
+        return f"NpyColumnsReader({str(self.path)!r}, num_samples={self._num_samples})"
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Copy samples ``[start, stop)`` out of the mapped files into a fresh Batch."""
+        for name, value in (("start", start), ("stop", stop)):
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not 0 <= start <= self._num_samples:
+            raise ValueError(f"start must be in [0, {self._num_samples}], got {start}")
+        if not start <= stop <= self._num_samples:
+            raise ValueError(f"stop must be in [start={start}, {self._num_samples}], got {stop}")
+        return Batch(
+            dense=np.array(self._dense[start:stop]),
+            categorical=np.array(self._categorical[start:stop]),
+            label=np.array(self._label[start:stop]),
+        )
+
+
+register_format(NpyColumnsReader.FORMAT, NpyColumnsReader)

@@ -1,0 +1,1 @@
+"""Where a job's processes run: local processes (the embedded default) or Kubernetes pods."""

@@ -1,0 +1,145 @@
+"""The embedded default: the job's master and nodes are processes on this machine.
+
+The master is started in its own session, so it outlives the Airflow worker process that
+launched it (the task defers and its process exits). Nodes are the master's children and die
+with it (``PR_SET_PDEATHSIG``): a killed master never leaves orphaned training processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from airflow_rover.core.layout import (
+    ENV_JOB_DIR,
+    ENV_MASTER_ADDR,
+    ENV_NODE_ID,
+    ENV_TOKEN_FILE,
+    JobLayout,
+)
+from airflow_rover.launchers.base import Role
+
+log = logging.getLogger(__name__)
+
+_ROLE_MODULE: dict[Role, str] = {
+    "ps": "airflow_rover.ps",
+    "worker": "airflow_rover.worker",
+    "evaluator": "airflow_rover.worker",
+}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: deliver SIGTERM to it when its parent goes away."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _popen(cmd: list[str], log_file: Path, env: dict[str, str], **kwargs: object) -> subprocess.Popen:
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as out:
+        return subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            close_fds=True, **kwargs,  # type: ignore[arg-type]
+        )
+
+
+class LocalNodeLauncher:
+    """Runs a job's nodes as child processes of the master."""
+
+    def __init__(self, layout: JobLayout, master_addr: str, threads_per_node: int = 1) -> None:
+        self.layout = layout
+        self.master_addr = master_addr
+        self.threads_per_node = threads_per_node
+        self._procs: dict[str, subprocess.Popen] = {}
+
+    def _env(self, node_id: str) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update({
+            ENV_JOB_DIR: str(self.layout.root),
+            ENV_NODE_ID: node_id,
+            ENV_MASTER_ADDR: self.master_addr,
+            ENV_TOKEN_FILE: str(self.layout.token_file),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "OMP_NUM_THREADS": str(self.threads_per_node),
+            "PYTHONUNBUFFERED": "1",
+        })
+        return env
+
+    def start(self, node_id: str, role: Role) -> None:
+        if node_id in self._procs and self._procs[node_id].poll() is None:
+            return  # already running: starting twice is a no-op
+        cmd = [sys.executable, "-m", _ROLE_MODULE[role], "--role", role]
+        self._procs[node_id] = _popen(
+            cmd, self.layout.log_file(node_id), self._env(node_id), preexec_fn=_die_with_parent
+        )
+        log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return {node_id: proc.poll() for node_id, proc in self._procs.items()}
+
+    def pid(self, node_id: str) -> int | None:
+        proc = self._procs.get(node_id)
+        return proc.pid if proc else None
+
+    def stop(self, node_id: str, grace_s: float = 5.0) -> None:
+        proc = self._procs.get(node_id)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def stop_all(self, grace_s: float = 5.0) -> None:
+        running = [p for p in self._procs.values() if p.poll() is None]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + grace_s
+        for proc in running:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class LocalJobLauncher:
+    """Starts and stops a job's master as a detached process (the operator's side)."""
+
+    def launch_master(self, layout: JobLayout) -> int:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "airflow_rover.master", "--job-dir", str(layout.root)]
+        proc = _popen(cmd, layout.log_file("master"), env, start_new_session=True)
+        return proc.pid
+
+    @staticmethod
+    def master_alive(pid: int) -> bool:
+        try:
+            proc = psutil.Process(pid)
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def stop_master(self, pid: int, grace_s: float = 10.0) -> None:
+        """SIGTERM the master (it stops its nodes first), SIGKILL its group after ``grace_s``."""
+        if not self.master_alive(pid):
+            return
+        os.kill(pid, signal.SIGTERM)
+        try:
+            psutil.Process(pid).wait(grace_s)
+        except psutil.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass

@@ -1,0 +1,1 @@
+"""The job master: control API, shard dispatch, node supervision."""

@@ -1,0 +1,83 @@
+"""The master's HTTP control API (FastAPI). Every route requires the job's bearer token."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from airflow_rover.master import protocol
+from airflow_rover.master.service import JobMaster
+
+P = protocol.API_PREFIX
+BearerCredentials = Annotated[
+    HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
+]
+
+
+def create_app(master: JobMaster, token: str) -> FastAPI:
+    expected = token.encode()
+
+    def authenticate(creds: BearerCredentials) -> None:
+        if creds is None or not hmac.compare_digest(creds.credentials.encode(), expected):
+            raise HTTPException(
+                status.HTTP_401_UNAUTHORIZED,
+                "missing or wrong job token",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    app = FastAPI(
+        title="airflow-rover job master",
+        dependencies=[Depends(authenticate)],
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    def _known(fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except KeyError as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
+
+    @app.get(f"{P}/status")
+    def get_status() -> dict[str, Any]:
+        return master.status()
+
+    @app.get(f"{P}/cluster")
+    def get_cluster() -> protocol.ClusterInfo:
+        try:
+            return master.cluster()
+        except LookupError as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
+
+    @app.post(f"{P}/nodes/{{node_id}}/ready")
+    def node_ready(node_id: str, body: protocol.NodeReady) -> dict[str, bool]:
+        _known(master.node_ready, node_id, body)
+        return {"ok": True}
+
+    @app.post(f"{P}/nodes/{{node_id}}/heartbeat")
+    def heartbeat(node_id: str, body: protocol.Heartbeat) -> dict[str, bool]:
+        return {"stop": _known(master.heartbeat, node_id, body)}
+
+    @app.post(f"{P}/shards/lease")
+    def lease(body: protocol.LeaseRequest) -> protocol.LeaseReply:
+        return _known(master.lease, body.node_id)  # type: ignore[no-any-return]
+
+    @app.post(f"{P}/shards/{{shard_id}}/done")
+    def shard_done(shard_id: int, body: protocol.ShardDone) -> protocol.ShardDoneReply:
+        return protocol.ShardDoneReply(accepted=master.shard_done(shard_id, body))
+
+    @app.post(f"{P}/evaluation")
+    def evaluation(body: protocol.EvalReport) -> dict[str, bool]:
+        master.report_evaluation(body)
+        return {"ok": True}
+
+    @app.post(f"{P}/stop")
+    def stop(body: protocol.StopRequest) -> dict[str, str]:
+        master.request_stop(body.reason)
+        return {"state": master.status()["state"]}
+
+    return app

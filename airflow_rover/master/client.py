@@ -1,0 +1,70 @@
+"""The nodes' client of the master API (synchronous; the Airflow side has its own hook)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from airflow_rover.master import protocol
+
+P = protocol.API_PREFIX
+
+
+class MasterClient:
+    """Calls the master with the job token; retries while the master is briefly unreachable."""
+
+    def __init__(self, address: str, token: str, retry_s: float = 30.0) -> None:
+        self._http = httpx.Client(
+            base_url=address, headers={"Authorization": f"Bearer {token}"}, timeout=30.0
+        )
+        self._retry_s = retry_s
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _request(self, method: str, path: str, body: Any = None) -> Any:
+        deadline = time.monotonic() + self._retry_s
+        while True:
+            try:
+                payload = body.model_dump() if body is not None else None
+                reply = self._http.request(method, f"{P}{path}", json=payload)
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+                continue
+            reply.raise_for_status()
+            return reply.json()
+
+    def cluster(self, wait_s: float = 120.0) -> protocol.ClusterInfo:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return protocol.ClusterInfo.model_validate(self._request("GET", "/cluster"))
+            except httpx.HTTPStatusError as exc:
+                if exc.response.status_code != 409 or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def ready(self, node_id: str, address: str | None = None) -> None:
+        self._request("POST", f"/nodes/{node_id}/ready", protocol.NodeReady(address=address))
+
+    def heartbeat(self, node_id: str, beat: protocol.Heartbeat) -> bool:
+        return bool(self._request("POST", f"/nodes/{node_id}/heartbeat", beat)["stop"])
+
+    def lease(self, node_id: str) -> protocol.LeaseReply:
+        body = protocol.LeaseRequest(node_id=node_id)
+        return protocol.LeaseReply.model_validate(self._request("POST", "/shards/lease", body))
+
+    def shard_done(self, node_id: str, shard_id: int) -> bool:
+        body = protocol.ShardDone(node_id=node_id)
+        reply = self._request("POST", f"/shards/{shard_id}/done", body)
+        return bool(reply["accepted"])
+
+    def report_evaluation(self, report: protocol.EvalReport) -> None:
+        self._request("POST", "/evaluation", report)
+
+    def status(self) -> dict[str, Any]:
+        return dict(self._request("GET", "/status"))

@@ -1,0 +1,66 @@
+"""Request and reply bodies of the master's HTTP API, shared by the server and its clients.
+
+Validated with pydantic on arrival: a malformed report is rejected (HTTP 422), never applied.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/api/v1"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NodeReady(_Body):
+    address: str | None = Field(default=None, max_length=200)
+
+
+class Heartbeat(_Body):
+    steps: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    step_time_ms: float = Field(ge=0)
+
+
+class LeaseRequest(_Body):
+    node_id: str = Field(min_length=1, max_length=100)
+
+
+class ShardOut(_Body):
+    shard_id: int
+    epoch: int
+    start: int
+    end: int
+
+
+class LeaseReply(_Body):
+    status: Literal["ok", "wait", "done"]
+    shard: ShardOut | None = None
+
+
+class ShardDone(_Body):
+    node_id: str = Field(min_length=1, max_length=100)
+
+
+class ShardDoneReply(_Body):
+    accepted: bool
+
+
+class EvalReport(_Body):
+    node_id: str = Field(min_length=1, max_length=100)
+    auc: float = Field(ge=0.0, le=1.0)
+    logloss: float = Field(ge=0.0)
+    samples: int = Field(gt=0)
+
+
+class StopRequest(_Body):
+    reason: str = Field(default="stop requested", max_length=500)
+
+
+class ClusterInfo(_Body):
+    job_id: str
+    ps: list[str]

@@ -1,0 +1,1 @@
+"""The parameter server: sharded embedding tables and dense weights with their optimizer state."""

@@ -1,0 +1,105 @@
+"""The worker side of the PS protocol: split requests by owner, call all PS in parallel, merge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.ps import codec, rpc
+
+
+class PSClient:
+    """Pull and push rows and dense weights across ``len(addresses)`` parameter servers."""
+
+    def __init__(self, addresses: list[str], token: str, timeout_s: float = 60.0) -> None:
+        if not addresses:
+            raise ValueError("addresses: at least one parameter server is needed")
+        self.num_ps = len(addresses)
+        self._metadata = rpc.auth_metadata(token)
+        self._timeout = timeout_s
+        self._channels = [grpc.insecure_channel(a, options=rpc.CHANNEL_OPTIONS) for a in addresses]
+        self._stubs = [
+            {m: ch.unary_unary(rpc.method_path(m)) for m in rpc.METHODS} for ch in self._channels
+        ]
+
+    def close(self) -> None:
+        for channel in self._channels:
+            channel.close()
+
+    def _call_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
+        calls = [
+            self._stubs[i][method].future(
+                codec.encode(req), metadata=self._metadata, timeout=self._timeout
+            )
+            for i, req in enumerate(requests)
+        ]
+        return [codec.decode(call.result()) for call in calls]
+
+    def _split(self, ids_by_table: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """Per-PS masks of each table's ids (ids are unique per table)."""
+        masks: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        for table, ids in ids_by_table.items():
+            owner = partition_of(table, ids, self.num_ps)
+            for i in range(self.num_ps):
+                masks[i][table] = owner == i
+        return masks
+
+    def pull(
+        self, ids_by_table: dict[str, np.ndarray], dense: bool = True, create: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Rows for each table's unique ids (in the given order) and, optionally, dense weights."""
+        masks = self._split(ids_by_table)
+        requests: list[dict[str, np.ndarray]] = []
+        for i in range(self.num_ps):
+            req = {f"ids/{t}": ids[masks[i][t]] for t, ids in ids_by_table.items()}
+            req["create"] = np.array([create], dtype=np.uint8)
+            if dense:
+                req["dense"] = np.zeros(1, dtype=np.uint8)
+            requests.append(req)
+        replies = self._call_all("Pull", requests)
+        rows: dict[str, np.ndarray] = {}
+        dense_values: dict[str, np.ndarray] = {}
+        for t, ids in ids_by_table.items():
+            first = replies[0][f"rows/{t}"]
+            out = np.empty((ids.size, first.shape[1]), dtype=np.float32)
+            for i in range(self.num_ps):
+                out[masks[i][t]] = replies[i][f"rows/{t}"]
+            rows[t] = out
+        for reply in replies:
+            dense_values.update({k[6:]: v for k, v in reply.items() if k.startswith("dense/")})
+        return rows, dense_values
+
+    def push(
+        self,
+        ids_by_table: dict[str, np.ndarray],
+        grads_by_table: dict[str, np.ndarray],
+        dense_grads: dict[str, np.ndarray],
+    ) -> None:
+        """Send gradients (already summed per unique id) to the owners of the rows."""
+        masks = self._split(ids_by_table)
+        requests: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        for t, ids in ids_by_table.items():
+            for i in range(self.num_ps):
+                requests[i][f"ids/{t}"] = ids[masks[i][t]]
+                requests[i][f"grad/{t}"] = grads_by_table[t][masks[i][t]]
+        for name, grad in dense_grads.items():
+            requests[owner_of(name, self.num_ps)][f"dgrad/{name}"] = grad
+        self._call_all("Push", requests)
+
+    def init_dense(self, values: dict[str, np.ndarray]) -> None:
+        """Offer initial dense weights; each PS keeps the first offer it gets per variable."""
+        requests: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        for name, value in values.items():
+            requests[owner_of(name, self.num_ps)][f"dense/{name}"] = value
+        self._call_all("InitDense", requests)
+
+    def save(self, directory: Path) -> int:
+        """Every PS writes its partition to ``directory/ps-<i>.npz``; returns total rows saved."""
+        requests = [
+            {"path": np.frombuffer(str(directory / f"ps-{i}.npz").encode(), dtype=np.uint8)}
+            for i in range(self.num_ps)
+        ]
+        return sum(int(r["rows"][0]) for r in self._call_all("Save", requests))

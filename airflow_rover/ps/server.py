@@ -1,0 +1,139 @@
+"""The parameter-server process: serves pull/push of embedding rows and dense weights over gRPC.
+
+Messages are ``ps.codec`` frames. Every call must carry the job's bearer token. A malformed or
+non-finite update is rejected whole (nothing of it is applied) with INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+from collections.abc import Callable
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.tables import DenseStore, EmbeddingTable
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class ParameterServer:
+    """One PS's partition of the model and the operations workers call on it."""
+
+    def __init__(
+        self, index: int, num_ps: int, features: FeatureConfig, learning_rate: float, seed: int
+    ) -> None:
+        self.index = index
+        self.num_ps = num_ps
+        self.learning_rate = learning_rate
+        self.tables = {
+            t.name: EmbeddingTable(t.name, t.dim, t.vocab_size, seed) for t in features.tables
+        }
+        self.dense = DenseStore()
+        self.pushes = 0
+
+    def _table(self, name: str) -> EmbeddingTable:
+        table = self.tables.get(name)
+        if table is None:
+            raise ValueError(f"unknown table {name!r}")
+        return table
+
+    def pull(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        create = bool(req["create"][0]) if "create" in req else True
+        out: dict[str, np.ndarray] = {}
+        for key, ids in req.items():
+            if key.startswith("ids/"):
+                name = key[4:]
+                out[f"rows/{name}"] = self._table(name).lookup(ids, create=create)
+        if "dense" in req:
+            out.update({f"dense/{k}": v for k, v in self.dense.read().items()})
+        return out
+
+    def push(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        sparse = [(self._table(k[4:]), ids, req[f"grad/{k[4:]}"])
+                  for k, ids in req.items() if k.startswith("ids/")]
+        dense = {k[6:]: g for k, g in req.items() if k.startswith("dgrad/")}
+        for table, ids, grads in sparse:  # validate everything before applying anything
+            table.check_update(ids, grads)
+        self.dense.check_update(dense)
+        for table, ids, grads in sparse:
+            table.apply_gradients(ids, grads, self.learning_rate)
+        if dense:
+            self.dense.apply_gradients(dense, self.learning_rate)
+        self.pushes += 1
+        return {}
+
+    def init_dense(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.dense.initialize({k[6:]: v for k, v in req.items() if k.startswith("dense/")})
+        return {}
+
+    def save(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Write this PS's partition to ``path`` (an .npz), atomically."""
+        path = Path(req["path"].tobytes().decode())
+        arrays: dict[str, np.ndarray] = {}
+        for name, table in self.tables.items():
+            arrays.update({f"table/{name}/{k}": v for k, v in table.snapshot().items()})
+        arrays.update({f"dense/{k}": v for k, v in self.dense.read().items()})
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        return {"rows": np.array([sum(t.size for t in self.tables.values())], dtype=np.int64)}
+
+    def stats(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {
+            "rows": np.array([sum(t.size for t in self.tables.values())], dtype=np.int64),
+            "pushes": np.array([self.pushes], dtype=np.int64),
+        }
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "Pull": self.pull,
+            "Push": self.push,
+            "InitDense": self.init_dense,
+            "Save": self.save,
+            "Stats": self.stats,
+        }
+
+
+def _unary(handler: Handler, token: str) -> grpc.RpcMethodHandler:
+    expected = f"Bearer {token}".encode()
+
+    def call(request: bytes, context: grpc.ServicerContext) -> bytes:
+        given = dict(context.invocation_metadata()).get("authorization", "")
+        if not hmac.compare_digest(str(given).encode(), expected):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
+        try:
+            return codec.encode(handler(codec.decode(request)))
+        except (ValueError, KeyError) as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # unreachable: abort raises
+
+    return grpc.unary_unary_rpc_method_handler(call)
+
+
+def start_server(
+    ps: ParameterServer, token: str, host: str = "127.0.0.1", threads: int = 8
+) -> tuple[grpc.Server, int]:
+    """Start serving ``ps``; returns the server and the port it bound (0 picks a free one)."""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=threads), options=rpc.CHANNEL_OPTIONS
+    )
+    handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),)
+    )
+    port = server.add_insecure_port(f"{host}:0")
+    server.start()
+    return server, port

@@ -1,0 +1,162 @@
+"""The state a parameter server holds: its partition of each embedding table and dense weights.
+
+Rows are created lazily on first touch with a seeded initial value (``core.hashing``), so a row
+never touched costs nothing and a re-created row is identical to the lost one. Every row keeps a
+4-byte access counter (the partial-recovery checkpoint policy ranks rows by it).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from airflow_rover.core.hashing import initial_rows
+from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, adagrad_update
+
+INIT_SCALE = 0.05
+
+
+class EmbeddingTable:
+    """This PS's rows of one table: a slot index by id plus growable row/state arrays."""
+
+    def __init__(self, name: str, dim: int, vocab_size: int, seed: int) -> None:
+        self.name = name
+        self.dim = dim
+        self.seed = seed
+        # Direct slot index: ids are hashed into [0, vocab_size), so an int32 per id is the
+        # fastest exact map (fully vectorised); -1 means "not created yet".
+        self._slot = np.full(vocab_size, -1, dtype=np.int32)
+        self._ids = np.empty(0, dtype=np.int64)
+        self.rows = np.empty((0, dim), dtype=np.float32)
+        self.accum = np.empty((0, dim), dtype=np.float32)
+        self.counts = np.empty(0, dtype=np.uint32)
+        self._size = 0
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def _check_ids(self, ids: np.ndarray) -> None:
+        if ids.size and (ids.min() < 0 or ids.max() >= self._slot.size):
+            raise ValueError(
+                f"table {self.name!r}: ids must lie in [0, {self._slot.size}), "
+                f"got [{ids.min()}, {ids.max()}]"
+            )
+
+    def _slots(self, ids: np.ndarray) -> np.ndarray:
+        """Slots of ``ids`` (unique), creating missing rows; caller holds the lock."""
+        slots = self._slot[ids]
+        missing = ids[slots < 0]
+        if missing.size:
+            need = self._size + missing.size
+            if need > self.rows.shape[0]:
+                cap = max(need, 2 * self.rows.shape[0], 1024)
+                self.rows = _grow(self.rows, cap)
+                self.accum = _grow(self.accum, cap)
+                self.counts = _grow(self.counts, cap)
+                self._ids = _grow(self._ids, cap)
+            new_slots = np.arange(self._size, need, dtype=np.int32)
+            self.rows[self._size : need] = initial_rows(
+                self.name, missing, self.dim, self.seed, INIT_SCALE
+            )
+            self.accum[self._size : need] = ADAGRAD_INITIAL_ACCUMULATOR
+            self.counts[self._size : need] = 0
+            self._ids[self._size : need] = missing
+            self._slot[missing] = new_slots
+            self._size = need
+            slots = self._slot[ids]
+        return slots
+
+    def lookup(self, ids: np.ndarray, create: bool = True) -> np.ndarray:
+        """Rows for unique ``ids``; ``create=False`` (evaluation) reads without inserting."""
+        self._check_ids(ids)
+        with self._lock:
+            if create:
+                slots = self._slots(ids)
+                self.counts[slots] += 1
+                return self.rows[slots]
+            slots = self._slot[ids]
+            out = initial_rows(self.name, ids, self.dim, self.seed, INIT_SCALE)
+            known = slots >= 0
+            out[known] = self.rows[slots[known]]
+            return out
+
+    def check_update(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        """Reject a malformed update before anything of it is applied."""
+        self._check_ids(ids)
+        if grads.shape != (ids.size, self.dim):
+            raise ValueError(
+                f"table {self.name!r}: gradient shape {grads.shape} != ({ids.size}, {self.dim})"
+            )
+        if not np.isfinite(grads).all():
+            raise ValueError(f"table {self.name!r}: non-finite gradients")
+
+    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, learning_rate: float) -> None:
+        """Adagrad on the rows of unique ``ids`` (gradients already summed per id)."""
+        self.check_update(ids, grads)
+        with self._lock:
+            slots = self._slots(ids)
+            self.rows[slots], self.accum[slots] = adagrad_update(
+                self.rows[slots], self.accum[slots], grads, learning_rate
+            )
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            n = self._size
+            return {
+                "ids": self._ids[:n].copy(),
+                "rows": self.rows[:n].copy(),
+                "accum": self.accum[:n].copy(),
+                "counts": self.counts[:n].copy(),
+            }
+
+
+class DenseStore:
+    """Dense variables this PS owns; the first worker to initialise a variable wins."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, np.ndarray] = {}
+        self.accum: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def initialize(self, values: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            for name, value in values.items():
+                if name not in self.values:
+                    self.values[name] = np.array(value, dtype=np.float32)
+                    self.accum[name] = np.full(
+                        value.shape, ADAGRAD_INITIAL_ACCUMULATOR, dtype=np.float32
+                    )
+
+    def read(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            return {name: value.copy() for name, value in self.values.items()}
+
+    def check_update(self, grads: dict[str, np.ndarray]) -> None:
+        """Reject a malformed update before anything of it is applied."""
+        unknown = sorted(set(grads) - set(self.values))
+        if unknown:
+            raise ValueError(f"dense variables not initialised on this PS: {unknown}")
+        for name, grad in grads.items():
+            if grad.shape != self.values[name].shape:
+                raise ValueError(
+                    f"dense {name!r}: gradient shape {grad.shape} != {self.values[name].shape}"
+                )
+            if not np.isfinite(grad).all():
+                raise ValueError(f"dense {name!r}: non-finite gradients")
+
+    def apply_gradients(self, grads: dict[str, np.ndarray], learning_rate: float) -> None:
+        with self._lock:
+            self.check_update(grads)
+            for name, grad in grads.items():
+                self.values[name], self.accum[name] = adagrad_update(
+                    self.values[name], self.accum[name], grad, learning_rate
+                )
+
+
+def _grow(arr: np.ndarray, capacity: int) -> np.ndarray:
+    out = np.empty((capacity, *arr.shape[1:]), dtype=arr.dtype)
+    out[: arr.shape[0]] = arr
+    return out

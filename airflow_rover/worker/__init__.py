@@ -1,0 +1,1 @@
+"""The TensorFlow training runtime: shard-fed input, PS-backed embeddings, reference models."""

@@ -1,0 +1,65 @@
+"""Entry point of a worker or evaluator node (started by a launcher, configured by environment)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import threading
+
+from airflow_rover.core.features import resolve_features
+from airflow_rover.core.layout import NodeContext
+from airflow_rover.data.reader import open_dataset
+from airflow_rover.master.client import MasterClient
+from airflow_rover.ps.client import PSClient
+
+log = logging.getLogger("airflow_rover.worker")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="airflow_rover.worker")
+    parser.add_argument("--role", default="worker", choices=["worker", "evaluator"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    ctx = NodeContext.from_env()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    import keras
+    import tensorflow as tf
+
+    from airflow_rover.worker.models import load_factory
+    from airflow_rover.worker.runtime import PSModel, evaluate, train
+
+    threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+
+    spec = ctx.layout.read_spec()
+    features = resolve_features(spec)
+    master = MasterClient(ctx.master_addr, ctx.token)
+    cluster = master.cluster()
+    ps = PSClient(cluster.ps, ctx.token)
+    keras.utils.set_random_seed(spec.training.seed)
+    model = PSModel(load_factory(spec.model)(features), features,
+                    [c.name for c in open_dataset(spec.train_data).schema.categorical], ps)
+    master.ready(ctx.node_id)
+    if args.role == "worker":
+        model.offer_initial_weights()
+        progress = train(ctx.node_id, model, open_dataset(spec.train_data), master,
+                         spec.training.batch_size, stop)
+        log.info("%s done: %d steps, %d samples", ctx.node_id, progress.steps, progress.samples)
+    else:
+        if spec.eval_data is None:
+            raise SystemExit("evaluator started for a job without eval_data")
+        report = evaluate(model, open_dataset(spec.eval_data))
+        master.report_evaluation(report)
+        log.info("evaluation: auc=%.4f logloss=%.4f on %d samples",
+                 report.auc, report.logloss, report.samples)
+    ps.close()
+    master.close()
+
+
+if __name__ == "__main__":
+    main()
