@@ -113,8 +113,11 @@ class NodeContext:
 
     @classmethod
     def from_env(cls) -> NodeContext:
-        missing = [v for v in (ENV_JOB_DIR, ENV_NODE_ID, ENV_MASTER_ADDR, ENV_TOKEN_FILE)
-                   if not os.environ.get(v)]
+        missing = [
+            v
+            for v in (ENV_JOB_DIR, ENV_NODE_ID, ENV_MASTER_ADDR, ENV_TOKEN_FILE)
+            if not os.environ.get(v)
+        ]
         if missing:
             raise RuntimeError(f"node started without its environment: {missing} unset")
         return cls(

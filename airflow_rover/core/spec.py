@@ -109,7 +109,9 @@ def default_features(
     columns: list[tuple[str, int]], num_dense: int, model: str, dim: int
 ) -> FeatureConfig:
     """One ``dim``-wide table per categorical column (plus a 1-dim linear table for Wide&Deep)."""
-    tables = [TableConfig(name=name, column=name, vocab_size=vocab, dim=dim) for name, vocab in columns]
+    tables = [
+        TableConfig(name=name, column=name, vocab_size=vocab, dim=dim) for name, vocab in columns
+    ]
     if model in _WIDE_TABLE_MODELS:
         tables += [
             TableConfig(name=f"{name}{WIDE_SUFFIX}", column=name, vocab_size=vocab, dim=1)

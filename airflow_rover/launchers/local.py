@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -43,12 +44,19 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _popen(cmd: list[str], log_file: Path, env: dict[str, str], **kwargs: object) -> subprocess.Popen:
+def _popen(
+    cmd: list[str], log_file: Path, env: dict[str, str], **kwargs: Any
+) -> subprocess.Popen[bytes]:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as out:
-        return subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            close_fds=True, **kwargs,  # type: ignore[arg-type]
+        return subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
+            **kwargs,
         )
 
 
@@ -63,15 +71,17 @@ class LocalNodeLauncher:
 
     def _env(self, node_id: str) -> dict[str, str]:
         env = dict(os.environ)
-        env.update({
-            ENV_JOB_DIR: str(self.layout.root),
-            ENV_NODE_ID: node_id,
-            ENV_MASTER_ADDR: self.master_addr,
-            ENV_TOKEN_FILE: str(self.layout.token_file),
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "OMP_NUM_THREADS": str(self.threads_per_node),
-            "PYTHONUNBUFFERED": "1",
-        })
+        env.update(
+            {
+                ENV_JOB_DIR: str(self.layout.root),
+                ENV_NODE_ID: node_id,
+                ENV_MASTER_ADDR: self.master_addr,
+                ENV_TOKEN_FILE: str(self.layout.token_file),
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                "OMP_NUM_THREADS": str(self.threads_per_node),
+                "PYTHONUNBUFFERED": "1",
+            }
+        )
         return env
 
     def start(self, node_id: str, role: Role) -> None:

@@ -64,7 +64,8 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
 
     @app.post(f"{P}/shards/lease")
     def lease(body: protocol.LeaseRequest) -> protocol.LeaseReply:
-        return _known(master.lease, body.node_id)  # type: ignore[no-any-return]
+        reply: protocol.LeaseReply = _known(master.lease, body.node_id)
+        return reply
 
     @app.post(f"{P}/shards/{{shard_id}}/done")
     def shard_done(shard_id: int, body: protocol.ShardDone) -> protocol.ShardDoneReply:

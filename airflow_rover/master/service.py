@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -55,7 +56,9 @@ class NodeInfo:
 
 
 class JobMaster:
-    def __init__(self, layout: JobLayout, spec: JobSpec, launcher: NodeLauncher, token: str) -> None:
+    def __init__(
+        self, layout: JobLayout, spec: JobSpec, launcher: NodeLauncher, token: str
+    ) -> None:
         self.layout = layout
         self.spec = spec
         self.launcher = launcher
@@ -80,8 +83,11 @@ class JobMaster:
     # -- API operations (called from request handlers) ---------------------------------------
     def cluster(self) -> protocol.ClusterInfo:
         with self._lock:
-            ps = [self.nodes[f"ps-{i}"].address for i in range(self.spec.plan.num_ps)
-                  if f"ps-{i}" in self.nodes]
+            ps = [
+                self.nodes[f"ps-{i}"].address
+                for i in range(self.spec.plan.num_ps)
+                if f"ps-{i}" in self.nodes
+            ]
             if len(ps) != self.spec.plan.num_ps or any(a is None for a in ps):
                 raise LookupError("parameter servers are not all ready yet")
             return protocol.ClusterInfo(job_id=self.spec.job_id, ps=[a for a in ps if a])
@@ -98,7 +104,11 @@ class JobMaster:
         """Record a node's progress; returns True when the node should stop."""
         with self._lock:
             node = self._node(node_id)
-            node.steps, node.samples, node.step_time_ms = body.steps, body.samples, body.step_time_ms
+            node.steps, node.samples, node.step_time_ms = (
+                body.steps,
+                body.samples,
+                body.step_time_ms,
+            )
             node.last_seen = time.time()
             self.queue.renew(node_id, time.time(), self.spec.training.shard_lease_s)
             self._record_samples()
@@ -188,9 +198,14 @@ class JobMaster:
                 "result": self.result,
             }
 
+    def owns_job_dir(self) -> bool:
+        """False once another master (a relaunch) has announced itself in this job dir."""
+        announced = self.layout.read_json(self.layout.master_file)
+        return announced is None or announced.get("pid") == os.getpid()
+
     def mirror_state(self, force: bool = False) -> None:
         now = time.time()
-        if force or now - self._last_mirror >= STATE_MIRROR_INTERVAL_S:
+        if (force or now - self._last_mirror >= STATE_MIRROR_INTERVAL_S) and self.owns_job_dir():
             atomic_write_json(self.layout.state_file, self.status())
             self._last_mirror = now
 
@@ -237,10 +252,12 @@ class JobMaster:
                         self.mirror_state(force=True)
                     else:
                         self._complete()
-            elif self.state == JobState.EVALUATING and self.evaluation is not None:
-                if self.nodes["evaluator"].exit_code is not None:
-                    self._complete()
+            elif self.state == JobState.EVALUATING and self._evaluation_finished():
+                self._complete()
             self.mirror_state()
+
+    def _evaluation_finished(self) -> bool:
+        return self.evaluation is not None and self.nodes["evaluator"].exit_code is not None
 
     def _all_ps_ready(self) -> bool:
         ps = [n for n in self.nodes.values() if n.role == "ps"]

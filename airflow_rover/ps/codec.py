@@ -33,7 +33,9 @@ def encode(tensors: dict[str, np.ndarray]) -> bytes:
     parts: list[bytes | memoryview] = [_MAGIC, struct.pack("<I", len(tensors))]
     offset = 8
     for name, value in tensors.items():
-        arr = np.ascontiguousarray(value)
+        arr = np.asarray(value)  # not ascontiguousarray: it turns 0-d arrays into 1-d
+        if not arr.flags.c_contiguous:
+            arr = np.ascontiguousarray(arr)
         dtype = arr.dtype.newbyteorder("<") if arr.dtype.byteorder == ">" else arr.dtype
         code = _CODE.get(np.dtype(dtype))
         if code is None:
@@ -43,7 +45,7 @@ def encode(tensors: dict[str, np.ndarray]) -> bytes:
         header += struct.pack(f"<{arr.ndim}Q", *arr.shape)
         pad = -(offset + len(header)) % 8
         parts.append(header + b"\0" * pad)
-        parts.append(memoryview(arr.astype(dtype, copy=False)).cast("B"))
+        parts.append(arr.astype(dtype, copy=False).reshape(-1).view(np.uint8).data)
         offset += len(header) + pad + arr.nbytes
     return b"".join(parts)
 

@@ -58,8 +58,11 @@ class ParameterServer:
         return out
 
     def push(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        sparse = [(self._table(k[4:]), ids, req[f"grad/{k[4:]}"])
-                  for k, ids in req.items() if k.startswith("ids/")]
+        sparse = [
+            (self._table(k[4:]), ids, req[f"grad/{k[4:]}"])
+            for k, ids in req.items()
+            if k.startswith("ids/")
+        ]
         dense = {k[6:]: g for k, g in req.items() if k.startswith("dgrad/")}
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
@@ -131,9 +134,7 @@ def start_server(
         futures.ThreadPoolExecutor(max_workers=threads), options=rpc.CHANNEL_OPTIONS
     )
     handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),)
-    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
     port = server.add_insecure_port(f"{host}:0")
     server.start()
     return server, port

@@ -42,21 +42,35 @@ def main(argv: list[str] | None = None) -> None:
     cluster = master.cluster()
     ps = PSClient(cluster.ps, ctx.token)
     keras.utils.set_random_seed(spec.training.seed)
-    model = PSModel(load_factory(spec.model)(features), features,
-                    [c.name for c in open_dataset(spec.train_data).schema.categorical], ps)
+    model = PSModel(
+        load_factory(spec.model)(features),
+        features,
+        [c.name for c in open_dataset(spec.train_data).schema.categorical],
+        ps,
+    )
     master.ready(ctx.node_id)
     if args.role == "worker":
         model.offer_initial_weights()
-        progress = train(ctx.node_id, model, open_dataset(spec.train_data), master,
-                         spec.training.batch_size, stop)
+        progress = train(
+            ctx.node_id,
+            model,
+            open_dataset(spec.train_data),
+            master,
+            spec.training.batch_size,
+            stop,
+        )
         log.info("%s done: %d steps, %d samples", ctx.node_id, progress.steps, progress.samples)
     else:
         if spec.eval_data is None:
             raise SystemExit("evaluator started for a job without eval_data")
         report = evaluate(model, open_dataset(spec.eval_data))
         master.report_evaluation(report)
-        log.info("evaluation: auc=%.4f logloss=%.4f on %d samples",
-                 report.auc, report.logloss, report.samples)
+        log.info(
+            "evaluation: auc=%.4f logloss=%.4f on %d samples",
+            report.auc,
+            report.logloss,
+            report.samples,
+        )
     ps.close()
     master.close()
 

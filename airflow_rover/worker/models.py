@@ -55,4 +55,4 @@ def load_factory(ref: str) -> ModelFactory:
         raise ValueError(f"model={ref!r} cannot be imported: {exc}") from exc
     if not callable(factory):
         raise ValueError(f"model={ref!r} is not callable")
-    return factory  # type: ignore[no-any-return]
+    return factory

@@ -167,7 +167,10 @@ class Progress:
 
 
 def start_heartbeats(
-    master: MasterClient, node_id: str, progress: Progress, stop: threading.Event,
+    master: MasterClient,
+    node_id: str,
+    progress: Progress,
+    stop: threading.Event,
     interval_s: float = 1.0,
 ) -> threading.Thread:
     def beat() -> None:
@@ -227,4 +230,6 @@ def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> pr
     y = np.concatenate(labels)
     p = np.clip(np.concatenate(scores).astype(np.float64), 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-    return protocol.EvalReport(node_id="evaluator", auc=roc_auc(y, p), logloss=logloss, samples=y.size)
+    return protocol.EvalReport(
+        node_id="evaluator", auc=roc_auc(y, p), logloss=logloss, samples=y.size
+    )

@@ -1,0 +1,1 @@
+"""Operators: validate, name and launch jobs, then defer to a trigger."""

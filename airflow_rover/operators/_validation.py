@@ -1,0 +1,40 @@
+"""Turn pydantic errors into messages that name the operator parameter, at DAG parse time."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def has_template(value: Any) -> bool:
+    """True if ``value`` (or anything inside it) is a Jinja template, rendered only at run time."""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(has_template(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(has_template(v) for v in value)
+    return False
+
+
+def parse_param(owner: str, param: str, model: type[M], value: Any) -> M:
+    """Validate ``value`` as ``model``; a bad value raises ValueError naming ``param``."""
+    if isinstance(value, model):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{owner}: {param} must be a dict or {model.__name__}, got {type(value).__name__}"
+        )
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise ValueError(f"{owner}: invalid {param}: {describe(exc)}") from None
+
+
+def describe(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
+    )

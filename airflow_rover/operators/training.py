@@ -1,0 +1,251 @@
+"""``ElasticTrainingOperator``: train a recommendation model as an elastic job, deferring while
+it runs.
+
+.. seealso:: ``docs/operators.md`` and the example DAG ``dags/daily_retrain.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context, ResumableJobMixin
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from pydantic import ValidationError
+
+from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.core.states import ACTIVE_STATES, JobState
+from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.operators._validation import describe, has_template, parse_param
+from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
+
+LAUNCHERS = ("local",)
+RESULT_KEYS = (
+    "samples_trained",
+    "train_seconds",
+    "samples_per_second",
+    "auc",
+    "logloss",
+    "eval_samples",
+    "embedding_rows",
+    "model_dir",
+    "plan",
+    "accounting",
+)
+
+
+def default_jobs_root() -> Path:
+    """Where jobs live unless ``output_dir`` is given: ``$AIRFLOW_HOME/rover/jobs``."""
+    home = os.environ.get("AIRFLOW_HOME", str(Path.home() / "airflow"))
+    return Path(home) / "rover" / "jobs"
+
+
+def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
+    """A DNS-safe job id, unique per (dag, task, run, map index), stable across tries."""
+    key = f"{dag_id}/{task_id}/{run_id}/{map_index}"
+    readable = re.sub(r"[^a-z0-9.-]+", "-", f"{dag_id}.{task_id}".lower()).strip("-.")[:48]
+    return f"{readable or 'job'}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
+
+
+class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
+    """Train a model on parameter servers and workers as an elastic job, deferring while it runs.
+
+    The task is idempotent per run: the job is keyed by dag, task, run id and map index, its
+    identity is kept in ``task_state_store``, and a retry reattaches to a running job or returns
+    the result of a finished one instead of training twice.
+
+    :param train_data: dataset directory of the training split. (templated)
+    :param eval_data: dataset directory of the held-out split scored at the end. (templated)
+    :param output_dir: the job directory (model, logs, status); default
+        ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``. (templated)
+    :param model: a reference model (``"wide_deep"``) or ``"package.module:factory"``. (templated)
+    :param plan: initial resources: ``num_workers``, ``num_ps``, ``worker_cpu``,
+        ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``. (templated)
+    :param training: ``batch_size``, ``epochs``, ``learning_rate``, ``shard_size``, ``seed``.
+        (templated)
+    :param features: embedding tables and dense features; default: one table per column.
+    :param embedding_dim: width of the default tables.
+    :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host).
+    :param poll_interval: seconds between the trigger's polls of the master.
+    :param max_runtime: the job is failed if it runs longer than this.
+    """
+
+    template_fields: Sequence[str] = (
+        "train_data",
+        "eval_data",
+        "output_dir",
+        "model",
+        "plan",
+        "training",
+    )
+    template_fields_renderers = {"plan": "json", "training": "json"}
+    ui_color = "#d9f2e6"
+    external_id_key = "rover_job_dir"
+
+    def __init__(
+        self,
+        *,
+        train_data: str,
+        eval_data: str | None = None,
+        output_dir: str | None = None,
+        model: str = "wide_deep",
+        plan: dict[str, Any] | ResourcePlan | None = None,
+        training: dict[str, Any] | TrainingConfig | None = None,
+        features: dict[str, Any] | FeatureConfig | None = None,
+        embedding_dim: int = 16,
+        launcher: str = "local",
+        poll_interval: float = 5.0,
+        max_runtime: timedelta = timedelta(hours=12),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        if not isinstance(train_data, str) or not train_data:
+            raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(LAUNCHERS)}")
+        if not isinstance(poll_interval, int | float) or poll_interval <= 0:
+            raise ValueError(f"{owner}: poll_interval must be > 0 seconds, got {poll_interval!r}")
+        if not isinstance(max_runtime, timedelta) or max_runtime <= timedelta(0):
+            raise ValueError(f"{owner}: max_runtime must be a positive timedelta")
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.output_dir = output_dir
+        self.model = model
+        self.plan = plan.model_dump() if isinstance(plan, ResourcePlan) else (plan or {})
+        self.training = (
+            training.model_dump() if isinstance(training, TrainingConfig) else (training or {})
+        )
+        self.features = (
+            parse_param(owner, "features", FeatureConfig, features) if features else None
+        )
+        self.embedding_dim = embedding_dim
+        self.launcher = launcher
+        self.poll_interval = float(poll_interval)
+        self.max_runtime = max_runtime
+        self._launched_job_dir: str | None = None
+        # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
+        if not has_template(self.plan):
+            parse_param(owner, "plan", ResourcePlan, self.plan)
+        if not has_template(self.training):
+            parse_param(owner, "training", TrainingConfig, self.training)
+        if not has_template(model):
+            self._spec_or_raise(job_id="parse-check", train_data="parse-check", eval_data=None)
+
+    # -- building the job --------------------------------------------------------------------
+    def _spec_or_raise(self, job_id: str, train_data: str, eval_data: str | None) -> JobSpec:
+        try:
+            return JobSpec(
+                job_id=job_id,
+                train_data=train_data,
+                eval_data=eval_data,
+                model=self.model,
+                features=self.features,
+                embedding_dim=self.embedding_dim,
+                plan=ResourcePlan.model_validate(self.plan),
+                training=TrainingConfig.model_validate(self.training),
+            )
+        except ValidationError as exc:
+            raise ValueError(
+                f"{type(self).__name__}(task_id={self.task_id!r}): {describe(exc)}"
+            ) from None
+
+    def job_dir(self, context: Context) -> Path:
+        if self.output_dir:
+            return Path(self.output_dir)
+        ti = context["ti"]
+        run = re.sub(r"[^A-Za-z0-9._-]+", "_", ti.run_id)
+        index = ti.map_index if ti.map_index is not None else -1
+        task = self.task_id if index < 0 else f"{self.task_id}.{index}"
+        return default_jobs_root() / ti.dag_id / run / task
+
+    def build_spec(self, context: Context) -> JobSpec:
+        ti = context["ti"]
+        index = ti.map_index if ti.map_index is not None else -1
+        job_id = job_id_for(ti.dag_id, ti.task_id, ti.run_id, index)
+        try:
+            return self._spec_or_raise(job_id, self.train_data, self.eval_data or None)
+        except ValueError as exc:  # a rendered template is invalid: retrying cannot fix it
+            raise AirflowFailException(str(exc)) from exc
+
+    def hook_for(self, job_dir: str | Path) -> ElasticJobHook:
+        return ElasticJobHook(job_dir)
+
+    # -- ResumableJobMixin -------------------------------------------------------------------
+    def execute(self, context: Context) -> dict[str, Any]:
+        result: dict[str, Any] = self.execute_resumable(context)
+        return result
+
+    def submit_job(self, context: Context) -> str:
+        job_dir = self.job_dir(context)
+        spec = self.build_spec(context)
+        self._launched_job_dir = str(job_dir)
+        self.hook_for(job_dir).launch(spec)
+        context["ti"].xcom_push(key="job_dir", value=str(job_dir))
+        return str(job_dir)
+
+    def get_job_status(self, external_id: Any, context: Context) -> str:
+        return str(self.hook_for(external_id).get_status()["state"])
+
+    def is_job_active(self, status: str) -> bool:
+        return status in ACTIVE_STATES or status == "unreachable"
+
+    def is_job_succeeded(self, status: str) -> bool:
+        return status == JobState.SUCCEEDED
+
+    def poll_until_complete(self, external_id: Any, context: Context) -> None:
+        """Check once, then defer: a job that already ended is handled without deferring."""
+        job = self.hook_for(external_id).get_status()
+        if job["state"] == JobState.SUCCEEDED:
+            return
+        if job["state"] in (JobState.FAILED, JobState.STOPPED):
+            raise AirflowException(f"Job {job.get('job_id')} {job['state']}: {job.get('message')}")
+        self.defer(
+            trigger=ElasticJobTrigger(
+                job_dir=str(external_id), poll_interval=self.poll_interval, stop_on_kill=True
+            ),
+            method_name="execute_complete",
+            timeout=self.max_runtime,
+        )
+
+    def get_job_result(self, external_id: Any, context: Context) -> dict[str, Any]:
+        job = self.hook_for(external_id).get_status()
+        return self.execute_complete(context, job_event(_status_of(job), job))
+
+    # -- resuming ----------------------------------------------------------------------------
+    def execute_complete(
+        self, context: Context, event: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resume after the trigger: raise with the master's message unless the job succeeded."""
+        if not event or "status" not in event:
+            raise AirflowException(f"Trigger for task {self.task_id} returned no event: {event!r}")
+        if event["status"] != "success":
+            raise AirflowException(
+                f"Job {event.get('job_id')} {event['status']}: {event.get('message')}"
+            )
+        return job_result(event["job"])
+
+    def on_kill(self) -> None:
+        """The task process is being killed: stop the job so nothing is orphaned."""
+        if self._launched_job_dir is not None:
+            self.hook_for(self._launched_job_dir).stop("the Airflow task was killed")
+
+
+def _status_of(job: dict[str, Any]) -> str:
+    return "success" if job.get("state") == JobState.SUCCEEDED else str(job.get("state"))
+
+
+def job_result(job: dict[str, Any]) -> dict[str, Any]:
+    """The XCom value of every successful path: the job's metrics, never its token."""
+    result = job.get("result") or {}
+    return {
+        "job_id": job.get("job_id"),
+        "state": job.get("state"),
+        "duration_s": job.get("duration_s"),
+        **{key: result.get(key) for key in RESULT_KEYS},
+    }

@@ -1,0 +1,1 @@
+"""Triggers: wait on a job in the triggerer, report its ending as one event."""
