@@ -92,12 +92,17 @@ class JobSpec(_Strict):
     @field_validator("model")
     @classmethod
     def _model_ref(cls, value: str) -> str:
-        if value in REFERENCE_MODELS or _IMPORT_PATH.match(value):
-            return value
-        raise ValueError(
-            f"model={value!r}: expected one of {list(REFERENCE_MODELS)} "
-            "or an import path like 'mypkg.models:build_tower'"
-        )
+        return check_model_ref(value)
+
+
+def check_model_ref(value: str) -> str:
+    """A reference model name or ``package.module:factory``; anything else is rejected."""
+    if value in REFERENCE_MODELS or _IMPORT_PATH.match(value):
+        return value
+    raise ValueError(
+        f"model={value!r}: expected one of {list(REFERENCE_MODELS)} "
+        "or an import path like 'mypkg.models:build_tower'"
+    )
 
 
 # Reference models whose wide (linear) part reads a 1-dim table per categorical column.

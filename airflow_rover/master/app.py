@@ -73,7 +73,10 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
 
     @app.post(f"{P}/evaluation")
     def evaluation(body: protocol.EvalReport) -> dict[str, bool]:
-        master.report_evaluation(body)
+        try:
+            _known(master.report_evaluation, body)
+        except PermissionError as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         return {"ok": True}
 
     @app.post(f"{P}/stop")

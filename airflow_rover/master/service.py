@@ -139,7 +139,13 @@ class JobMaster:
             return accepted
 
     def report_evaluation(self, body: protocol.EvalReport) -> None:
+        """Accept the held-out score only from the evaluator node, only while evaluating."""
         with self._lock:
+            node = self._node(body.node_id)
+            if node.role != "evaluator" or self.state != JobState.EVALUATING:
+                raise PermissionError(
+                    f"{body.node_id} may not report an evaluation while the job is {self.state}"
+                )
             self.evaluation = {"auc": body.auc, "logloss": body.logloss, "samples": body.samples}
             log.info("held-out evaluation: %s", self.evaluation)
 

@@ -18,7 +18,13 @@ from airflow.sdk import BaseOperator, Context, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
-from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import (
+    FeatureConfig,
+    JobSpec,
+    ResourcePlan,
+    TrainingConfig,
+    check_model_ref,
+)
 from airflow_rover.core.states import ACTIVE_STATES, JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.operators._validation import describe, has_template, parse_param
@@ -135,7 +141,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         if not has_template(self.training):
             parse_param(owner, "training", TrainingConfig, self.training)
         if not has_template(model):
-            self._spec_or_raise(job_id="parse-check", train_data="parse-check", eval_data=None)
+            try:
+                check_model_ref(model)
+            except ValueError as exc:
+                raise ValueError(f"{owner}: {exc}") from None
 
     # -- building the job --------------------------------------------------------------------
     def _spec_or_raise(self, job_id: str, train_data: str, eval_data: str | None) -> JobSpec:

@@ -7,6 +7,7 @@ u8 ndim, ndim x u64 dims, padding to 8 bytes, raw little-endian data. Decoding i
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -68,8 +69,10 @@ def decode(message: bytes) -> dict[str, np.ndarray]:
             shape = struct.unpack_from(f"<{ndim}Q", view, pos)
             pos += 8 * ndim
             pos += -pos % 8
+            if code >= len(_DTYPES):
+                raise CodecError(f"tensor {name!r}: unknown dtype code {code}")
             dtype = _DTYPES[code]
-            count_items = int(np.prod(shape, dtype=np.int64)) if ndim else 1
+            count_items = math.prod(shape)  # Python ints: absurd dims cannot overflow
             nbytes = count_items * dtype.itemsize
             if pos + nbytes > len(view):
                 raise CodecError(f"tensor {name!r}: frame truncated")
@@ -77,7 +80,9 @@ def decode(message: bytes) -> dict[str, np.ndarray]:
                 shape
             )
             pos += nbytes
-    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+    except CodecError:
+        raise
+    except (struct.error, IndexError, UnicodeDecodeError, ValueError) as exc:
         raise CodecError(f"malformed tensor frame: {exc}") from exc
     if pos != len(view):
         raise CodecError("trailing bytes after the last tensor")

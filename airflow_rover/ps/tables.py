@@ -39,6 +39,14 @@ class EmbeddingTable:
         return self._size
 
     def _check_ids(self, ids: np.ndarray) -> None:
+        """Ids must be a 1-D integer array without repeats (a repeat would create a row twice)."""
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"table {self.name!r}: ids must be a 1-D integer array, got {ids.dtype} {ids.shape}"
+            )
+        sorted_unique = ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))  # np.unique's output
+        if not sorted_unique and np.unique(ids).size != ids.size:
+            raise ValueError(f"table {self.name!r}: ids must be unique within a request")
         if ids.size and (ids.min() < 0 or ids.max() >= self._slot.size):
             raise ValueError(
                 f"table {self.name!r}: ids must lie in [0, {self._slot.size}), "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -299,7 +300,7 @@ def _random_run(rng: random.Random) -> None:
     for ranges in covered.values():
         ranges.sort()
         assert ranges[0][0] == 0 and ranges[-1][1] == num_samples
-        for (_, end), (start, _) in zip(ranges, ranges[1:], strict=False):
+        for (_, end), (start, _) in itertools.pairwise(ranges):
             assert end == start  # contiguous, no overlap, no gap
     assert sum(e - s for r in covered.values() for s, e in r) == num_samples * epochs
 

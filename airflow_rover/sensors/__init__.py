@@ -1,0 +1,1 @@
+"""Sensors: let downstream tasks start on a job's milestone instead of on its completion."""

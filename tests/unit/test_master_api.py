@@ -1,0 +1,578 @@
+"""The master's HTTP API over a real JobMaster: auth, validation, shard dispatch and outcomes.
+
+Nodes are not started: a small in-memory launcher records start/stop calls and reports the
+exit codes a test sets, because these tests are about the API and the master's state machine.
+Where the master talks to a parameter server (saving the model), a real one is started.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+
+from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.master.app import create_app
+from airflow_rover.master.service import JobMaster
+from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.server import ParameterServer, start_server
+
+TOKEN = "job-token-0123456789"
+P = "/api/v1"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+NUM_TRAIN = 2000
+SHARD_SIZE = 250
+EPOCHS = 2
+NUM_SHARDS = EPOCHS * NUM_TRAIN // SHARD_SIZE  # 16
+
+
+class FakeLauncher:
+    """Records what the master starts and stops; exit codes are whatever the test sets."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str]] = []
+        self.stopped: list[str] = []
+        self.stop_all_calls = 0
+        self.codes: dict[str, int | None] = {}
+
+    def start(self, node_id: str, role: str) -> None:
+        self.started.append((node_id, role))
+        self.codes[node_id] = None
+
+    def exit_codes(self) -> dict[str, int | None]:
+        return dict(self.codes)
+
+    def stop(self, node_id: str) -> None:
+        self.stopped.append(node_id)
+
+    def stop_all(self) -> None:
+        self.stop_all_calls += 1
+
+    def exit(self, node_id: str, code: int) -> None:
+        assert node_id in self.codes, f"{node_id} was never started"
+        self.codes[node_id] = code
+
+
+@dataclass
+class Job:
+    master: JobMaster
+    launcher: FakeLauncher
+    api: TestClient
+    layout: JobLayout
+
+    def get(self, path: str, **kw) -> dict:
+        reply = self.api.get(P + path, headers=AUTH, **kw)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def post(self, path: str, body: dict | None = None) -> dict:
+        reply = self.api.post(P + path, json=body if body is not None else {}, headers=AUTH)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    def status(self) -> dict:
+        return self.get("/status")
+
+    def lease(self, worker: str) -> dict:
+        return self.post("/shards/lease", {"node_id": worker})
+
+    def done(self, worker: str, shard_id: int) -> bool:
+        return self.post(f"/shards/{shard_id}/done", {"node_id": worker})["accepted"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
+    root = tmp_path_factory.mktemp("data")
+    return generate_dataset(root, SyntheticConfig(num_train=NUM_TRAIN, num_eval=500, seed=0))
+
+
+@pytest.fixture
+def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[..., Job]]:
+    clients: list[TestClient] = []
+
+    def make(with_eval: bool = False, lease_s: float = 60.0, num_workers: int = 2) -> Job:
+        spec = JobSpec(
+            job_id="unit-job.1",
+            train_data=str(dataset.train_dir),
+            eval_data=str(dataset.eval_dir) if with_eval else None,
+            embedding_dim=4,
+            plan=ResourcePlan(num_workers=num_workers, num_ps=1),
+            training=TrainingConfig(
+                shard_size=SHARD_SIZE, epochs=EPOCHS, shard_lease_s=lease_s, batch_size=64
+            ),
+        )
+        layout = JobLayout(tmp_path / "job")
+        layout.write_spec(spec)
+        launcher = FakeLauncher()
+        master = JobMaster(layout, spec, launcher, TOKEN)
+        api = TestClient(create_app(master, TOKEN))
+        clients.append(api)
+        return Job(master, launcher, api, layout)
+
+    yield make
+    for api in clients:
+        api.close()
+
+
+def _start_running(job: Job, ps_address: str = "127.0.0.1:1") -> None:
+    """Drive the master to RUNNING: it starts ps-0, ps-0 reports ready, it starts the workers."""
+    job.master.step()
+    assert job.launcher.started == [("ps-0", "ps")]
+    assert job.status()["state"] == "pending"
+    assert job.post("/nodes/ps-0/ready", {"address": ps_address}) == {"ok": True}
+    job.master.step()
+    assert job.status()["state"] == "running"
+
+
+def _drain(job: Job, workers: tuple[str, ...] = ("worker-0", "worker-1")) -> list[dict]:
+    """Workers take turns leasing and completing shards until the queue says done."""
+    shards: list[dict] = []
+    turn = 0
+    while True:
+        reply = job.lease(workers[turn % len(workers)])
+        if reply["status"] != "ok":
+            assert reply == {"status": "done", "shard": None}
+            return shards
+        shard = reply["shard"]
+        assert job.done(workers[turn % len(workers)], shard["shard_id"])
+        shards.append(shard)
+        turn += 1
+
+
+# -- authentication ----------------------------------------------------------------------------
+ROUTES: list[tuple[str, str, dict | None]] = [
+    ("GET", "/status", None),
+    ("GET", "/cluster", None),
+    ("POST", "/nodes/ps-0/ready", {"address": "10.0.0.66:9"}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 5, "samples": 99, "step_time_ms": 1.0}),
+    ("POST", "/shards/lease", {"node_id": "worker-0"}),
+    ("POST", "/shards/0/done", {"node_id": "worker-0"}),
+    ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
+    ("POST", "/stop", {"reason": "intruder"}),
+]
+BAD_HEADERS = [
+    {},
+    {"Authorization": "Bearer wrong"},
+    {"Authorization": f"Bearer {TOKEN}x"},
+    {"Authorization": f"Bearer {TOKEN[:-1]}"},
+    {"Authorization": f"Basic {TOKEN}"},
+    {"Authorization": TOKEN},
+    {"Authorization": "Bearer"},
+    {"Authorization": "Bearer "},
+]
+
+
+def test_route_list_covers_the_whole_api(make_job) -> None:
+    """The auth test below exercises every route the app serves (a new route must be added)."""
+    job = make_job()
+    served = {
+        (m, r.path.removeprefix(P))
+        for r in job.api.app.routes
+        if isinstance(r, APIRoute)
+        for m in r.methods
+    }
+    tested = {
+        (m, path.replace("ps-0", "{node_id}").replace("worker-0", "{node_id}"))
+        for m, path, _ in ROUTES
+    }
+    tested = {(m, p.replace("/shards/0/", "/shards/{shard_id}/")) for m, p in tested}
+    assert served == tested
+
+
+@pytest.mark.parametrize("headers", BAD_HEADERS, ids=lambda h: h.get("Authorization", "none"))
+def test_every_route_rejects_missing_or_wrong_token(make_job, headers: dict) -> None:
+    """401 with a Bearer challenge on every route, and the job is untouched."""
+    job = make_job()
+    _start_running(job)
+    assert job.lease("worker-0")["shard"]["shard_id"] == 0
+    before = _observable(job)
+    for method, path, body in ROUTES:
+        reply = job.api.request(method, P + path, json=body, headers=headers)
+        assert reply.status_code == 401, (method, path, reply.text)
+        assert reply.headers["www-authenticate"] == "Bearer"
+        assert reply.json() == {"detail": "missing or wrong job token"}
+    assert _observable(job) == before
+
+
+def test_auth_is_checked_before_the_body(make_job) -> None:
+    """A wrong token with a malformed body is 401, not 422: nothing is revealed to strangers."""
+    job = make_job()
+    for method, path, _ in ROUTES:
+        if method == "POST":
+            reply = job.api.post(P + path, content=b"{not json", headers={"Authorization": "x"})
+            assert reply.status_code == 401, path
+
+
+# -- status and start-up -----------------------------------------------------------------------
+def _observable(job: Job) -> dict:
+    """Everything a request could change, minus clocks."""
+    status = job.master.status()
+    del status["duration_s"]
+    return {"status": status, "queue": job.master.queue.to_dict()}
+
+
+def test_status_shape_through_start_up(make_job) -> None:
+    """Status has a stable shape; states go pending -> running as ps-0 becomes ready."""
+    job = make_job()
+    status = job.status()
+    assert set(status) == {
+        "job_id",
+        "state",
+        "message",
+        "progress",
+        "throughput",
+        "plan",
+        "nodes",
+        "evaluation",
+        "started_at",
+        "finished_at",
+        "duration_s",
+        "result",
+    }
+    assert status["job_id"] == "unit-job.1"
+    assert status["state"] == "pending"
+    assert status["progress"] == {
+        "samples_done": 0,
+        "samples_total": NUM_TRAIN * EPOCHS,
+        "fraction": 0.0,
+        "shards": {"todo": NUM_SHARDS, "doing": 0, "done": 0},
+    }
+    assert status["plan"] == job.master.spec.plan.model_dump()
+    assert status["nodes"] == []
+    assert status["throughput"] == 0.0
+    assert status["evaluation"] is None and status["result"] is None
+    assert status["finished_at"] is None
+    json.dumps(status)
+
+    job.master.step()
+    (ps,) = job.status()["nodes"]
+    assert ps == {
+        "id": "ps-0",
+        "role": "ps",
+        "state": "starting",
+        "address": None,
+        "steps": 0,
+        "samples": 0,
+        "step_time_ms": 0.0,
+        "exit_code": None,
+    }
+    # No cluster (and no workers) until the parameter servers are up.
+    assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409
+    job.master.step()
+    assert job.launcher.started == [("ps-0", "ps")]
+
+    assert job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:5555"}) == {"ok": True}
+    assert job.get("/cluster") == {"job_id": "unit-job.1", "ps": ["127.0.0.1:5555"]}
+    job.master.step()
+    assert job.launcher.started == [("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")]
+    status = job.status()
+    assert status["state"] == "running"
+    assert [n["id"] for n in status["nodes"]] == ["ps-0", "worker-0", "worker-1"]
+    assert [n["state"] for n in status["nodes"]] == ["running", "starting", "starting"]
+    mirrored = json.loads(job.layout.state_file.read_text())
+    assert mirrored["state"] == "running"
+
+
+def test_lease_while_pending_says_wait(make_job) -> None:
+    """Before training starts a known node is told to wait; a not-yet-started worker is 404."""
+    job = make_job()
+    job.master.step()
+    reply = job.api.post(P + "/shards/lease", json={"node_id": "worker-0"}, headers=AUTH)
+    assert reply.status_code == 404
+    assert job.post("/shards/lease", {"node_id": "ps-0"}) == {"status": "wait", "shard": None}
+
+
+# -- shard dispatch ----------------------------------------------------------------------------
+def test_heartbeat_records_progress(make_job) -> None:
+    """Heartbeats update the node's figures and answer stop=false while the job runs."""
+    job = make_job()
+    _start_running(job)
+    assert job.post("/nodes/worker-0/heartbeat", {"steps": 3, "samples": 192, "step_time_ms": 2.5})
+    assert job.post(
+        "/nodes/worker-0/heartbeat", {"steps": 6, "samples": 384, "step_time_ms": 2.0}
+    ) == {"stop": False}
+    node = next(n for n in job.status()["nodes"] if n["id"] == "worker-0")
+    assert (node["steps"], node["samples"], node["step_time_ms"]) == (6, 384, 2.0)
+
+
+def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
+    """Two workers lease and complete every shard once; status then shows all samples done."""
+    job = make_job()
+    _start_running(job)
+    shards = _drain(job)
+    assert [s["shard_id"] for s in shards] == list(range(NUM_SHARDS))
+    assert shards[0] == {"shard_id": 0, "epoch": 0, "start": 0, "end": SHARD_SIZE}
+    assert shards[-1] == {
+        "shard_id": NUM_SHARDS - 1,
+        "epoch": EPOCHS - 1,
+        "start": NUM_TRAIN - SHARD_SIZE,
+        "end": NUM_TRAIN,
+    }
+    progress = job.status()["progress"]
+    assert progress == {
+        "samples_done": NUM_TRAIN * EPOCHS,
+        "samples_total": NUM_TRAIN * EPOCHS,
+        "fraction": 1.0,
+        "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS},
+    }
+    assert job.lease("worker-1") == {"status": "done", "shard": None}
+
+
+def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
+    """With nothing left in TODO but shards in flight, idle workers wait instead of finishing."""
+    job = make_job()
+    _start_running(job)
+    for _ in range(NUM_SHARDS - 1):
+        shard = job.lease("worker-0")["shard"]
+        assert job.done("worker-0", shard["shard_id"])
+    last = job.lease("worker-0")["shard"]
+    assert job.lease("worker-1") == {"status": "wait", "shard": None}
+    assert job.done("worker-0", last["shard_id"])
+    assert job.lease("worker-1") == {"status": "done", "shard": None}
+
+
+def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
+    """Only the holder's report counts; others (and repeats) are accepted: false."""
+    job = make_job()
+    _start_running(job)
+    shard_id = job.lease("worker-0")["shard"]["shard_id"]
+    assert job.post(f"/shards/{shard_id}/done", {"node_id": "worker-1"}) == {"accepted": False}
+    assert job.post(f"/shards/{shard_id}/done", {"node_id": "ghost"}) == {"accepted": False}
+    assert job.post("/shards/5/done", {"node_id": "worker-0"}) == {"accepted": False}
+    assert job.post("/shards/99999/done", {"node_id": "worker-0"}) == {"accepted": False}
+    assert job.post("/shards/-1/done", {"node_id": "worker-0"}) == {"accepted": False}
+    assert job.status()["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 1, "done": 0}
+    assert job.done("worker-0", shard_id)
+    assert not job.done("worker-0", shard_id)
+    assert job.status()["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 0, "done": 1}
+
+
+def test_expired_lease_goes_back_and_the_late_report_is_rejected(make_job) -> None:
+    """A lease not renewed in time is requeued by the supervisor and handed to another worker."""
+    job = make_job(lease_s=0.3)
+    _start_running(job)
+    shard_id = job.lease("worker-0")["shard"]["shard_id"]
+    time.sleep(0.4)
+    job.master.step()
+    assert job.status()["progress"]["shards"]["doing"] == 0
+    assert job.lease("worker-1")["shard"]["shard_id"] == shard_id
+    assert not job.done("worker-0", shard_id)
+    assert job.done("worker-1", shard_id)
+
+
+def test_heartbeat_renews_leases(make_job) -> None:
+    """A worker that keeps heart-beating keeps its shard past the original deadline."""
+    job = make_job(lease_s=1.0)
+    _start_running(job)
+    shard_id = job.lease("worker-0")["shard"]["shard_id"]
+    time.sleep(0.6)
+    job.post("/nodes/worker-0/heartbeat", {"steps": 1, "samples": 64, "step_time_ms": 1.0})
+    time.sleep(0.6)  # now past the first deadline, before the renewed one
+    job.master.step()
+    assert job.status()["progress"]["shards"]["doing"] == 1
+    assert job.done("worker-0", shard_id)
+
+
+# -- validation --------------------------------------------------------------------------------
+MALFORMED: list[tuple[str, str, object]] = [
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 1, "samples": -1, "step_time_ms": 1.0}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": -1, "samples": 1, "step_time_ms": 1.0}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 1, "samples": 1, "step_time_ms": -0.5}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 1, "samples": 1, "step_time_ms": 1, "x": 1}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 1, "samples": 1}),
+    ("POST", "/nodes/worker-0/heartbeat", {"steps": 1, "samples": "many", "step_time_ms": 1}),
+    ("POST", "/nodes/worker-0/heartbeat", [1, 2, 3]),
+    ("POST", "/nodes/ps-0/ready", {"address": "10.0.0.1:1", "port": 1}),
+    ("POST", "/nodes/ps-0/ready", {"address": "x" * 201}),
+    ("POST", "/shards/lease", {"node_id": "worker-0", "greedy": True}),
+    ("POST", "/shards/lease", {"node_id": ""}),
+    ("POST", "/shards/lease", {}),
+    ("POST", "/shards/0/done", {"node_id": "worker-0", "samples": 250}),
+    ("POST", "/shards/zero/done", {"node_id": "worker-0"}),
+    ("POST", "/evaluation", {"node_id": "evaluator", "auc": 1.5, "logloss": 0.1, "samples": 5}),
+    ("POST", "/evaluation", {"node_id": "evaluator", "auc": 0.5, "logloss": 0.1, "samples": 0}),
+    ("POST", "/stop", {"reason": "x", "force": True}),
+    ("POST", "/stop", {"reason": "x" * 501}),
+]
+
+
+def test_malformed_bodies_are_422_and_change_nothing(make_job) -> None:
+    """Negative counts, unknown fields, wrong types and bad ranges are refused before use."""
+    job = make_job()
+    _start_running(job)
+    assert job.lease("worker-0")["shard"]["shard_id"] == 0
+    job.post("/nodes/worker-0/heartbeat", {"steps": 2, "samples": 10, "step_time_ms": 1.0})
+    before = _observable(job)
+    for method, path, body in MALFORMED:
+        reply = job.api.request(method, P + path, json=body, headers=AUTH)
+        assert reply.status_code == 422, (path, body, reply.text)
+    reply = job.api.post(P + "/shards/lease", content=b"{oops", headers=AUTH)
+    assert reply.status_code == 422
+    assert _observable(job) == before
+
+
+def test_unknown_node_is_404(make_job) -> None:
+    """Ready, heartbeat and lease for a node the master never started are 404 and change nothing."""
+    job = make_job()
+    _start_running(job)
+    before = _observable(job)
+    for path, body in [
+        ("/nodes/ps-7/ready", {"address": "127.0.0.1:2"}),
+        ("/nodes/worker-9/heartbeat", {"steps": 1, "samples": 1, "step_time_ms": 1.0}),
+        ("/shards/lease", {"node_id": "nobody"}),
+    ]:
+        reply = job.api.post(P + path, json=body, headers=AUTH)
+        assert reply.status_code == 404, path
+        assert "unknown node" in reply.json()["detail"]
+    assert _observable(job) == before
+
+
+def test_evaluation_from_an_unknown_node_is_404(make_job) -> None:
+    """Only a node the master started may report the held-out evaluation."""
+    job = make_job()
+    _start_running(job)
+    body = {"node_id": "nobody", "auc": 0.99, "logloss": 0.01, "samples": 10}
+    reply = job.api.post(P + "/evaluation", json=body, headers=AUTH)
+    assert reply.status_code == 404
+    assert job.status()["evaluation"] is None
+
+
+# -- outcomes ----------------------------------------------------------------------------------
+def test_node_exiting_non_zero_fails_the_job(make_job) -> None:
+    """A crashed worker fails the job: its id and log tail in the message, its shards to TODO."""
+    job = make_job()
+    _start_running(job)
+    assert [job.lease("worker-0")["shard"]["shard_id"] for _ in range(2)] == [0, 1]
+    shard = job.lease("worker-1")["shard"]["shard_id"]
+    assert job.done("worker-1", shard)
+    job.layout.log_file("worker-0").parent.mkdir(parents=True, exist_ok=True)
+    job.layout.log_file("worker-0").write_text("Traceback (most recent call last):\nboom-42\n")
+
+    job.launcher.exit("worker-1", 0)  # a clean exit is not a failure
+    job.master.step()
+    assert job.status()["state"] == "running"
+
+    job.launcher.exit("worker-0", 1)
+    job.master.step()
+    status = job.status()
+    assert status["state"] == "failed"
+    assert "worker-0 exited with code 1" in status["message"]
+    assert "2 shard(s) returned to TODO" in status["message"]
+    assert "boom-42" in status["message"]
+    assert status["finished_at"] is not None
+    assert status["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 0, "done": 1}
+    assert job.master.queue.to_dict()["todo"][:2] == [0, 1]  # back at the front, in order
+    nodes = {n["id"]: n for n in status["nodes"]}
+    assert (nodes["worker-0"]["state"], nodes["worker-0"]["exit_code"]) == ("failed", 1)
+    assert (nodes["worker-1"]["state"], nodes["worker-1"]["exit_code"]) == ("succeeded", 0)
+    assert json.loads(job.layout.state_file.read_text())["state"] == "failed"
+    # Survivors are told to stop and get no more work; the outcome is final.
+    hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
+    assert job.post("/nodes/worker-1/heartbeat", hb) == {"stop": True}
+    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    assert job.post("/stop", {"reason": "late"}) == {"state": "failed"}
+    job.master.step()
+    assert job.status()["message"] == status["message"]
+
+
+def test_parameter_server_crash_fails_the_job(make_job) -> None:
+    """A PS exiting non-zero while starting fails the job before any worker starts."""
+    job = make_job()
+    job.master.step()
+    job.launcher.exit("ps-0", 137)
+    job.master.step()
+    status = job.status()
+    assert status["state"] == "failed"
+    assert "ps-0 exited with code 137" in status["message"]
+    assert "(no log)" in status["message"]
+    assert job.launcher.started == [("ps-0", "ps")]
+
+
+def test_stop_request(make_job) -> None:
+    """POST /stop ends the job as stopped; nodes are told to stop and get no more shards."""
+    job = make_job()
+    _start_running(job)
+    job.lease("worker-0")
+    assert job.post("/stop", {"reason": "task cleared in Airflow"}) == {"state": "stopped"}
+    status = job.status()
+    assert status["state"] == "stopped"
+    assert status["message"] == "task cleared in Airflow"
+    assert status["finished_at"] is not None
+    hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
+    assert job.post("/nodes/worker-0/heartbeat", hb) == {"stop": True}
+    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    # Later stops and ticks change nothing; a default reason is accepted.
+    assert job.post("/stop") == {"state": "stopped"}
+    job.master.step()
+    assert job.status()["message"] == "task cleared in Airflow"
+    assert json.loads(job.layout.state_file.read_text())["state"] == "stopped"
+    job.master.shutdown_nodes()
+    assert job.launcher.stop_all_calls == 1
+    assert {n["state"] for n in job.status()["nodes"]} == {"stopped"}
+
+
+@pytest.mark.parametrize("with_eval", [False, True], ids=["train-only", "with-eval"])
+def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> None:
+    """Drain all shards, (evaluate,) then the master saves the model from a real PS: succeeded."""
+    job = make_job(with_eval=with_eval)
+    job.master.step()
+    ps = ParameterServer(0, 1, job.master.features, 0.05, 0)
+    server, port = start_server(ps, TOKEN, threads=2)
+    try:
+        address = f"127.0.0.1:{port}"
+        job.post("/nodes/ps-0/ready", {"address": address})
+        job.master.step()
+        # A worker touches some rows through the address the cluster route gives out.
+        cluster = job.get("/cluster")
+        client = PSClient(cluster["ps"], TOKEN)
+        table = job.master.features.tables[0].name
+        client.pull({table: np.arange(10, dtype=np.int64)}, dense=False)
+        client.close()
+
+        assert len(_drain(job)) == NUM_SHARDS
+        job.master.step()
+        status = job.status()
+        if with_eval:
+            assert status["state"] == "evaluating"
+            assert job.launcher.started[-1] == ("evaluator", "evaluator")
+            assert job.lease("worker-0") == {"status": "done", "shard": None}
+            body = {"node_id": "evaluator", "auc": 0.75, "logloss": 0.45, "samples": 500}
+            assert job.post("/evaluation", body) == {"ok": True}
+            job.master.step()
+            assert job.status()["state"] == "evaluating"  # until the evaluator has exited
+            job.launcher.exit("evaluator", 0)
+            job.master.step()
+            status = job.status()
+    finally:
+        server.stop(None)
+
+    assert status["state"] == "succeeded", status["message"]
+    assert status["message"] == f"trained {NUM_TRAIN * EPOCHS} samples"
+    result = status["result"]
+    assert result["samples_trained"] == NUM_TRAIN * EPOCHS
+    assert result["embedding_rows"] == 10
+    assert result["accounting"] == {
+        "shards": NUM_SHARDS,
+        "done_once": NUM_SHARDS,
+        "done_more_than_once": 0,
+        "never_done": 0,
+        "requeued": 0,
+    }
+    assert result["auc"] == (0.75 if with_eval else None)
+    assert result["eval_samples"] == (500 if with_eval else 0)
+    model_dir = Path(result["model_dir"])
+    assert sorted(p.name for p in model_dir.iterdir()) == ["model.json", "ps-0.npz"]
+    manifest = json.loads((model_dir / "model.json").read_text())
+    assert manifest["partitions"] == ["ps-0.npz"] and manifest["job_id"] == "unit-job.1"
+    with np.load(model_dir / "ps-0.npz") as npz:
+        assert sorted(npz[f"table/{table}/ids"].tolist()) == list(range(10))
+    assert json.loads(job.layout.state_file.read_text())["state"] == "succeeded"

@@ -1,0 +1,553 @@
+"""Parameter server: Adagrad, lazily created tables, and real gRPC servers behind PSClient."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from airflow_rover.core.hashing import initial_rows, owner_of, partition_of
+from airflow_rover.core.spec import FeatureConfig, TableConfig
+from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.optimizers import (
+    ADAGRAD_EPSILON,
+    ADAGRAD_INITIAL_ACCUMULATOR,
+    adagrad_update,
+)
+from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.ps.tables import INIT_SCALE, DenseStore, EmbeddingTable
+
+TOKEN = "s3cret-job-token"
+LR = 0.1
+SEED = 7
+FEATURES = FeatureConfig(
+    num_dense=2,
+    tables=(
+        TableConfig(name="a", column="C1", vocab_size=1000, dim=4),
+        TableConfig(name="b", column="C2", vocab_size=500, dim=2, pooling="mean"),
+        TableConfig(name="c_wide", column="C1", vocab_size=50, dim=1),
+    ),
+)
+DIMS = {t.name: t.dim for t in FEATURES.tables}
+
+
+# -- Adagrad -----------------------------------------------------------------------------------
+def _reference_adagrad(param, grads, lr):
+    """Adagrad written out independently, in float64."""
+    p = np.array(param, dtype=np.float64)
+    acc = np.full_like(p, 0.1)
+    for g in grads:
+        acc = acc + np.square(g.astype(np.float64))
+        p = p - lr * g / (np.sqrt(acc) + 1e-7)
+    return p, acc
+
+
+def _grads(shape, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(0.0, 1.0, size=shape).astype(np.float32) for _ in range(steps)]
+
+
+def test_adagrad_constants_match_keras_defaults() -> None:
+    """The PS uses TensorFlow's default initial accumulator and epsilon."""
+    assert np.isclose(ADAGRAD_INITIAL_ACCUMULATOR, 0.1)
+    assert np.isclose(ADAGRAD_EPSILON, 1e-7, rtol=1e-9, atol=0)
+
+
+def test_adagrad_matches_numpy_reference_over_steps() -> None:
+    """Several in-place Adagrad steps equal the float64 reference within float32 precision."""
+    param = np.random.default_rng(1).uniform(-0.05, 0.05, size=(6, 3)).astype(np.float32)
+    accum = np.full_like(param, ADAGRAD_INITIAL_ACCUMULATOR)
+    grads = _grads(param.shape, steps=6)
+    p, a = param, accum
+    for g in grads:
+        p, a = adagrad_update(p, a, g, LR)
+        assert p.dtype == np.float32 and a.dtype == np.float32
+    ref_p, ref_a = _reference_adagrad(param, grads, LR)
+    np.testing.assert_allclose(p, ref_p, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(a, ref_a, rtol=1e-6)
+    # Pure function: the inputs were not modified.
+    np.testing.assert_array_equal(accum, np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
+
+
+def test_adagrad_zero_gradient_is_a_no_op() -> None:
+    """A zero gradient changes neither the parameter nor the accumulator."""
+    param = np.ones((2, 2), np.float32)
+    accum = np.full((2, 2), 0.1, np.float32)
+    p, a = adagrad_update(param, accum, np.zeros((2, 2), np.float32), LR)
+    np.testing.assert_array_equal(p, param)
+    np.testing.assert_array_equal(a, accum)
+
+
+def test_adagrad_matches_keras(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Table updates equal keras.optimizers.Adagrad(initial_accumulator_value=0.1, eps=1e-7)."""
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+    keras = pytest.importorskip("keras")
+    ids = np.array([3, 11, 42, 7], dtype=np.int64)
+    dim = 5
+    init = initial_rows("emb", ids, dim, SEED, INIT_SCALE)
+    grads = _grads((ids.size, dim), steps=5, seed=3)
+
+    table = EmbeddingTable("emb", dim, vocab_size=100, seed=SEED)
+    for g in grads:
+        table.apply_gradients(ids, g, LR)
+    ours = table.lookup(ids, create=False)
+
+    var = keras.Variable(init.copy(), dtype="float32")
+    opt = keras.optimizers.Adagrad(learning_rate=LR, initial_accumulator_value=0.1, epsilon=1e-7)
+    for g in grads:
+        opt.apply_gradients([(keras.ops.convert_to_tensor(g), var)])
+    np.testing.assert_allclose(ours, np.asarray(var.numpy()), rtol=0, atol=1e-6)
+
+
+# -- EmbeddingTable and DenseStore (in-process) -----------------------------------------------
+def test_table_rows_are_created_lazily_with_the_seeded_init() -> None:
+    """Nothing exists before first touch; a created row equals core.hashing's initial row."""
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    assert table.size == 0
+    ids = np.array([5, 900, 17], dtype=np.int64)
+    rows = table.lookup(ids)
+    assert table.size == 3
+    np.testing.assert_array_equal(rows, initial_rows("a", ids, 4, SEED, INIT_SCALE))
+    table.lookup(np.array([17, 5]))
+    assert table.size == 3  # existing rows are reused, not re-created
+    snap = table.snapshot()
+    assert snap["ids"].tolist() == [5, 900, 17]
+    np.testing.assert_array_equal(snap["accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
+
+
+def test_lookup_without_create_reads_but_does_not_insert() -> None:
+    """create=False returns stored rows for seen ids and the seeded init for unseen ones."""
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    seen = np.array([1, 2], dtype=np.int64)
+    table.apply_gradients(seen, np.ones((2, 4), np.float32), LR)
+    stored = table.lookup(seen, create=False)
+    assert not np.array_equal(stored, initial_rows("a", seen, 4, SEED, INIT_SCALE))
+
+    mixed = np.array([2, 500, 1, 999], dtype=np.int64)
+    out = table.lookup(mixed, create=False)
+    assert table.size == 2
+    np.testing.assert_array_equal(out[[0, 2]], stored[[1, 0]])
+    np.testing.assert_array_equal(
+        out[[1, 3]], initial_rows("a", np.array([500, 999]), 4, SEED, INIT_SCALE)
+    )
+    # The returned rows are copies: writing to them does not change the table.
+    out[:] = 123.0
+    np.testing.assert_array_equal(table.lookup(seen, create=False), stored)
+
+
+def test_access_counters() -> None:
+    """Each creating lookup bumps its rows' counters; reads without create do not."""
+    table = EmbeddingTable("a", 2, vocab_size=100, seed=SEED)
+    table.lookup(np.array([1, 2, 3]))
+    table.lookup(np.array([2, 3]))
+    table.lookup(np.array([3]))
+    table.lookup(np.array([1, 2, 3, 4]), create=False)
+    snap = table.snapshot()
+    counts = dict(zip(snap["ids"].tolist(), snap["counts"].tolist(), strict=True))
+    assert counts == {1: 1, 2: 2, 3: 3}
+    assert snap["counts"].dtype == np.uint32
+
+
+def test_table_grows_past_its_initial_capacity_without_losing_rows() -> None:
+    """Creating thousands of rows in batches keeps every earlier row and its slot."""
+    table = EmbeddingTable("a", 3, vocab_size=10_000, seed=SEED)
+    ids = np.random.default_rng(0).permutation(10_000)[:5000]
+    for chunk in np.array_split(ids, 7):
+        table.lookup(chunk)
+    assert table.size == 5000
+    np.testing.assert_array_equal(
+        table.lookup(ids, create=False), initial_rows("a", ids, 3, SEED, INIT_SCALE)
+    )
+    assert sorted(table.snapshot()["ids"].tolist()) == sorted(ids.tolist())
+
+
+@pytest.mark.parametrize(
+    ("ids", "grads", "match"),
+    [
+        (np.array([-1, 2]), np.zeros((2, 4), np.float32), r"ids must lie in \[0, 1000\)"),
+        (np.array([1, 1000]), np.zeros((2, 4), np.float32), r"ids must lie in \[0, 1000\)"),
+        (np.array([1, 2]), np.zeros((2, 3), np.float32), "gradient shape"),
+        (np.array([1, 2]), np.zeros((3, 4), np.float32), "gradient shape"),
+        (np.array([1, 2]), np.zeros(8, np.float32), "gradient shape"),
+        (np.array([1, 2]), np.array([[0, 0, 0, np.nan]] * 2, np.float32), "non-finite"),
+        (np.array([1, 2]), np.array([[np.inf, 0, 0, 0]] * 2, np.float32), "non-finite"),
+    ],
+)
+def test_bad_updates_are_rejected_and_change_nothing(ids, grads, match) -> None:
+    """Out-of-range ids, wrong gradient shapes and NaN/inf are refused before any write."""
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    table.lookup(np.array([1, 2]))
+    before = table.snapshot()
+    with pytest.raises(ValueError, match=match):
+        table.apply_gradients(ids, grads, LR)
+    after = table.snapshot()
+    for key in before:
+        np.testing.assert_array_equal(after[key], before[key])
+
+
+def test_lookup_rejects_out_of_range_ids() -> None:
+    """Both lookup modes refuse ids outside [0, vocab_size) and create nothing."""
+    table = EmbeddingTable("a", 4, vocab_size=10, seed=SEED)
+    for create in (True, False):
+        with pytest.raises(ValueError, match="ids must lie"):
+            table.lookup(np.array([3, 10]), create=create)
+        with pytest.raises(ValueError, match="ids must lie"):
+            table.lookup(np.array([-2]), create=create)
+    assert table.size == 0
+
+
+def test_dense_store_first_initialisation_wins_and_updates_validate() -> None:
+    """initialize keeps the first value; bad dense gradients are refused whole."""
+    store = DenseStore()
+    store.initialize({"w": np.ones((2, 2)), "b": np.zeros(2)})
+    store.initialize({"w": np.full((2, 2), 9.0), "v": np.ones(1)})
+    values = store.read()
+    np.testing.assert_array_equal(values["w"], np.ones((2, 2)))
+    assert values["w"].dtype == np.float32 and set(values) == {"w", "b", "v"}
+    for grads, match in (
+        ({"w": np.ones((2, 2)), "nope": np.ones(1)}, "not initialised"),
+        ({"w": np.ones((2, 2)), "b": np.ones(3)}, "gradient shape"),
+        ({"w": np.ones((2, 2)), "b": np.array([0.0, np.nan])}, "non-finite"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            store.apply_gradients(grads, LR)
+        np.testing.assert_array_equal(store.read()["w"], np.ones((2, 2)))
+    g = np.array([[1.0, -1.0], [0.5, 0.0]], np.float32)
+    store.apply_gradients({"w": g}, LR)
+    ref, _ = _reference_adagrad(np.ones((2, 2)), [g], LR)
+    np.testing.assert_allclose(store.read()["w"], ref, atol=1e-6)
+
+
+# -- real gRPC servers -------------------------------------------------------------------------
+class Cluster:
+    """``n`` ParameterServers serving on 127.0.0.1 with the job token."""
+
+    def __init__(self, n: int, features: FeatureConfig = FEATURES) -> None:
+        self.ps = [ParameterServer(i, n, features, LR, SEED) for i in range(n)]
+        self.servers: list[grpc.Server] = []
+        self.addresses: list[str] = []
+        for ps in self.ps:
+            server, port = start_server(ps, TOKEN, threads=4)
+            assert port > 0
+            self.servers.append(server)
+            self.addresses.append(f"127.0.0.1:{port}")
+
+    def client(self, token: str = TOKEN) -> PSClient:
+        return PSClient(self.addresses, token, timeout_s=10)
+
+    def snapshots(self) -> list[dict]:
+        return [
+            {
+                "tables": {name: t.snapshot() for name, t in ps.tables.items()},
+                "dense": ps.dense.read(),
+                "pushes": ps.pushes,
+            }
+            for ps in self.ps
+        ]
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop(None)
+
+
+@pytest.fixture
+def one_ps() -> Iterator[Cluster]:
+    cluster = Cluster(1)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def three_ps() -> Iterator[Cluster]:
+    cluster = Cluster(3)
+    yield cluster
+    cluster.stop()
+
+
+def _raw_call(address: str, method: str, request: dict, token: str | None = TOKEN) -> dict:
+    with grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS) as channel:
+        stub = channel.unary_unary(rpc.method_path(method))
+        metadata = rpc.auth_metadata(token) if token is not None else None
+        return codec.decode(stub(codec.encode(request), metadata=metadata, timeout=10))
+
+
+def _raw_bytes_call(address: str, method: str, payload: bytes) -> bytes:
+    with grpc.insecure_channel(address) as channel:
+        stub = channel.unary_unary(rpc.method_path(method))
+        return stub(payload, metadata=rpc.auth_metadata(TOKEN), timeout=10)
+
+
+def _assert_snapshots_equal(before: list[dict], after: list[dict]) -> None:
+    for b, a in zip(before, after, strict=True):
+        assert a["pushes"] == b["pushes"]
+        assert set(a["dense"]) == set(b["dense"])
+        for name in b["dense"]:
+            np.testing.assert_array_equal(a["dense"][name], b["dense"][name])
+        for name, snap in b["tables"].items():
+            for key, value in snap.items():
+                np.testing.assert_array_equal(a["tables"][name][key], value, err_msg=name + key)
+
+
+DENSE_INIT = {
+    "tower/kernel": np.arange(12, dtype=np.float32).reshape(4, 3) / 10,
+    "tower/bias": np.zeros(3, np.float32),
+    "out/kernel": np.ones((3, 1), np.float32),
+    "out/bias": np.array(0.5, np.float32),  # a 0-d variable
+}
+
+
+def _workload(client: PSClient) -> list[np.ndarray]:
+    """A fixed sequence of pulls and pushes; returns everything the client saw."""
+    rng = np.random.default_rng(2024)
+    seen: list[np.ndarray] = []
+    client.init_dense(DENSE_INIT)
+    client.init_dense({k: v + 100 for k, v in DENSE_INIT.items()})  # ignored: first offer wins
+    for step in range(4):
+        ids = {
+            "a": rng.choice(1000, size=40, replace=False).astype(np.int64),
+            "b": rng.choice(500, size=25, replace=False).astype(np.int64),
+            # Few ids: with 3 PS some servers own none of this table's ids in a request.
+            "c_wide": rng.choice(50, size=1 + step, replace=False).astype(np.int64),
+        }
+        rows, dense = client.pull(ids)
+        for name, value in rows.items():
+            assert value.shape == (ids[name].size, DIMS[name])
+            seen.append(value.copy())
+        assert set(dense) == set(DENSE_INIT)
+        assert dense["out/bias"].shape == ()
+        seen.extend(dense[k].copy() for k in sorted(dense))
+        grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
+        dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
+        client.push(ids, grads, dgrads)
+    probe = {"a": np.arange(0, 1000, 7, dtype=np.int64), "b": np.array([0, 499], dtype=np.int64)}
+    rows, dense = client.pull(probe, dense=False, create=False)
+    assert dense == {}
+    seen.extend(rows[k].copy() for k in sorted(rows))
+    return seen
+
+
+def test_single_and_three_ps_give_identical_results(one_ps: Cluster, three_ps: Cluster) -> None:
+    """Partitioning is invisible: 3 PS return exactly what 1 PS returns for the same calls."""
+    with_one, with_three = one_ps.client(), three_ps.client()
+    try:
+        ref, got = _workload(with_one), _workload(with_three)
+    finally:
+        with_one.close()
+        with_three.close()
+    assert len(ref) == len(got)
+    for r, g in zip(ref, got, strict=True):
+        np.testing.assert_array_equal(g, r)
+    # Same rows exist in total, each on the PS partition_of names, dense on its owner.
+    single = one_ps.ps[0]
+    for name, table in single.tables.items():
+        assert sum(ps.tables[name].size for ps in three_ps.ps) == table.size
+        for i, ps in enumerate(three_ps.ps):
+            ids = ps.tables[name].snapshot()["ids"]
+            assert (partition_of(name, ids, 3) == i).all()
+    for name in DENSE_INIT:
+        owner = owner_of(name, 3)
+        assert [name in ps.dense.values for ps in three_ps.ps] == [i == owner for i in range(3)]
+    assert all(ps.pushes == 4 for ps in three_ps.ps)
+
+
+def test_rows_follow_the_numpy_reference_through_the_server(one_ps: Cluster) -> None:
+    """Pull then push over gRPC: stored rows are seeded init plus Adagrad steps."""
+    client = one_ps.client()
+    ids = {"a": np.array([10, 3, 999], dtype=np.int64)}
+    grads = _grads((3, 4), steps=3, seed=11)
+    try:
+        rows, dense = client.pull(ids, dense=False)
+        assert dense == {}
+        init = initial_rows("a", ids["a"], 4, SEED, INIT_SCALE)
+        np.testing.assert_array_equal(rows["a"], init)
+        for g in grads:
+            client.push(ids, {"a": g}, {})
+        rows, _ = client.pull(ids, dense=False, create=False)
+    finally:
+        client.close()
+    ref, _ = _reference_adagrad(init, grads, LR)
+    np.testing.assert_allclose(rows["a"], ref, rtol=0, atol=1e-6)
+
+
+def test_bad_gradient_in_one_table_rejects_the_whole_push(one_ps: Cluster) -> None:
+    """A NaN in table b's gradient: INVALID_ARGUMENT, and neither table a nor dense changed."""
+    client = one_ps.client()
+    try:
+        client.init_dense({"w": np.ones(3, np.float32)})
+        ids = {"a": np.array([1, 2], dtype=np.int64), "b": np.array([3], dtype=np.int64)}
+        client.pull(ids)
+        before = one_ps.snapshots()
+        grads = {"a": np.ones((2, 4), np.float32), "b": np.array([[0.0, np.nan]], np.float32)}
+        with pytest.raises(grpc.RpcError) as err:
+            client.push(ids, grads, {"w": np.ones(3, np.float32)})
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "non-finite" in err.value.details()
+        _assert_snapshots_equal(before, one_ps.snapshots())
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("request_", "detail"),
+    [
+        ({"ids/a": np.array([1]), "grad/a": np.ones((1, 3), np.float32)}, "gradient shape"),
+        ({"ids/a": np.array([1000]), "grad/a": np.ones((1, 4), np.float32)}, "ids must lie"),
+        ({"ids/zz": np.array([1]), "grad/zz": np.ones((1, 4), np.float32)}, "unknown table"),
+        ({"ids/a": np.array([1])}, "grad/a"),
+        ({"dgrad/never": np.ones(2, np.float32)}, "not initialised"),
+        (
+            {
+                "ids/a": np.array([1, 2]),
+                "grad/a": np.ones((2, 4), np.float32),
+                "ids/b": np.array([4]),
+                "grad/b": np.ones((1, 2), np.float32),
+                "dgrad/w": np.ones(4, np.float32),  # wrong shape: (3,)
+            },
+            "gradient shape",
+        ),
+    ],
+)
+def test_malformed_pushes_are_invalid_argument_and_change_nothing(
+    one_ps: Cluster, request_: dict, detail: str
+) -> None:
+    """Wrong shapes, bad ids, unknown tables/variables, missing keys: rejected, nothing applied."""
+    address = one_ps.addresses[0]
+    _raw_call(address, "InitDense", {"dense/w": np.ones(3, np.float32)})
+    _raw_call(address, "Pull", {"ids/a": np.array([1, 2]), "ids/b": np.array([4])})
+    before = one_ps.snapshots()
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_call(address, "Push", request_)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert detail in err.value.details()
+    _assert_snapshots_equal(before, one_ps.snapshots())
+
+
+def test_garbage_frame_is_invalid_argument(one_ps: Cluster) -> None:
+    """A request that is not a tensor frame is refused, not crashed on."""
+    for payload in (b"", b"hello", b"RVT1\x01\x00\x00\x00"):
+        with pytest.raises(grpc.RpcError) as err:
+            _raw_bytes_call(one_ps.addresses[0], "Push", payload)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert one_ps.ps[0].pushes == 0
+
+
+@pytest.mark.parametrize(
+    "bad_ids", [np.array([1.0, 2.0]), np.array([[1], [2]], dtype=np.int64)], ids=["float", "2d"]
+)
+def test_ids_that_are_not_a_1d_integer_array_reject_the_whole_push(
+    one_ps: Cluster, bad_ids: np.ndarray
+) -> None:
+    """Float or 2-D ids in one table: INVALID_ARGUMENT and no other table touched."""
+    address = one_ps.addresses[0]
+    before = one_ps.snapshots()
+    request = {
+        "ids/a": np.array([1, 2], dtype=np.int64),
+        "grad/a": np.ones((2, 4), np.float32),
+        "ids/b": bad_ids,
+        "grad/b": np.ones((2, 2), np.float32),
+    }
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_call(address, "Push", request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    _assert_snapshots_equal(before, one_ps.snapshots())
+
+
+def test_repeated_ids_in_one_request_are_rejected(one_ps: Cluster) -> None:
+    """A push repeating an id is refused and creates no rows."""
+    request = {"ids/a": np.array([5, 5], dtype=np.int64), "grad/a": np.ones((2, 4), np.float32)}
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_call(one_ps.addresses[0], "Push", request)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert one_ps.ps[0].tables["a"].size == 0
+
+
+@pytest.mark.parametrize("token", ["wrong", TOKEN + "x", "", None], ids=repr)
+def test_wrong_or_missing_token_is_unauthenticated(three_ps: Cluster, token: str | None) -> None:
+    """Every method refuses calls without the job token, before reading the request."""
+    if token is not None and token:
+        client = three_ps.client(token)
+        try:
+            with pytest.raises(grpc.RpcError) as err:
+                client.pull({"a": np.arange(30, dtype=np.int64)})
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        finally:
+            client.close()
+    for method in rpc.METHODS:
+        with pytest.raises(grpc.RpcError) as err:
+            _raw_call(three_ps.addresses[0], method, {"ids/a": np.array([1])}, token=token)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
+    assert all(t.size == 0 for ps in three_ps.ps for t in ps.tables.values())
+
+
+def test_stats_counts_rows_and_pushes(one_ps: Cluster) -> None:
+    """Stats reports created rows over all tables and accepted pushes."""
+    address = one_ps.addresses[0]
+    _raw_call(address, "Pull", {"ids/a": np.array([1, 2, 3]), "ids/b": np.array([9])})
+    _raw_call(address, "Push", {"ids/a": np.array([4]), "grad/a": np.ones((1, 4), np.float32)})
+    stats = _raw_call(address, "Stats", {})
+    assert int(stats["rows"][0]) == 5
+    assert int(stats["pushes"][0]) == 1
+
+
+def test_save_writes_every_touched_row(three_ps: Cluster, tmp_path: Path) -> None:
+    """save() writes ps-<i>.npz per PS; together they hold exactly the touched rows and dense."""
+    client = three_ps.client()
+    rng = np.random.default_rng(5)
+    touched: dict[str, set[int]] = {name: set() for name in DIMS}
+    try:
+        client.init_dense({"w": np.ones((2, 2), np.float32), "bias": np.zeros(2, np.float32)})
+        for _ in range(3):
+            ids = {
+                "a": rng.choice(1000, 30, replace=False).astype(np.int64),
+                "b": rng.choice(500, 12, replace=False).astype(np.int64),
+            }
+            client.pull(ids)
+            grads = {n: np.ones((i.size, DIMS[n]), np.float32) for n, i in ids.items()}
+            client.push(ids, grads, {"w": np.ones((2, 2), np.float32)})
+            for n, i in ids.items():
+                touched[n].update(i.tolist())
+        # Read-only probes do not create rows, so they are not saved.
+        client.pull({"a": np.arange(1000, dtype=np.int64)}, create=False)
+        total = client.save(tmp_path / "model")
+        expected_rows = {
+            n: client.pull({n: np.array(sorted(t), dtype=np.int64)}, dense=False, create=False)[0][
+                n
+            ]
+            for n, t in touched.items()
+            if t
+        }
+        _, dense = client.pull({}, dense=True)
+    finally:
+        client.close()
+
+    assert total == sum(len(t) for t in touched.values())
+    files = sorted(p.name for p in (tmp_path / "model").iterdir())
+    assert files == ["ps-0.npz", "ps-1.npz", "ps-2.npz"]  # no temporary files left behind
+    saved_ids: dict[str, list[np.ndarray]] = {n: [] for n in DIMS}
+    saved_rows: dict[str, list[np.ndarray]] = {n: [] for n in DIMS}
+    saved_dense: dict[str, np.ndarray] = {}
+    for i in range(3):
+        with np.load(tmp_path / "model" / f"ps-{i}.npz") as npz:
+            for name in DIMS:
+                ids = npz[f"table/{name}/ids"]
+                assert (partition_of(name, ids, 3) == i).all()
+                assert npz[f"table/{name}/rows"].shape == (ids.size, DIMS[name])
+                assert npz[f"table/{name}/accum"].shape == (ids.size, DIMS[name])
+                assert npz[f"table/{name}/counts"].shape == (ids.size,)
+                assert (npz[f"table/{name}/counts"] >= 1).all()
+                saved_ids[name].append(ids)
+                saved_rows[name].append(npz[f"table/{name}/rows"])
+            saved_dense.update({k[6:]: npz[k] for k in npz.files if k.startswith("dense/")})
+    for name in DIMS:
+        ids = np.concatenate(saved_ids[name])
+        assert sorted(ids.tolist()) == sorted(touched[name])
+        if touched[name]:
+            rows = np.concatenate(saved_rows[name])[np.argsort(ids)]
+            np.testing.assert_array_equal(rows, expected_rows[name])
+    assert set(saved_dense) == {"w", "bias"}
+    for k, v in dense.items():
+        np.testing.assert_array_equal(saved_dense[k], v)
