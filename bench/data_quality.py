@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -26,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.data import Batch, SyntheticConfig, generate_dataset, open_dataset
+
+if TYPE_CHECKING:
+    import keras
 
 # Tuned on seed 0 (Adagrad, like the runtime): per-id weights seen only a few times want a
 # large step; 0.05-0.5 all work, 0.3 is near the best for both models.
@@ -40,7 +44,9 @@ def _global_ids(batch: Batch, offsets: np.ndarray) -> np.ndarray:
     return batch.categorical + offsets[None, :]
 
 
-def _build_model(model: str, num_dense: int, num_cat: int, total_vocab: int, lr: float):
+def _build_model(
+    model: str, num_dense: int, num_cat: int, total_vocab: int, lr: float
+) -> keras.Model:
     """Logistic regression with a scalar weight per id, optionally plus a Deep tower.
 
     ``wide_deep`` mirrors the runtime's reference model (16-dim embeddings, MLP 256-128,

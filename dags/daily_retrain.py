@@ -45,11 +45,13 @@ MODEL_DIR = str(ROVER_HOME / "models" / "{{ ds }}")
 )
 def rover_daily_retrain() -> None:
     @task
-    def generate_day_data(ds: str = "", params: dict[str, Any] | None = None) -> dict[str, Any]:
+    def generate_day_data(
+        ds: str | None = None, params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The day's click log: synthetic Criteo-shaped data, deterministic for the date."""
         from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 
-        assert params is not None  # injected by Airflow from the run's context
+        assert ds is not None and params is not None  # injected by Airflow from the context
 
         config = SyntheticConfig(
             num_train=params["num_train"],
@@ -72,7 +74,7 @@ def rover_daily_retrain() -> None:
         output_dir=MODEL_DIR,
         model="wide_deep",
         plan={"num_workers": "{{ params.num_workers }}", "num_ps": "{{ params.num_ps }}"},
-        training={"epochs": "{{ params.epochs }}", "batch_size": 512, "learning_rate": 0.05},
+        training={"epochs": "{{ params.epochs }}", "batch_size": 512, "learning_rate": 0.2},
         poll_interval=2.0,
     )
 
@@ -86,7 +88,7 @@ def rover_daily_retrain() -> None:
     )
 
     @task
-    def publish_metrics(metrics: Any, gate: Any, ds: str = "") -> str:
+    def publish_metrics(metrics: Any, gate: Any, ds: str | None = None) -> str:
         """Write the day's metrics next to its model, where a serving job would pick them up."""
         path = Path(metrics["model_dir"]).parent / "metrics.json"
         path.write_text(json.dumps({"ds": ds, **metrics, "quality_gate": gate}, indent=2))

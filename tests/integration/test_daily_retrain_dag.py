@@ -1,0 +1,55 @@
+"""The example daily-retraining DAG, run by real Airflow on real training processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+SMALL = {"num_train": 100_000, "num_eval": 20_000, "num_workers": 2, "num_ps": 2}
+
+
+@pytest.fixture(scope="module")
+def outcome(run_dag):  # type: ignore[no-untyped-def]
+    return run_dag("rover_daily_retrain", "2026-11-20", SMALL)
+
+
+def test_the_dag_run_succeeds_and_the_training_task_really_deferred(outcome) -> None:
+    assert outcome["state"] == "success", outcome["tasks"]
+    assert all(state == "success" for state, _ in outcome["tasks"].values()), outcome["tasks"]
+    log = outcome["log"]
+    assert "Pausing task as DEFERRED" in log and "running trigger in line" in log
+    assert "ElasticJobTrigger" in log  # the trigger polled the master
+
+
+def test_every_shard_was_done_exactly_once(outcome) -> None:
+    metrics = outcome["xcom"]["train:return_value"]
+    accounting = metrics["accounting"]
+    assert accounting["shards"] == -(-SMALL["num_train"] // 8192)
+    assert accounting["done_once"] == accounting["shards"]
+    assert accounting["done_more_than_once"] == 0
+    assert accounting["never_done"] == 0
+    assert metrics["samples_trained"] == SMALL["num_train"]
+
+
+def test_the_model_beats_chance_clearly_and_the_metrics_reach_xcom(outcome) -> None:
+    metrics = outcome["xcom"]["train:return_value"]
+    assert metrics["auc"] >= 0.70
+    assert metrics["eval_samples"] == SMALL["num_eval"]
+    assert metrics["samples_per_second"] > 0
+    assert metrics["plan"]["num_workers"] == 2 and metrics["plan"]["num_ps"] == 2
+    assert set(metrics) >= {"job_id", "samples_trained", "train_seconds", "auc", "model_dir"}
+    model_dir = Path(metrics["model_dir"])
+    assert sorted(p.name for p in model_dir.glob("ps-*.npz")) == ["ps-0.npz", "ps-1.npz"]
+    gate = outcome["xcom"]["quality_gate:return_value"]
+    assert gate["auc"] == metrics["auc"]
+    published = json.loads(Path(outcome["xcom"]["publish_metrics:return_value"]).read_text())
+    assert published["auc"] == metrics["auc"]
+
+
+def test_no_secret_reaches_xcom(outcome) -> None:
+    token = (Path(outcome["xcom"]["train:job_dir"]) / "token").read_text().strip()
+    assert token and token not in json.dumps(outcome["xcom"])
