@@ -12,8 +12,13 @@ fi
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$VENV/.rover-installed" 2>/dev/null || true)" != "$want" ]; then
   echo "installing airflow-rover and its dependencies into $VENV (a few minutes the first time)" >&2
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q -c "$ROOT/constraints.txt" -e "$ROOT[dev]"
+  log="$VENV/install.log"
+  if ! { "$VENV/bin/python" -m pip install --upgrade pip &&
+         "$VENV/bin/python" -m pip install -c "$ROOT/constraints.txt" -e "$ROOT[dev]"; } > "$log" 2>&1; then
+    tail -40 "$log" >&2
+    echo "installation failed; full log: $log" >&2
+    exit 1
+  fi
   echo "$want" > "$VENV/.rover-installed"
 fi
 export PATH="$VENV/bin:$PATH"

@@ -11,7 +11,8 @@ noiseless logit used as the score) is recorded in the manifests; a learned model
 approach it but, with finite data and a long tail of rare ids, not reach it.
 
 Every random draw comes from a ``SeedSequence`` keyed by (seed, purpose, split, block), so
-the output depends only on the config, not on chunking, process or machine state.
+the output depends only on the config (never on process state), and a shorter split is a
+prefix of a longer one with the same seed.
 """
 
 from __future__ import annotations
@@ -504,10 +505,15 @@ def generate_dataset(
         tmp_dir = Path(tempfile.mkdtemp(prefix=f".{split}.tmp-", dir=root_path))
         try:
             _write_split(teacher, config, split, tmp_dir)
-            _install_split(tmp_dir, target)
-        except BaseException:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
-            raise
+            try:
+                _install_split(tmp_dir, target)
+            except OSError:
+                # A concurrent generator may have installed the same split first; its bytes
+                # equal ours (determinism), so keep it. Anything else is a real failure.
+                if not _split_is_current(target, expected, config.num_samples(split)):
+                    raise
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)  # gone already after a successful rename
     eval_manifest = json.loads((root_path / "eval" / MANIFEST_NAME).read_text())
     return GeneratedDataset(
         root=root_path,
