@@ -53,3 +53,16 @@ def test_the_model_beats_chance_clearly_and_the_metrics_reach_xcom(outcome) -> N
 def test_no_secret_reaches_xcom(outcome) -> None:
     token = (Path(outcome["xcom"]["train:job_dir"]) / "token").read_text().strip()
     assert token and token not in json.dumps(outcome["xcom"])
+
+
+def test_a_backfill_of_three_dates_trains_three_independent_models(run_dag, outcome) -> None:
+    """Each logical date has its own data, job and model folder; no run touches another's."""
+    tiny = {**SMALL, "num_train": 20_000, "num_eval": 5_000, "num_workers": 1, "num_ps": 1}
+    others = [run_dag("rover_daily_retrain", ds, tiny) for ds in ("2026-11-18", "2026-11-19")]
+    runs = [outcome, *others]
+    assert [r["state"] for r in runs] == ["success"] * 3
+    metrics = [r["xcom"]["train:return_value"] for r in runs]
+    dirs = {m["model_dir"] for m in metrics}
+    assert len(dirs) == 3 and len({m["job_id"] for m in metrics}) == 3
+    assert sorted(Path(d).parent.name for d in dirs) == ["2026-11-18", "2026-11-19", "2026-11-20"]
+    assert [m["samples_trained"] for m in metrics] == [100_000, 20_000, 20_000]
