@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 REFERENCE_MODELS = ("wide_deep",)
-OPTIMIZERS = ("adagrad",)
+OPTIMIZERS = ("sgd", "adagrad", "adam")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -61,8 +61,8 @@ class TrainingConfig(_Strict):
 
     batch_size: int = Field(default=512, ge=1, le=1 << 20)
     epochs: int = Field(default=1, ge=1, le=1000)
-    learning_rate: float = Field(default=0.05, gt=0, le=10)
-    optimizer: Literal["adagrad"] = "adagrad"
+    learning_rate: float = Field(default=0.2, gt=0, le=10, description="tuned for Adagrad")
+    optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
     shard_size: int = Field(
         default=8192, ge=1, description="samples per shard leased from the master's queue"
     )

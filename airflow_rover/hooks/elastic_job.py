@@ -4,46 +4,19 @@ triggers, one status policy for both (``resolve_status``)."""
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 from airflow.sdk import BaseHook
 
+from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.core.states import TERMINAL_STATES, JobState
-from airflow_rover.launchers.local import LocalJobLauncher
+from airflow_rover.launchers.local import JobLaunchError, LocalJobLauncher
+
+__all__ = ["ABSENT", "UNREACHABLE", "ElasticJobHook", "JobLaunchError", "resolve_status"]
 from airflow_rover.master.protocol import API_PREFIX
-
-ABSENT = "absent"  # no job in this directory (yet): a sensor keeps waiting
-UNREACHABLE = "unreachable"  # the master runs but did not answer: transient, poll again
-MASTER_START_TIMEOUT_S = 60.0
-
-
-class JobLaunchError(RuntimeError):
-    """The master did not come up; the message says where its log is."""
-
-
-def resolve_status(
-    layout: JobLayout, api_status: dict[str, Any] | None, master_alive: bool
-) -> dict[str, Any]:
-    """The job's status: the master's answer, else its last mirrored state, else a verdict."""
-    if api_status is not None:
-        return api_status
-    mirrored = layout.read_json(layout.state_file)
-    if mirrored and mirrored.get("state") in TERMINAL_STATES:
-        return mirrored
-    if master_alive:
-        return {**(mirrored or {}), "state": UNREACHABLE, "message": "master did not answer"}
-    if mirrored is None and layout.read_json(layout.master_file) is None:
-        return {"state": ABSENT, "message": f"no job in {layout.root}"}
-    return {
-        **(mirrored or {}),
-        "state": str(JobState.FAILED),
-        "message": f"master process died before the job finished; see {layout.log_file('master')}",
-    }
 
 
 class ElasticJobHook(BaseHook):
@@ -75,28 +48,11 @@ class ElasticJobHook(BaseHook):
     # -- launching and stopping --------------------------------------------------------------
     def launch(self, spec: JobSpec) -> None:
         """Start a fresh master for ``spec`` in the job dir (stopping a stale one first)."""
-        self.stop_master_process()
-        self.layout.root.mkdir(parents=True, exist_ok=True)
-        for stale in (self.layout.master_file, self.layout.state_file):
-            stale.unlink(missing_ok=True)
-        self.layout.write_spec(spec)
-        self.layout.ensure_token()
-        pid = self.launcher.launch_master(self.layout)
-        deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-        while self._master()[1] != pid:
-            if not self.launcher.master_alive(pid) or time.monotonic() > deadline:
-                raise JobLaunchError(
-                    f"job master (pid {pid}) did not start; see {self.layout.log_file('master')}"
-                )
-            time.sleep(0.1)
-        self.log.info(
-            "Launched job %s: master pid %d, job dir %s", spec.job_id, pid, self.layout.root
-        )
+        pid = self.launcher.start_job(self.layout, spec)
+        self.log.info("Launched job %s: master pid %d, dir %s", spec.job_id, pid, self.layout.root)
 
     def stop_master_process(self) -> None:
-        _, pid = self._master()
-        if pid is not None:
-            self.launcher.stop_master(pid)
+        self.launcher.stop_job_master(self.layout)
 
     def stop(self, reason: str) -> None:
         """Ask the master to stop the job, then make sure its process is gone."""

@@ -26,6 +26,7 @@ from airflow_rover.core.layout import (
     ENV_TOKEN_FILE,
     JobLayout,
 )
+from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.base import Role
 
 log = logging.getLogger(__name__)
@@ -124,8 +125,39 @@ class LocalNodeLauncher:
                 proc.wait()
 
 
+MASTER_START_TIMEOUT_S = 60.0
+
+
+class JobLaunchError(RuntimeError):
+    """The master did not come up; the message says where its log is."""
+
+
 class LocalJobLauncher:
-    """Starts and stops a job's master as a detached process (the operator's side)."""
+    """Starts and stops a job's master as a detached process (the operator's and CLI's side)."""
+
+    def start_job(self, layout: JobLayout, spec: JobSpec) -> int:
+        """Write the job's files and start a fresh master (stopping a stale one first);
+        returns the master's pid once it listens."""
+        self.stop_job_master(layout)
+        layout.root.mkdir(parents=True, exist_ok=True)
+        for stale in (layout.master_file, layout.state_file):
+            stale.unlink(missing_ok=True)
+        layout.write_spec(spec)
+        layout.ensure_token()
+        pid = self.launch_master(layout)
+        deadline = time.monotonic() + MASTER_START_TIMEOUT_S
+        while (layout.read_json(layout.master_file) or {}).get("pid") != pid:
+            if not self.master_alive(pid) or time.monotonic() > deadline:
+                raise JobLaunchError(
+                    f"job master (pid {pid}) did not start; see {layout.log_file('master')}"
+                )
+            time.sleep(0.1)
+        return pid
+
+    def stop_job_master(self, layout: JobLayout) -> None:
+        pid = (layout.read_json(layout.master_file) or {}).get("pid")
+        if pid is not None:
+            self.stop_master(pid)
 
     def launch_master(self, layout: JobLayout) -> int:
         env = dict(os.environ)

@@ -14,6 +14,7 @@ import threading
 import time
 from typing import Any
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json
 from airflow_rover.core.shards import ShardQueue
@@ -98,6 +99,8 @@ class JobMaster:
             node.state = NodeState.RUNNING
             node.address = body.address
             node.last_seen = time.time()
+            if node.role == "worker" and self.train_started_at is None:
+                self.train_started_at = node.last_seen  # the training clock: first worker ready
             log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
 
     def heartbeat(self, node_id: str, body: protocol.Heartbeat) -> bool:
@@ -243,7 +246,6 @@ class JobMaster:
                     self._start(f"worker-{i}", "worker")
                 self.state = JobState.RUNNING
                 self.message = "training"
-                self.train_started_at = time.time()
                 self.mirror_state(force=True)
             elif self.state == JobState.RUNNING:
                 for shard in self.queue.expire(time.time()):
@@ -302,6 +304,10 @@ class JobMaster:
                 "job_id": self.spec.job_id,
                 "model": self.spec.model,
                 "features": self.features.model_dump(),
+                "embedding_groups": [
+                    {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}
+                    for g in EmbeddingLayout.from_features(self.features).groups
+                ],
                 "num_ps": self.spec.plan.num_ps,
                 "partitions": [f"ps-{i}.npz" for i in range(self.spec.plan.num_ps)],
             },

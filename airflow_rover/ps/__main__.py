@@ -7,9 +7,11 @@ import logging
 import signal
 import threading
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import NodeContext
 from airflow_rover.master.client import MasterClient
+from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 
 log = logging.getLogger("airflow_rover.ps")
@@ -26,8 +28,8 @@ def main(argv: list[str] | None = None) -> None:
     ps = ParameterServer(
         index,
         spec.plan.num_ps,
-        resolve_features(spec),
-        spec.training.learning_rate,
+        EmbeddingLayout.from_features(resolve_features(spec)),
+        Optimizer(spec.training.optimizer, spec.training.learning_rate),
         spec.training.seed,
     )
     server, port = start_server(ps, ctx.token)

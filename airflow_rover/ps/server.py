@@ -16,8 +16,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 
 log = logging.getLogger(__name__)
@@ -29,15 +30,15 @@ class ParameterServer:
     """One PS's partition of the model and the operations workers call on it."""
 
     def __init__(
-        self, index: int, num_ps: int, features: FeatureConfig, learning_rate: float, seed: int
+        self, index: int, num_ps: int, layout: EmbeddingLayout, optimizer: Optimizer, seed: int
     ) -> None:
         self.index = index
         self.num_ps = num_ps
-        self.learning_rate = learning_rate
         self.tables = {
-            t.name: EmbeddingTable(t.name, t.dim, t.vocab_size, seed) for t in features.tables
+            g.name: EmbeddingTable(g.name, g.dim, g.vocab_size, seed, optimizer)
+            for g in layout.groups
         }
-        self.dense = DenseStore()
+        self.dense = DenseStore(optimizer)
         self.pushes = 0
 
     def _table(self, name: str) -> EmbeddingTable:
@@ -68,9 +69,9 @@ class ParameterServer:
             table.check_update(ids, grads)
         self.dense.check_update(dense)
         for table, ids, grads in sparse:
-            table.apply_gradients(ids, grads, self.learning_rate)
+            table.apply_gradients(ids, grads)
         if dense:
-            self.dense.apply_gradients(dense, self.learning_rate)
+            self.dense.apply_gradients(dense)
         self.pushes += 1
         return {}
 

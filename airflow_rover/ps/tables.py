@@ -1,8 +1,8 @@
-"""The state a parameter server holds: its partition of each embedding table and dense weights.
+"""The state a parameter server holds: its partition of each embedding group and dense weights.
 
 Rows are created lazily on first touch with a seeded initial value (``core.hashing``), so a row
-never touched costs nothing and a re-created row is identical to the lost one. Every row keeps a
-4-byte access counter (the partial-recovery checkpoint policy ranks rows by it).
+never touched costs nothing and a re-created row is identical to the lost one. Every row keeps
+its optimizer state and a 4-byte access counter (partial-recovery checkpoints rank rows by it).
 """
 
 from __future__ import annotations
@@ -12,24 +12,27 @@ import threading
 import numpy as np
 
 from airflow_rover.core.hashing import initial_rows
-from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, adagrad_update
+from airflow_rover.ps.optimizers import Optimizer
 
 INIT_SCALE = 0.05
 
 
 class EmbeddingTable:
-    """This PS's rows of one table: a slot index by id plus growable row/state arrays."""
+    """This PS's rows of one (fused) table: a slot index by id plus growable row/state arrays."""
 
-    def __init__(self, name: str, dim: int, vocab_size: int, seed: int) -> None:
+    def __init__(
+        self, name: str, dim: int, vocab_size: int, seed: int, optimizer: Optimizer
+    ) -> None:
         self.name = name
         self.dim = dim
         self.seed = seed
+        self.optimizer = optimizer
         # Direct slot index: ids are hashed into [0, vocab_size), so an int32 per id is the
         # fastest exact map (fully vectorised); -1 means "not created yet".
         self._slot = np.full(vocab_size, -1, dtype=np.int32)
         self._ids = np.empty(0, dtype=np.int64)
         self.rows = np.empty((0, dim), dtype=np.float32)
-        self.accum = np.empty((0, dim), dtype=np.float32)
+        self.state = optimizer.init_state((0, dim), rows=True)
         self.counts = np.empty(0, dtype=np.uint32)
         self._size = 0
         self._lock = threading.Lock()
@@ -53,26 +56,30 @@ class EmbeddingTable:
                 f"got [{ids.min()}, {ids.max()}]"
             )
 
+    def _grow(self, need: int) -> None:
+        cap = max(need, 2 * self.rows.shape[0], 1024)
+        self.rows = _grow(self.rows, cap)
+        self.state = {k: _grow(v, cap) for k, v in self.state.items()}
+        self.counts = _grow(self.counts, cap)
+        self._ids = _grow(self._ids, cap)
+
     def _slots(self, ids: np.ndarray) -> np.ndarray:
         """Slots of ``ids`` (unique), creating missing rows; caller holds the lock."""
         slots = self._slot[ids]
         missing = ids[slots < 0]
         if missing.size:
-            need = self._size + missing.size
+            start, need = self._size, self._size + missing.size
             if need > self.rows.shape[0]:
-                cap = max(need, 2 * self.rows.shape[0], 1024)
-                self.rows = _grow(self.rows, cap)
-                self.accum = _grow(self.accum, cap)
-                self.counts = _grow(self.counts, cap)
-                self._ids = _grow(self._ids, cap)
-            new_slots = np.arange(self._size, need, dtype=np.int32)
-            self.rows[self._size : need] = initial_rows(
+                self._grow(need)
+            self.rows[start:need] = initial_rows(
                 self.name, missing, self.dim, self.seed, INIT_SCALE
             )
-            self.accum[self._size : need] = ADAGRAD_INITIAL_ACCUMULATOR
-            self.counts[self._size : need] = 0
-            self._ids[self._size : need] = missing
-            self._slot[missing] = new_slots
+            fresh = self.optimizer.init_state((missing.size, self.dim), rows=True)
+            for key, value in fresh.items():
+                self.state[key][start:need] = value
+            self.counts[start:need] = 0
+            self._ids[start:need] = missing
+            self._slot[missing] = np.arange(start, need, dtype=np.int32)
             self._size = need
             slots = self._slot[ids]
         return slots
@@ -101,32 +108,37 @@ class EmbeddingTable:
         if not np.isfinite(grads).all():
             raise ValueError(f"table {self.name!r}: non-finite gradients")
 
-    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray, learning_rate: float) -> None:
-        """Adagrad on the rows of unique ``ids`` (gradients already summed per id)."""
+    def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        """One optimizer step on the rows of unique ``ids`` (gradients already summed per id)."""
         self.check_update(ids, grads)
         with self._lock:
             slots = self._slots(ids)
-            self.rows[slots], self.accum[slots] = adagrad_update(
-                self.rows[slots], self.accum[slots], grads, learning_rate
-            )
+            rows = self.rows[slots]
+            state = {k: v[slots] for k, v in self.state.items()}
+            self.optimizer.apply(rows, state, grads)
+            self.rows[slots] = rows
+            for key, value in state.items():
+                self.state[key][slots] = value
 
     def snapshot(self) -> dict[str, np.ndarray]:
         with self._lock:
             n = self._size
-            return {
+            out: dict[str, np.ndarray] = {
                 "ids": self._ids[:n].copy(),
                 "rows": self.rows[:n].copy(),
-                "accum": self.accum[:n].copy(),
                 "counts": self.counts[:n].copy(),
             }
+            out.update({f"state/{k}": v[:n].copy() for k, v in self.state.items()})
+            return out
 
 
 class DenseStore:
     """Dense variables this PS owns; the first worker to initialise a variable wins."""
 
-    def __init__(self) -> None:
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
         self.values: dict[str, np.ndarray] = {}
-        self.accum: dict[str, np.ndarray] = {}
+        self.state: dict[str, dict[str, np.ndarray]] = {}
         self._lock = threading.Lock()
 
     def initialize(self, values: dict[str, np.ndarray]) -> None:
@@ -134,9 +146,7 @@ class DenseStore:
             for name, value in values.items():
                 if name not in self.values:
                     self.values[name] = np.array(value, dtype=np.float32)
-                    self.accum[name] = np.full(
-                        value.shape, ADAGRAD_INITIAL_ACCUMULATOR, dtype=np.float32
-                    )
+                    self.state[name] = self.optimizer.init_state(value.shape, rows=False)
 
     def read(self) -> dict[str, np.ndarray]:
         with self._lock:
@@ -155,13 +165,11 @@ class DenseStore:
             if not np.isfinite(grad).all():
                 raise ValueError(f"dense {name!r}: non-finite gradients")
 
-    def apply_gradients(self, grads: dict[str, np.ndarray], learning_rate: float) -> None:
+    def apply_gradients(self, grads: dict[str, np.ndarray]) -> None:
         with self._lock:
             self.check_update(grads)
             for name, grad in grads.items():
-                self.values[name], self.accum[name] = adagrad_update(
-                    self.values[name], self.accum[name], grad, learning_rate
-                )
+                self.optimizer.apply(self.values[name], self.state[name], grad)
 
 
 def _grow(arr: np.ndarray, capacity: int) -> np.ndarray:

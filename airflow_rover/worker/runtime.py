@@ -1,21 +1,28 @@
-"""The training loop of a worker: lease a shard, read its samples, train against the PS.
+"""The training loop of a worker: lease shards, read samples, train against the PS, pipelined.
 
-Embeddings are looked up on the parameter servers (unique ids per batch, one pull per PS), the
-Keras model computes the loss, and gradients (summed per unique id by ``tf.gather``'s gradient)
-go back in one push per PS. Workers train asynchronously: each pushes on its own.
+Per batch: unique fused ids per embedding group, one pull per PS, the Keras model's loss and
+gradients (``tf.gather``'s gradient sums duplicates per unique id), one push per PS. Three
+stages overlap so the worker never waits on I/O it could overlap: a tf.data pipeline leases
+shards, reads samples and pulls their rows ahead (``prefetch``), the main thread computes,
+and a pusher thread sends gradients and reports a shard done once its last push landed.
+Training is asynchronous: workers never wait for each other, rows may be a few steps stale.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, SampleReader
@@ -25,10 +32,13 @@ from airflow_rover.ps.client import PSClient
 
 log = logging.getLogger(__name__)
 
+PREFETCH_BATCHES = 2
+NO_SHARD = -1
+
 
 @dataclass
 class BatchIds:
-    """Unique ids per table and, per table, each sample's index into them."""
+    """Unique fused ids per embedding group and each sample's (batch, tables) index into them."""
 
     unique: dict[str, np.ndarray]
     inverse: dict[str, np.ndarray]
@@ -45,15 +55,16 @@ class PSModel:
             raise ValueError(f"features.tables: columns {missing} are not in the dataset")
         self.model = model
         self.features = features
+        self.layout = EmbeddingLayout.from_features(features)
+        self.groups = self.layout.groups
         self.ps = ps
         self._column_index = {name: i for i, name in enumerate(columns)}
-        self._table_names = [t.name for t in features.tables]
         self.variables = list(model.trainable_variables)
         self.var_names = [v.path for v in self.variables]
         signature = (
             tf.TensorSpec([None, features.num_dense], tf.float32),
-            [tf.TensorSpec([None, t.dim], tf.float32) for t in features.tables],
-            [tf.TensorSpec([None], tf.int32) for _ in features.tables],
+            [tf.TensorSpec([None, g.dim], tf.float32) for g in self.groups],
+            [tf.TensorSpec([None, len(g.tables)], tf.int32) for g in self.groups],
         )
         self._grad_fn = tf.function(
             self._loss_and_grads,
@@ -66,8 +77,9 @@ class PSModel:
         self, dense: tf.Tensor, rows: list[tf.Tensor], inverse: list[tf.Tensor]
     ) -> dict[str, tf.Tensor]:
         inputs = {"dense": dense}
-        for name, table_rows, idx in zip(self._table_names, rows, inverse, strict=True):
-            inputs[name] = tf.gather(table_rows, idx)
+        for group, group_rows, idx in zip(self.groups, rows, inverse, strict=True):
+            per_table = tf.unstack(tf.gather(group_rows, idx), num=len(group.tables), axis=1)
+            inputs.update({t.name: e for t, e in zip(group.tables, per_table, strict=True)})
         return inputs
 
     def _loss_and_grads(
@@ -96,19 +108,17 @@ class PSModel:
         return tf.sigmoid(tf.squeeze(logits, -1))
 
     # -- host side ---------------------------------------------------------------------------
-    def batch_ids(self, batch: Batch) -> BatchIds:
-        by_column: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    def batch_ids(self, categorical: np.ndarray) -> BatchIds:
         unique: dict[str, np.ndarray] = {}
         inverse: dict[str, np.ndarray] = {}
-        for table in self.features.tables:
-            if table.column not in by_column:
-                col = batch.categorical[:, self._column_index[table.column]]
-                uniq, inv = np.unique(col, return_inverse=True)
-                by_column[table.column] = (uniq, inv.astype(np.int32))
-            unique[table.name], inverse[table.name] = by_column[table.column]
+        for group in self.groups:
+            fused = group.fused_ids(categorical, self._column_index)
+            uniq, inv = np.unique(fused, return_inverse=True)
+            unique[group.name] = uniq
+            inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
         return BatchIds(unique, inverse)
 
-    def _load_dense(self, values: dict[str, np.ndarray]) -> None:
+    def _load_dense(self, values: dict[str, Any]) -> None:
         for var, name in zip(self.variables, self.var_names, strict=True):
             var.assign(values[name])
 
@@ -117,31 +127,60 @@ class PSModel:
             {n: v.numpy() for n, v in zip(self.var_names, self.variables, strict=True)}
         )
 
-    def train_batch(self, batch: Batch) -> float:
-        ids = self.batch_ids(batch)
-        rows, dense_values = self.ps.pull(ids.unique, dense=True)
-        self._load_dense(dense_values)
+    def fetch(self, batch: Batch, create: bool = True) -> dict[str, np.ndarray]:
+        """A batch with its ids and everything pulled from the PS: one pipeline element."""
+        ids = self.batch_ids(batch.categorical)
+        rows, dense_values = self.ps.pull(ids.unique, dense=True, create=create)
+        element = {"dense": batch.dense, "label": batch.label}
+        for g in self.groups:
+            element[f"unique/{g.name}"] = ids.unique[g.name]
+            element[f"inverse/{g.name}"] = ids.inverse[g.name]
+            element[f"rows/{g.name}"] = rows[g.name]
+        element.update({f"dv/{n}": dense_values[n] for n in self.var_names})
+        return element
+
+    def element_signature(self) -> dict[str, tf.TensorSpec]:
+        spec = {
+            "dense": tf.TensorSpec([None, self.features.num_dense], tf.float32),
+            "label": tf.TensorSpec([None], tf.float32),
+            "shard_id": tf.TensorSpec([], tf.int64),
+            "last": tf.TensorSpec([], tf.bool),
+        }
+        for g in self.groups:
+            spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)
+            spec[f"inverse/{g.name}"] = tf.TensorSpec([None, len(g.tables)], tf.int32)
+            spec[f"rows/{g.name}"] = tf.TensorSpec([None, g.dim], tf.float32)
+        for name, var in zip(self.var_names, self.variables, strict=True):
+            spec[f"dv/{name}"] = tf.TensorSpec(var.shape, tf.float32)
+        return spec
+
+    def gradients(self, element: dict[str, tf.Tensor]) -> tuple[float, dict, dict]:
+        """Loss, row gradients per group and dense gradients for one fetched element."""
+        self._load_dense({n: element[f"dv/{n}"] for n in self.var_names})
         loss, row_grads, var_grads = self._grad_fn(
-            batch.dense,
-            [rows[n] for n in self._table_names],
-            [ids.inverse[n] for n in self._table_names],
-            batch.label,
+            element["dense"],
+            [element[f"rows/{g.name}"] for g in self.groups],
+            [element[f"inverse/{g.name}"] for g in self.groups],
+            element["label"],
         )
-        self.ps.push(
-            ids.unique,
-            {n: g.numpy() for n, g in zip(self._table_names, row_grads, strict=True)},
-            {n: g.numpy() for n, g in zip(self.var_names, var_grads, strict=True)},
-        )
-        return float(loss)
+        rows = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
+        dense = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
+        return float(loss), rows, dense
+
+    def train_batch(self, batch: Batch) -> float:
+        """One synchronous step (no pipelining): fetch, compute, push."""
+        element = self.fetch(batch)
+        loss, rows, dense = self.gradients({k: tf.constant(v) for k, v in element.items()})
+        self.ps.push({g.name: element[f"unique/{g.name}"] for g in self.groups}, rows, dense)
+        return loss
 
     def predict(self, batch: Batch) -> np.ndarray:
-        ids = self.batch_ids(batch)
-        rows, dense_values = self.ps.pull(ids.unique, dense=True, create=False)
-        self._load_dense(dense_values)
+        element = self.fetch(batch, create=False)
+        self._load_dense({n: element[f"dv/{n}"] for n in self.var_names})
         out = self._predict_fn(
-            batch.dense,
-            [rows[n] for n in self._table_names],
-            [ids.inverse[n] for n in self._table_names],
+            element["dense"],
+            [element[f"rows/{g.name}"] for g in self.groups],
+            [element[f"inverse/{g.name}"] for g in self.groups],
         )
         return np.asarray(out)
 
@@ -187,21 +226,18 @@ def start_heartbeats(
     return thread
 
 
-def train(
+def leased_batches(
     node_id: str,
-    model: PSModel,
     reader: SampleReader,
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-) -> Progress:
-    """Lease shards until the master says the queue is done."""
-    progress = Progress()
-    start_heartbeats(master, node_id, progress, stop)
+) -> Iterator[tuple[Batch, int, bool]]:
+    """(batch, shard id, last batch of its shard) for every shard the master hands out."""
     while not stop.is_set():
         reply = master.lease(node_id)
         if reply.status == "done":
-            break
+            return
         if reply.status == "wait" or reply.shard is None:
             time.sleep(0.2)
             continue
@@ -210,11 +246,77 @@ def train(
         for lo in range(0, len(samples), batch_size):
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
+            yield batch, shard.shard_id, hi == len(samples)
+
+
+class Pusher:
+    """Sends gradients in the background; reports a shard done after its last push landed."""
+
+    def __init__(self, node_id: str, model: PSModel, master: MasterClient) -> None:
+        self._node_id = node_id
+        self._model = model
+        self._master = master
+        self._queue: queue.Queue[tuple[dict, dict, dict, int, bool] | None] = queue.Queue(2)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            if self.error is not None:
+                continue  # drain after a failure; the trainer raises it
+            unique, rows, dense, shard_id, last = item
+            try:
+                self._model.ps.push(unique, rows, dense)
+                if last and not self._master.shard_done(self._node_id, shard_id):
+                    log.warning("master rejected completion of shard %d", shard_id)
+            except BaseException as exc:
+                self.error = exc
+
+    def put(self, unique: dict, rows: dict, dense: dict, shard_id: int, last: bool) -> None:
+        if self.error is not None:
+            raise RuntimeError("pushing gradients failed") from self.error
+        self._queue.put((unique, rows, dense, shard_id, last))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self.error is not None:
+            raise RuntimeError("pushing gradients failed") from self.error
+
+
+def train(
+    node_id: str,
+    model: PSModel,
+    reader: SampleReader,
+    master: MasterClient,
+    batch_size: int,
+    stop: threading.Event,
+) -> Progress:
+    """Lease shards until the master says the queue is done; fetch, compute and push overlap."""
+    progress = Progress()
+    start_heartbeats(master, node_id, progress, stop)
+
+    def elements() -> Iterator[dict[str, np.ndarray]]:
+        for batch, shard_id, last in leased_batches(node_id, reader, master, batch_size, stop):
+            element = model.fetch(batch)
+            element["shard_id"] = np.array(shard_id, dtype=np.int64)
+            element["last"] = np.array(last)
+            yield element
+
+    pipeline = tf.data.Dataset.from_generator(
+        elements, output_signature=model.element_signature()
+    ).prefetch(PREFETCH_BATCHES)
+    pusher = Pusher(node_id, model, master)
+    try:
+        for element in pipeline:
             t0 = time.perf_counter()
-            model.train_batch(batch)
-            progress.record(hi - lo, time.perf_counter() - t0)
-        if not master.shard_done(node_id, shard.shard_id):
-            log.warning("master rejected completion of shard %d", shard.shard_id)
+            _, rows, dense = model.gradients(element)
+            unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
+            pusher.put(unique, rows, dense, int(element["shard_id"]), bool(element["last"]))
+            progress.record(int(element["label"].shape[0]), time.perf_counter() - t0)
+    finally:
+        pusher.close()
     master.heartbeat(node_id, progress.heartbeat())
     return progress
 
@@ -230,6 +332,5 @@ def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> pr
     y = np.concatenate(labels)
     p = np.clip(np.concatenate(scores).astype(np.float64), 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
-    return protocol.EvalReport(
-        node_id="evaluator", auc=roc_auc(y, p), logloss=logloss, samples=y.size
-    )
+    auc = roc_auc(y, p)
+    return protocol.EvalReport(node_id="evaluator", auc=auc, logloss=logloss, samples=y.size)

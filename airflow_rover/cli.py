@@ -1,0 +1,134 @@
+"""``rover``: run a job on the local launcher without Airflow (development, benchmarks).
+
+    rover data gen --out DIR [--num-train N] [--num-eval N] [--seed S]
+    rover train --config job.yaml [--job-dir DIR]
+    rover status --job-dir DIR
+    rover stop --job-dir DIR
+
+``job.yaml`` holds the fields of ``JobSpec`` (the operator validates the same schema).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+from pydantic import ValidationError
+
+from airflow_rover.core.job_status import resolve_status
+from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import TERMINAL_STATES, JobState
+from airflow_rover.launchers.local import LocalJobLauncher
+from airflow_rover.master.protocol import API_PREFIX
+from airflow_rover.preflight import PreflightError, preflight
+
+
+def load_spec(path: Path) -> JobSpec:
+    """A ``JobSpec`` from YAML; ``job_id`` defaults to the file's name."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SystemExit(f"--config {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SystemExit(f"--config {path}: expected a mapping of JobSpec fields")
+    raw.setdefault("job_id", re.sub(r"[^a-z0-9.-]+", "-", path.stem.lower()).strip("-.") or "job")
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        errors = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise SystemExit(f"--config {path}: {errors}") from None
+
+
+def job_status(layout: JobLayout, timeout_s: float = 5.0) -> dict[str, Any]:
+    info = layout.read_json(layout.master_file) or {}
+    api_status = None
+    if info.get("address"):
+        try:
+            reply = httpx.get(
+                f"{info['address']}{API_PREFIX}/status",
+                headers={"Authorization": f"Bearer {layout.read_token()}"},
+                timeout=timeout_s,
+            )
+            reply.raise_for_status()
+            api_status = reply.json()
+        except httpx.HTTPError:
+            pass
+    alive = info.get("pid") is not None and LocalJobLauncher.master_alive(info["pid"])
+    return resolve_status(layout, api_status, alive)
+
+
+def run_job(
+    spec: JobSpec, job_dir: Path, poll_s: float = 1.0, quiet: bool = False
+) -> dict[str, Any]:
+    """Preflight, launch and wait for a local job; returns its final status."""
+    preflight(spec)
+    layout = JobLayout(job_dir.resolve())
+    LocalJobLauncher().start_job(layout, spec)
+    while True:
+        status = job_status(layout)
+        if status["state"] in TERMINAL_STATES:
+            return status
+        if not quiet:
+            progress = status.get("progress") or {}
+            print(
+                f"{status['state']}: {progress.get('samples_done', 0)}/"
+                f"{progress.get('samples_total', '?')} samples, "
+                f"{status.get('throughput', 0)} samples/s",
+                file=sys.stderr,
+            )
+        time.sleep(poll_s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rover", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    data = sub.add_parser("data", help="datasets").add_subparsers(
+        dest="data_command", required=True
+    )
+    gen = data.add_parser("gen", help="generate synthetic Criteo-shaped data")
+    gen.add_argument("rest", nargs=argparse.REMAINDER)
+    train = sub.add_parser("train", help="run a job on the local launcher and wait for it")
+    train.add_argument("--config", type=Path, required=True)
+    train.add_argument("--job-dir", type=Path, help="default: ./.rover/jobs/<job_id>")
+    for name in ("status", "stop"):
+        cmd = sub.add_parser(name, help=f"{name} of a job")
+        cmd.add_argument("--job-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    if args.command == "data":
+        from airflow_rover.data.synthetic import generate_main
+
+        return generate_main(args.rest)
+    if args.command == "train":
+        spec = load_spec(args.config)
+        job_dir = args.job_dir or Path(".rover") / "jobs" / spec.job_id
+        try:
+            status = run_job(spec, job_dir)
+        except PreflightError as exc:
+            print(f"rover train: {exc}", file=sys.stderr)
+            return 2
+        print(
+            json.dumps(
+                {k: status.get(k) for k in ("job_id", "state", "message", "result")}, indent=2
+            )
+        )
+        return 0 if status["state"] == JobState.SUCCEEDED else 1
+    layout = JobLayout(args.job_dir.resolve())
+    if args.command == "stop":
+        LocalJobLauncher().stop_job_master(layout)
+    print(json.dumps(job_status(layout), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""One answer to "how is this job doing?", whoever asks (hook, trigger, CLI).
+
+The master's own answer wins; when it cannot answer, its last mirrored ``state.json`` and
+whether its process still lives decide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.states import TERMINAL_STATES, JobState
+
+ABSENT = "absent"  # no job in this directory (yet): a sensor keeps waiting
+UNREACHABLE = "unreachable"  # the master runs but did not answer: transient, poll again
+
+
+def resolve_status(
+    layout: JobLayout, api_status: dict[str, Any] | None, master_alive: bool
+) -> dict[str, Any]:
+    """The job's status: the master's answer, else its last mirrored state, else a verdict."""
+    if api_status is not None:
+        return api_status
+    mirrored = layout.read_json(layout.state_file)
+    if mirrored and mirrored.get("state") in TERMINAL_STATES:
+        return mirrored
+    if master_alive:
+        return {**(mirrored or {}), "state": UNREACHABLE, "message": "master did not answer"}
+    if mirrored is None and layout.read_json(layout.master_file) is None:
+        return {"state": ABSENT, "message": f"no job in {layout.root}"}
+    return {
+        **(mirrored or {}),
+        "state": str(JobState.FAILED),
+        "message": f"master process died before the job finished; see {layout.log_file('master')}",
+    }
