@@ -74,7 +74,7 @@ def rover_daily_retrain() -> None:
         output_dir=MODEL_DIR,
         model="wide_deep",
         plan={"num_workers": "{{ params.num_workers }}", "num_ps": "{{ params.num_ps }}"},
-        training={"epochs": "{{ params.epochs }}", "batch_size": 512, "learning_rate": 0.2},
+        training={"epochs": "{{ params.epochs }}", "batch_size": 512, "optimizer": "adam"},
         poll_interval=2.0,
     )
 

@@ -7,11 +7,11 @@ Every process of a job (master, parameter servers, workers) reads the same ``Job
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-REFERENCE_MODELS = ("wide_deep",)
+REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -56,13 +56,28 @@ class ResourcePlan(_Strict):
     ps_memory_mb: int = Field(default=2048, ge=256)
 
 
+DEFAULT_LEARNING_RATES = {"adam": 0.001, "adagrad": 0.2, "sgd": 0.1}
+
+
 class TrainingConfig(_Strict):
     """Optimisation settings; the same for every worker of the job."""
 
     batch_size: int = Field(default=512, ge=1, le=1 << 20)
     epochs: int = Field(default=1, ge=1, le=1000)
-    learning_rate: float = Field(default=0.2, gt=0, le=10, description="tuned for Adagrad")
-    optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
+    optimizer: Literal["sgd", "adagrad", "adam"] = "adam"
+    learning_rate: float = Field(
+        default=0.001, gt=0, le=10, description="default: 0.001 adam, 0.2 adagrad, 0.1 sgd"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _learning_rate_for_optimizer(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("learning_rate") is None:
+            rate = DEFAULT_LEARNING_RATES.get(str(data.get("optimizer", "adam")))
+            if rate is not None:
+                data = {**data, "learning_rate": rate}
+        return data
+
     shard_size: int = Field(
         default=8192, ge=1, description="samples per shard leased from the master's queue"
     )
@@ -106,14 +121,15 @@ def check_model_ref(value: str) -> str:
 
 
 # Reference models whose wide (linear) part reads a 1-dim table per categorical column.
-_WIDE_TABLE_MODELS = frozenset({"wide_deep"})
+_WIDE_TABLE_MODELS = frozenset(REFERENCE_MODELS)
 WIDE_SUFFIX = "_wide"
 
 
 def default_features(
     columns: list[tuple[str, int]], num_dense: int, model: str, dim: int
 ) -> FeatureConfig:
-    """One ``dim``-wide table per categorical column (plus a 1-dim linear table for Wide&Deep)."""
+    """One ``dim``-wide table per categorical column, plus a 1-dim table of per-id linear
+    weights for the reference models (their wide / first-order term)."""
     tables = [
         TableConfig(name=name, column=name, vocab_size=vocab, dim=dim) for name, vocab in columns
     ]
