@@ -28,6 +28,7 @@ from airflow_rover.core.spec import (
 from airflow_rover.core.states import ACTIVE_STATES, JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.operators._validation import describe, has_template, parse_param
+from airflow_rover.preflight import PreflightError, preflight
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
 LAUNCHERS = ("local",)
@@ -193,6 +194,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Context) -> str:
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
+        try:
+            preflight(spec)  # data, features and model checked before any process starts
+        except PreflightError as exc:  # a retry cannot fix the spec
+            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         self._launched_job_dir = str(job_dir)
         self.hook_for(job_dir).launch(spec)
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
