@@ -95,20 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     data = sub.add_parser("data", help="datasets").add_subparsers(
         dest="data_command", required=True
     )
-    gen = data.add_parser("gen", help="generate synthetic Criteo-shaped data")
-    gen.add_argument("rest", nargs=argparse.REMAINDER)
+    data.add_parser("gen", help="generate synthetic Criteo-shaped data (--help for flags)")
     train = sub.add_parser("train", help="run a job on the local launcher and wait for it")
     train.add_argument("--config", type=Path, required=True)
     train.add_argument("--job-dir", type=Path, help="default: ./.rover/jobs/<job_id>")
     for name in ("status", "stop"):
         cmd = sub.add_parser(name, help=f"{name} of a job")
         cmd.add_argument("--job-dir", type=Path, required=True)
-    args = parser.parse_args(argv)
-
-    if args.command == "data":
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["data", "gen"]:  # its own parser: flags belong to the generator
         from airflow_rover.data.synthetic import generate_main
 
-        return generate_main(args.rest)
+        return generate_main(argv[2:])
+    args = parser.parse_args(argv)
     if args.command == "train":
         spec = load_spec(args.config)
         job_dir = args.job_dir or Path(".rover") / "jobs" / spec.job_id

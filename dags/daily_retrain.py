@@ -3,7 +3,7 @@
 Each logical date gets its own data and its own model folder, so a backfill of three dates
 trains three independent models and re-running a date replaces only that date's model.
 
-generate_day_data -> train -> quality_gate (held-out AUC >= 0.70) -> publish_metrics
+generate_day_data -> train -> quality_gate (held-out AUC >= params.min_auc) -> publish_metrics
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ MODEL_DIR = str(ROVER_HOME / "models" / "{{ ds }}")
         "num_workers": Param(2, type="integer", minimum=1),
         "num_ps": Param(2, type="integer", minimum=1),
         "epochs": Param(1, type="integer", minimum=1),
+        "min_auc": Param(0.70, type="number", minimum=0.5, maximum=1.0),
     },
     tags=["airflow-rover", "example"],
 )
@@ -82,7 +83,7 @@ def rover_daily_retrain() -> None:
         task_id="quality_gate",
         job_dir=MODEL_DIR,
         states=[],
-        min_auc=0.70,
+        min_auc="{{ params.min_auc }}",
         poke_interval=2.0,
         timeout=3600,
     )

@@ -39,8 +39,17 @@ class EmbeddingGroup:
     def fused_ids(self, categorical: np.ndarray, column_index: dict[str, int]) -> np.ndarray:
         """(batch, tables) fused ids of a batch's categorical columns."""
         cols = [column_index[t.column] for t in self.tables]
-        offsets = np.array([t.offset for t in self.tables], dtype=np.int64)
-        return categorical[:, cols].astype(np.int64, copy=False) + offsets
+        ids = categorical[:, cols].astype(np.int64, copy=False)
+        vocab = np.array([t.vocab_size for t in self.tables], dtype=np.int64)
+        bad = (ids < 0) | (ids >= vocab)  # would silently alias a row of the next table
+        if bad.any():
+            j = int(np.nonzero(bad.any(axis=0))[0][0])
+            table = self.tables[j]
+            raise ValueError(
+                f"table {table.name!r}: column {table.column!r} has ids outside "
+                f"[0, {table.vocab_size}) (e.g. {int(ids[bad[:, j], j][0])})"
+            )
+        return ids + np.array([t.offset for t in self.tables], dtype=np.int64)
 
     def split(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Table index and row id of each fused id (for export and inspection)."""

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import uvicorn
@@ -20,6 +23,23 @@ from airflow_rover.master.service import JobMaster
 
 log = logging.getLogger("airflow_rover.master")
 TICK_S = 0.2
+
+
+class _MasterServer(uvicorn.Server):
+    """Stops serving on SIGTERM/SIGINT and returns, without re-raising the signal afterwards
+    (uvicorn's default), so the master records the stop and stops its nodes before exiting."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in _STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> None:
@@ -57,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     threads = max(1, int(spec.plan.worker_cpu))
     master = JobMaster(layout, spec, LocalNodeLauncher(layout, address, threads), token)
     app = create_app(master, token)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server = _MasterServer(uvicorn.Config(app, log_level="warning", access_log=False))
     master.mirror_state(force=True)
     atomic_write_json(layout.master_file, {"address": address, "pid": os.getpid()})
     log.info("master of job %s listening on %s", spec.job_id, address)

@@ -31,10 +31,33 @@ def parse_param(owner: str, param: str, model: type[M], value: Any) -> M:
     try:
         return model.model_validate(value)
     except ValidationError as exc:
-        raise ValueError(f"{owner}: invalid {param}: {describe(exc)}") from None
+        raise ValueError(f"{owner}: invalid {param}: {describe(exc, model)}") from None
 
 
-def describe(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'value'}: {err['msg']}" for err in exc.errors()
-    )
+def check_static_entries(owner: str, param: str, model: type[BaseModel], value: Any) -> None:
+    """Validate now every entry of ``value`` that is not a template (all fields have
+    defaults, so the literal entries alone form a valid model when they are right)."""
+    if isinstance(value, dict):
+        literal = {k: v for k, v in value.items() if not has_template(v)}
+        unknown = sorted(set(value) - set(model.model_fields))
+        if unknown:
+            accepted = ", ".join(model.model_fields)
+            raise ValueError(
+                f"{owner}: invalid {param}: unknown keys {unknown} are not permitted; "
+                f"accepted: {accepted}"
+            )
+        parse_param(owner, param, model, literal)
+    else:
+        parse_param(owner, param, model, value)
+
+
+def describe(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line per error, naming the field; unknown keys come with the accepted ones."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None:
+            message += f" (accepted: {', '.join(model.model_fields)})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)

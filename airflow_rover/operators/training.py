@@ -27,7 +27,12 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.core.states import ACTIVE_STATES, JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.operators._validation import describe, has_template, parse_param
+from airflow_rover.operators._validation import (
+    check_static_entries,
+    describe,
+    has_template,
+    parse_param,
+)
 from airflow_rover.preflight import PreflightError, preflight
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
@@ -137,10 +142,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.max_runtime = max_runtime
         self._launched_job_dir: str | None = None
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
-        if not has_template(self.plan):
-            parse_param(owner, "plan", ResourcePlan, self.plan)
-        if not has_template(self.training):
-            parse_param(owner, "training", TrainingConfig, self.training)
+        check_static_entries(owner, "plan", ResourcePlan, self.plan)
+        check_static_entries(owner, "training", TrainingConfig, self.training)
         if not has_template(model):
             try:
                 check_model_ref(model)

@@ -15,7 +15,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.states import JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.operators._validation import parse_param
+from airflow_rover.operators._validation import has_template, parse_param
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 
@@ -39,12 +39,12 @@ class ElasticJobSensor(BaseSensorOperator):
     :param job_dir: the job directory (the training task's ``output_dir``). (templated)
     :param states: job states that count as reached (default: ``["succeeded"]``; pass ``[]``
         to wait only on samples or AUC).
-    :param min_samples: trained samples that count as reached.
-    :param min_auc: held-out AUC that counts as reached.
+    :param min_samples: trained samples that count as reached. (templated)
+    :param min_auc: held-out AUC that counts as reached. (templated)
     :param deferrable: wait in the triggerer instead of occupying a worker slot.
     """
 
-    template_fields: Sequence[str] = ("job_dir",)
+    template_fields: Sequence[str] = ("job_dir", "min_samples", "min_auc")
     ui_color = "#e6f2d9"
 
     def __init__(
@@ -52,8 +52,8 @@ class ElasticJobSensor(BaseSensorOperator):
         *,
         job_dir: str,
         states: Sequence[str] = (JobState.SUCCEEDED,),
-        min_samples: int | None = None,
-        min_auc: float | None = None,
+        min_samples: int | str | None = None,
+        min_auc: float | str | None = None,
         deferrable: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -62,13 +62,24 @@ class ElasticJobSensor(BaseSensorOperator):
         if not isinstance(job_dir, str) or not job_dir:
             raise ValueError(f"{owner}: job_dir must be a non-empty path, got {job_dir!r}")
         self.job_dir = job_dir
-        self.milestone = parse_param(
-            owner,
+        self.states = list(states)
+        self.min_samples = min_samples
+        self.min_auc = min_auc
+        self.deferrable = deferrable
+        if not has_template([min_samples, min_auc]):
+            self._milestone()  # validate now, at DAG parse time
+
+    def _milestone(self) -> Milestone:
+        return parse_param(
+            f"{type(self).__name__}(task_id={self.task_id!r})",
             "milestone (states/min_samples/min_auc)",
             Milestone,
-            {"states": list(states), "min_samples": min_samples, "min_auc": min_auc},
+            {"states": self.states, "min_samples": self.min_samples, "min_auc": self.min_auc},
         )
-        self.deferrable = deferrable
+
+    @property
+    def milestone(self) -> Milestone:
+        return self._milestone()
 
     def _check(self) -> dict[str, Any] | None:
         """The job's status if the milestone is reached; None to keep waiting; raise if missed."""

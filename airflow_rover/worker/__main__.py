@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import threading
 
 from airflow_rover.core.features import resolve_features
@@ -23,8 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ctx = NodeContext.from_env()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
 
     import keras
     import tensorflow as tf

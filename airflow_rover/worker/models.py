@@ -1,7 +1,7 @@
 """Reference models and the loading of user model factories.
 
 A model factory takes the job's ``FeatureConfig`` and returns a Keras model whose inputs are a
-dict: ``"dense"`` (batch, num_dense) and one (batch, dim) tensor per embedding table, already
+dict: ``DENSE_INPUT`` (batch, num_dense) and one (batch, dim) tensor per embedding table, already
 looked up and pooled by the runtime; its output is one logit per sample. The embedding tables
 themselves live on the parameter servers, never in the Keras model.
 """
@@ -16,10 +16,12 @@ import keras
 from airflow_rover.core.spec import FeatureConfig
 
 ModelFactory = Callable[[FeatureConfig], keras.Model]
+# Not "dense": Keras names a model's first Dense layer "dense", and names must be unique.
+DENSE_INPUT = "dense_features"
 
 
 def _inputs(features: FeatureConfig) -> dict[str, keras.KerasTensor]:
-    inputs = {"dense": keras.Input((features.num_dense,), name="dense")}
+    inputs = {DENSE_INPUT: keras.Input((features.num_dense,), name=DENSE_INPUT)}
     for table in features.tables:
         inputs[table.name] = keras.Input((table.dim,), name=table.name)
     return inputs
@@ -29,10 +31,10 @@ def wide_deep(features: FeatureConfig, hidden: tuple[int, ...] = (256, 128)) -> 
     """Wide & Deep (Cheng et al. 2016): a linear model over dense features and 1-dim
     per-id weights, plus an MLP over dense features and the wider embeddings."""
     inputs = _inputs(features)
-    wide_parts = [keras.layers.Dense(1, name="wide_dense")(inputs["dense"])]
+    wide_parts = [keras.layers.Dense(1, name="wide_dense")(inputs[DENSE_INPUT])]
     wide_parts += [inputs[t.name] for t in features.tables if t.dim == 1]
     wide = keras.layers.Add(name="wide")(wide_parts) if len(wide_parts) > 1 else wide_parts[0]
-    deep_in = [inputs["dense"]] + [inputs[t.name] for t in features.tables if t.dim > 1]
+    deep_in = [inputs[DENSE_INPUT]] + [inputs[t.name] for t in features.tables if t.dim > 1]
     x = keras.layers.Concatenate(name="deep_input")(deep_in)
     for i, units in enumerate(hidden):
         x = keras.layers.Dense(units, activation="relu", name=f"deep_{i}")(x)
@@ -43,7 +45,7 @@ def wide_deep(features: FeatureConfig, hidden: tuple[int, ...] = (256, 128)) -> 
 
 def _linear(features: FeatureConfig, inputs: dict[str, keras.KerasTensor]) -> keras.KerasTensor:
     """First-order term: a linear layer on dense features plus any 1-dim per-id weights."""
-    parts = [keras.layers.Dense(1, name="linear_dense")(inputs["dense"])]
+    parts = [keras.layers.Dense(1, name="linear_dense")(inputs[DENSE_INPUT])]
     parts += [inputs[t.name] for t in features.tables if t.dim == 1]
     return keras.layers.Add(name="linear")(parts) if len(parts) > 1 else parts[0]
 
@@ -65,7 +67,7 @@ def _mlp(x: keras.KerasTensor, hidden: tuple[int, ...], prefix: str) -> keras.Ke
 
 
 def _deep_input(features: FeatureConfig, inputs: dict[str, keras.KerasTensor]) -> keras.KerasTensor:
-    parts = [inputs["dense"]] + [inputs[t.name] for t in features.tables if t.dim > 1]
+    parts = [inputs[DENSE_INPUT]] + [inputs[t.name] for t in features.tables if t.dim > 1]
     return keras.layers.Concatenate(name="deep_input")(parts)
 
 

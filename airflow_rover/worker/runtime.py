@@ -29,6 +29,7 @@ from airflow_rover.data.reader import Batch, SampleReader
 from airflow_rover.master import protocol
 from airflow_rover.master.client import MasterClient
 from airflow_rover.ps.client import PSClient
+from airflow_rover.worker.models import DENSE_INPUT
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class PSModel:
     def _inputs(
         self, dense: tf.Tensor, rows: list[tf.Tensor], inverse: list[tf.Tensor]
     ) -> dict[str, tf.Tensor]:
-        inputs = {"dense": dense}
+        inputs = {DENSE_INPUT: dense}
         for group, group_rows, idx in zip(self.groups, rows, inverse, strict=True):
             per_table = tf.unstack(tf.gather(group_rows, idx), num=len(group.tables), axis=1)
             inputs.update({t.name: e for t, e in zip(group.tables, per_table, strict=True)})

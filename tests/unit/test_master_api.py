@@ -18,12 +18,14 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.master.app import create_app
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 
 TOKEN = "job-token-0123456789"
@@ -525,7 +527,9 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     """Drain all shards, (evaluate,) then the master saves the model from a real PS: succeeded."""
     job = make_job(with_eval=with_eval)
     job.master.step()
-    ps = ParameterServer(0, 1, job.master.features, 0.05, 0)
+    ps = ParameterServer(
+        0, 1, EmbeddingLayout.from_features(job.master.features), Optimizer("adagrad", 0.05), 0
+    )
     server, port = start_server(ps, TOKEN, threads=2)
     try:
         address = f"127.0.0.1:{port}"
@@ -534,8 +538,8 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         # A worker touches some rows through the address the cluster route gives out.
         cluster = job.get("/cluster")
         client = PSClient(cluster["ps"], TOKEN)
-        table = job.master.features.tables[0].name
-        client.pull({table: np.arange(10, dtype=np.int64)}, dense=False)
+        group = EmbeddingLayout.from_features(job.master.features).groups[0].name
+        client.pull({group: np.arange(10, dtype=np.int64)}, dense=False)
         client.close()
 
         assert len(_drain(job)) == NUM_SHARDS
@@ -574,5 +578,5 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     manifest = json.loads((model_dir / "model.json").read_text())
     assert manifest["partitions"] == ["ps-0.npz"] and manifest["job_id"] == "unit-job.1"
     with np.load(model_dir / "ps-0.npz") as npz:
-        assert sorted(npz[f"table/{table}/ids"].tolist()) == list(range(10))
+        assert sorted(npz[f"table/{group}/ids"].tolist()) == list(range(10))
     assert json.loads(job.layout.state_file.read_text())["state"] == "succeeded"

@@ -112,7 +112,7 @@ def test_describe_lists_every_condition() -> None:
     assert Milestone().describe() == "state in ['succeeded']"
     assert Milestone(states=(), min_samples=10).describe() == "samples >= 10"
     assert (
-        Milestone(states=("running",), min_samples=10, min_auc=0.75).describe()
+        Milestone(states=(JobState.RUNNING,), min_samples=10, min_auc=0.75).describe()
         == "state in ['running'] or samples >= 10 or auc >= 0.75"
     )
 

@@ -78,11 +78,6 @@ def test_bad_operator_parameters_fail_at_parse_time(
         assert part in message, f"{part!r} not in {message!r}"
 
 
-@pytest.mark.xfail(
-    reason="operators/_validation.py describe(): an unknown key is reported as 'Extra inputs "
-    "are not permitted' without the keys that are accepted",
-    strict=True,
-)
 @pytest.mark.parametrize(("param", "model"), [("plan", ResourcePlan), ("training", TrainingConfig)])
 def test_an_unknown_key_message_lists_the_accepted_keys(param: str, model: Any) -> None:
     """A typo in a plan/training key is answered with the keys that would have been accepted."""
@@ -108,11 +103,6 @@ def test_templated_values_are_left_for_render_time(kwargs: dict[str, Any]) -> No
         assert getattr(operator, name) == value
 
 
-@pytest.mark.xfail(
-    reason="operators/training.py: a plan/training dict holding any template skips parse-time "
-    "validation entirely, so a wrong static key or value beside it passes until run time",
-    strict=True,
-)
 @pytest.mark.parametrize(
     ("param", "value", "bad_key"),
     [

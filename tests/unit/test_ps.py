@@ -1,4 +1,4 @@
-"""Parameter server: Adagrad, lazily created tables, and real gRPC servers behind PSClient."""
+"""Parameter server: optimizers on lazily created fused groups, real gRPC servers, PSClient."""
 
 from __future__ import annotations
 
@@ -9,77 +9,98 @@ import grpc
 import numpy as np
 import pytest
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.hashing import initial_rows, owner_of, partition_of
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.client import PSClient
-from airflow_rover.ps.optimizers import (
-    ADAGRAD_EPSILON,
-    ADAGRAD_INITIAL_ACCUMULATOR,
-    adagrad_update,
-)
+from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.ps.tables import INIT_SCALE, DenseStore, EmbeddingTable
 
 TOKEN = "s3cret-job-token"
 LR = 0.1
 SEED = 7
+ADAGRAD = Optimizer("adagrad", LR)
 FEATURES = FeatureConfig(
     num_dense=2,
     tables=(
         TableConfig(name="a", column="C1", vocab_size=1000, dim=4),
         TableConfig(name="b", column="C2", vocab_size=500, dim=2, pooling="mean"),
         TableConfig(name="c_wide", column="C1", vocab_size=50, dim=1),
+        # A second dim-4 table: group dim4 fuses a (fused ids 0..999) and a2 (1000..1299).
+        TableConfig(name="a2", column="C2", vocab_size=300, dim=4),
     ),
 )
-DIMS = {t.name: t.dim for t in FEATURES.tables}
+LAYOUT = EmbeddingLayout.from_features(FEATURES)
+DIMS = {g.name: g.dim for g in LAYOUT.groups}  # {"dim4": 4, "dim2": 2, "dim1": 1}
+VOCAB = {g.name: g.vocab_size for g in LAYOUT.groups}
+
+
+def test_layout_used_here_fuses_two_tables() -> None:
+    """The fixture layout: three groups, dim4 holding a then a2 (stacked offsets)."""
+    assert DIMS == {"dim4": 4, "dim2": 2, "dim1": 1}
+    assert VOCAB == {"dim4": 1300, "dim2": 500, "dim1": 50}
+    assert [(t.name, t.offset) for t in LAYOUT.group("dim4").tables] == [("a", 0), ("a2", 1000)]
 
 
 # -- Adagrad -----------------------------------------------------------------------------------
-def _reference_adagrad(param, grads, lr):
-    """Adagrad written out independently, in float64."""
+def _reference_adagrad(
+    param: np.ndarray, grads: list[np.ndarray], lr: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Adagrad as Keras writes it (lr * g / sqrt(accum + eps)), independently, in float64."""
     p = np.array(param, dtype=np.float64)
     acc = np.full_like(p, 0.1)
     for g in grads:
         acc = acc + np.square(g.astype(np.float64))
-        p = p - lr * g / (np.sqrt(acc) + 1e-7)
+        p = p - lr * g / np.sqrt(acc + 1e-7)
     return p, acc
 
 
-def _grads(shape, steps, seed=0):
+def _grads(shape: tuple[int, ...], steps: int, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     return [rng.normal(0.0, 1.0, size=shape).astype(np.float32) for _ in range(steps)]
 
 
 def test_adagrad_constants_match_keras_defaults() -> None:
-    """The PS uses TensorFlow's default initial accumulator and epsilon."""
+    """The PS uses Keras' default initial accumulator and epsilon."""
     assert np.isclose(ADAGRAD_INITIAL_ACCUMULATOR, 0.1)
-    assert np.isclose(ADAGRAD_EPSILON, 1e-7, rtol=1e-9, atol=0)
+    assert np.isclose(EPSILON, 1e-7, rtol=1e-9, atol=0)
 
 
 def test_adagrad_matches_numpy_reference_over_steps() -> None:
     """Several in-place Adagrad steps equal the float64 reference within float32 precision."""
     param = np.random.default_rng(1).uniform(-0.05, 0.05, size=(6, 3)).astype(np.float32)
-    accum = np.full_like(param, ADAGRAD_INITIAL_ACCUMULATOR)
+    state = ADAGRAD.init_state(param.shape, rows=True)
+    np.testing.assert_array_equal(state["accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
     grads = _grads(param.shape, steps=6)
-    p, a = param, accum
+    p = param.copy()
     for g in grads:
-        p, a = adagrad_update(p, a, g, LR)
-        assert p.dtype == np.float32 and a.dtype == np.float32
+        ADAGRAD.apply(p, state, g)
+        assert p.dtype == np.float32 and state["accum"].dtype == np.float32
     ref_p, ref_a = _reference_adagrad(param, grads, LR)
     np.testing.assert_allclose(p, ref_p, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(a, ref_a, rtol=1e-6)
-    # Pure function: the inputs were not modified.
-    np.testing.assert_array_equal(accum, np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
+    np.testing.assert_allclose(state["accum"], ref_a, rtol=1e-6)
+
+
+def test_adagrad_updates_in_place() -> None:
+    """apply mutates the given parameter and state arrays (the table writes them back)."""
+    param = np.ones((2, 2), np.float32)
+    state = ADAGRAD.init_state(param.shape, rows=True)
+    accum = state["accum"]
+    ADAGRAD.apply(param, state, np.ones((2, 2), np.float32))
+    assert state["accum"] is accum
+    np.testing.assert_allclose(accum, 1.1, rtol=1e-6)
+    np.testing.assert_allclose(param, 1 - LR / np.sqrt(1.1 + 1e-7), rtol=1e-6)
 
 
 def test_adagrad_zero_gradient_is_a_no_op() -> None:
     """A zero gradient changes neither the parameter nor the accumulator."""
     param = np.ones((2, 2), np.float32)
-    accum = np.full((2, 2), 0.1, np.float32)
-    p, a = adagrad_update(param, accum, np.zeros((2, 2), np.float32), LR)
-    np.testing.assert_array_equal(p, param)
-    np.testing.assert_array_equal(a, accum)
+    state = ADAGRAD.init_state(param.shape, rows=True)
+    ADAGRAD.apply(param, state, np.zeros((2, 2), np.float32))
+    np.testing.assert_array_equal(param, np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(state["accum"], np.float32(0.1))
 
 
 def test_adagrad_matches_keras(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -91,9 +112,9 @@ def test_adagrad_matches_keras(monkeypatch: pytest.MonkeyPatch) -> None:
     init = initial_rows("emb", ids, dim, SEED, INIT_SCALE)
     grads = _grads((ids.size, dim), steps=5, seed=3)
 
-    table = EmbeddingTable("emb", dim, vocab_size=100, seed=SEED)
+    table = EmbeddingTable("emb", dim, vocab_size=100, seed=SEED, optimizer=ADAGRAD)
     for g in grads:
-        table.apply_gradients(ids, g, LR)
+        table.apply_gradients(ids, g)
     ours = table.lookup(ids, create=False)
 
     var = keras.Variable(init.copy(), dtype="float32")
@@ -106,7 +127,7 @@ def test_adagrad_matches_keras(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- EmbeddingTable and DenseStore (in-process) -----------------------------------------------
 def test_table_rows_are_created_lazily_with_the_seeded_init() -> None:
     """Nothing exists before first touch; a created row equals core.hashing's initial row."""
-    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED, optimizer=ADAGRAD)
     assert table.size == 0
     ids = np.array([5, 900, 17], dtype=np.int64)
     rows = table.lookup(ids)
@@ -115,15 +136,16 @@ def test_table_rows_are_created_lazily_with_the_seeded_init() -> None:
     table.lookup(np.array([17, 5]))
     assert table.size == 3  # existing rows are reused, not re-created
     snap = table.snapshot()
+    assert set(snap) == {"ids", "rows", "counts", "state/accum"}
     assert snap["ids"].tolist() == [5, 900, 17]
-    np.testing.assert_array_equal(snap["accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
+    np.testing.assert_array_equal(snap["state/accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
 
 
 def test_lookup_without_create_reads_but_does_not_insert() -> None:
     """create=False returns stored rows for seen ids and the seeded init for unseen ones."""
-    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED, optimizer=ADAGRAD)
     seen = np.array([1, 2], dtype=np.int64)
-    table.apply_gradients(seen, np.ones((2, 4), np.float32), LR)
+    table.apply_gradients(seen, np.ones((2, 4), np.float32))
     stored = table.lookup(seen, create=False)
     assert not np.array_equal(stored, initial_rows("a", seen, 4, SEED, INIT_SCALE))
 
@@ -141,7 +163,7 @@ def test_lookup_without_create_reads_but_does_not_insert() -> None:
 
 def test_access_counters() -> None:
     """Each creating lookup bumps its rows' counters; reads without create do not."""
-    table = EmbeddingTable("a", 2, vocab_size=100, seed=SEED)
+    table = EmbeddingTable("a", 2, vocab_size=100, seed=SEED, optimizer=ADAGRAD)
     table.lookup(np.array([1, 2, 3]))
     table.lookup(np.array([2, 3]))
     table.lookup(np.array([3]))
@@ -154,7 +176,7 @@ def test_access_counters() -> None:
 
 def test_table_grows_past_its_initial_capacity_without_losing_rows() -> None:
     """Creating thousands of rows in batches keeps every earlier row and its slot."""
-    table = EmbeddingTable("a", 3, vocab_size=10_000, seed=SEED)
+    table = EmbeddingTable("a", 3, vocab_size=10_000, seed=SEED, optimizer=ADAGRAD)
     ids = np.random.default_rng(0).permutation(10_000)[:5000]
     for chunk in np.array_split(ids, 7):
         table.lookup(chunk)
@@ -177,13 +199,15 @@ def test_table_grows_past_its_initial_capacity_without_losing_rows() -> None:
         (np.array([1, 2]), np.array([[np.inf, 0, 0, 0]] * 2, np.float32), "non-finite"),
     ],
 )
-def test_bad_updates_are_rejected_and_change_nothing(ids, grads, match) -> None:
+def test_bad_updates_are_rejected_and_change_nothing(
+    ids: np.ndarray, grads: np.ndarray, match: str
+) -> None:
     """Out-of-range ids, wrong gradient shapes and NaN/inf are refused before any write."""
-    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED)
+    table = EmbeddingTable("a", 4, vocab_size=1000, seed=SEED, optimizer=ADAGRAD)
     table.lookup(np.array([1, 2]))
     before = table.snapshot()
     with pytest.raises(ValueError, match=match):
-        table.apply_gradients(ids, grads, LR)
+        table.apply_gradients(ids, grads)
     after = table.snapshot()
     for key in before:
         np.testing.assert_array_equal(after[key], before[key])
@@ -191,7 +215,7 @@ def test_bad_updates_are_rejected_and_change_nothing(ids, grads, match) -> None:
 
 def test_lookup_rejects_out_of_range_ids() -> None:
     """Both lookup modes refuse ids outside [0, vocab_size) and create nothing."""
-    table = EmbeddingTable("a", 4, vocab_size=10, seed=SEED)
+    table = EmbeddingTable("a", 4, vocab_size=10, seed=SEED, optimizer=ADAGRAD)
     for create in (True, False):
         with pytest.raises(ValueError, match="ids must lie"):
             table.lookup(np.array([3, 10]), create=create)
@@ -202,7 +226,7 @@ def test_lookup_rejects_out_of_range_ids() -> None:
 
 def test_dense_store_first_initialisation_wins_and_updates_validate() -> None:
     """initialize keeps the first value; bad dense gradients are refused whole."""
-    store = DenseStore()
+    store = DenseStore(ADAGRAD)
     store.initialize({"w": np.ones((2, 2)), "b": np.zeros(2)})
     store.initialize({"w": np.full((2, 2), 9.0), "v": np.ones(1)})
     values = store.read()
@@ -214,20 +238,33 @@ def test_dense_store_first_initialisation_wins_and_updates_validate() -> None:
         ({"w": np.ones((2, 2)), "b": np.array([0.0, np.nan])}, "non-finite"),
     ):
         with pytest.raises(ValueError, match=match):
-            store.apply_gradients(grads, LR)
+            store.apply_gradients(grads)
         np.testing.assert_array_equal(store.read()["w"], np.ones((2, 2)))
+        np.testing.assert_array_equal(store.state["w"]["accum"], np.float32(0.1))
     g = np.array([[1.0, -1.0], [0.5, 0.0]], np.float32)
-    store.apply_gradients({"w": g}, LR)
+    store.apply_gradients({"w": g})
     ref, _ = _reference_adagrad(np.ones((2, 2)), [g], LR)
     np.testing.assert_allclose(store.read()["w"], ref, atol=1e-6)
+
+
+def test_server_holds_one_table_per_group() -> None:
+    """ParameterServer keys its tables by group name, sized to the fused id space."""
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    assert {name: t.dim for name, t in ps.tables.items()} == DIMS
+    assert all(t.name == name and t.optimizer == ADAGRAD for name, t in ps.tables.items())
+    ps.pull({"ids/dim4": np.array([0, 1299])})  # the last row of a2 exists
+    with pytest.raises(ValueError, match=r"ids must lie in \[0, 1300\)"):
+        ps.pull({"ids/dim4": np.array([1300])})
+    with pytest.raises(ValueError, match="unknown table 'a'"):  # table names are not groups
+        ps.pull({"ids/a": np.array([1])})
 
 
 # -- real gRPC servers -------------------------------------------------------------------------
 class Cluster:
     """``n`` ParameterServers serving on 127.0.0.1 with the job token."""
 
-    def __init__(self, n: int, features: FeatureConfig = FEATURES) -> None:
-        self.ps = [ParameterServer(i, n, features, LR, SEED) for i in range(n)]
+    def __init__(self, n: int, optimizer: Optimizer = ADAGRAD) -> None:
+        self.ps = [ParameterServer(i, n, LAYOUT, optimizer, SEED) for i in range(n)]
         self.servers: list[grpc.Server] = []
         self.addresses: list[str] = []
         for ps in self.ps:
@@ -288,11 +325,12 @@ def _assert_snapshots_equal(before: list[dict], after: list[dict]) -> None:
         for name in b["dense"]:
             np.testing.assert_array_equal(a["dense"][name], b["dense"][name])
         for name, snap in b["tables"].items():
+            assert set(a["tables"][name]) == set(snap)
             for key, value in snap.items():
                 np.testing.assert_array_equal(a["tables"][name][key], value, err_msg=name + key)
 
 
-DENSE_INIT = {
+DENSE_INIT: dict[str, np.ndarray] = {
     "tower/kernel": np.arange(12, dtype=np.float32).reshape(4, 3) / 10,
     "tower/bias": np.zeros(3, np.float32),
     "out/kernel": np.ones((3, 1), np.float32),
@@ -308,10 +346,11 @@ def _workload(client: PSClient) -> list[np.ndarray]:
     client.init_dense({k: v + 100 for k, v in DENSE_INIT.items()})  # ignored: first offer wins
     for step in range(4):
         ids = {
-            "a": rng.choice(1000, size=40, replace=False).astype(np.int64),
-            "b": rng.choice(500, size=25, replace=False).astype(np.int64),
-            # Few ids: with 3 PS some servers own none of this table's ids in a request.
-            "c_wide": rng.choice(50, size=1 + step, replace=False).astype(np.int64),
+            # Fused ids of both dim-4 tables (a: 0..999, a2: 1000..1299).
+            "dim4": rng.choice(1300, size=40, replace=False).astype(np.int64),
+            "dim2": rng.choice(500, size=25, replace=False).astype(np.int64),
+            # Few ids: with 3 PS some servers own none of this group's ids in a request.
+            "dim1": rng.choice(50, size=1 + step, replace=False).astype(np.int64),
         }
         rows, dense = client.pull(ids)
         for name, value in rows.items():
@@ -323,65 +362,103 @@ def _workload(client: PSClient) -> list[np.ndarray]:
         grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
         dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
         client.push(ids, grads, dgrads)
-    probe = {"a": np.arange(0, 1000, 7, dtype=np.int64), "b": np.array([0, 499], dtype=np.int64)}
+    probe = {
+        "dim4": np.arange(0, 1300, 7, dtype=np.int64),
+        "dim2": np.array([0, 499], dtype=np.int64),
+    }
     rows, dense = client.pull(probe, dense=False, create=False)
     assert dense == {}
     seen.extend(rows[k].copy() for k in sorted(rows))
     return seen
 
 
-def test_single_and_three_ps_give_identical_results(one_ps: Cluster, three_ps: Cluster) -> None:
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam", "sgd"])
+def test_single_and_three_ps_give_identical_results(optimizer: str) -> None:
     """Partitioning is invisible: 3 PS return exactly what 1 PS returns for the same calls."""
+    opt = Optimizer(optimizer, LR)  # type: ignore[arg-type]
+    one_ps, three_ps = Cluster(1, opt), Cluster(3, opt)
     with_one, with_three = one_ps.client(), three_ps.client()
     try:
         ref, got = _workload(with_one), _workload(with_three)
+        assert len(ref) == len(got)
+        for r, g in zip(ref, got, strict=True):
+            np.testing.assert_array_equal(g, r)
+        # Same rows exist in total, each on the PS partition_of names, dense on its owner.
+        single = one_ps.ps[0]
+        for name, table in single.tables.items():
+            assert sum(ps.tables[name].size for ps in three_ps.ps) == table.size
+            for i, ps in enumerate(three_ps.ps):
+                ids = ps.tables[name].snapshot()["ids"]
+                assert (partition_of(name, ids, 3) == i).all()
+        for name in DENSE_INIT:
+            owner = owner_of(name, 3)
+            assert [name in ps.dense.values for ps in three_ps.ps] == [i == owner for i in range(3)]
+        assert all(ps.pushes == 4 for ps in three_ps.ps)
     finally:
         with_one.close()
         with_three.close()
-    assert len(ref) == len(got)
-    for r, g in zip(ref, got, strict=True):
-        np.testing.assert_array_equal(g, r)
-    # Same rows exist in total, each on the PS partition_of names, dense on its owner.
-    single = one_ps.ps[0]
-    for name, table in single.tables.items():
-        assert sum(ps.tables[name].size for ps in three_ps.ps) == table.size
-        for i, ps in enumerate(three_ps.ps):
-            ids = ps.tables[name].snapshot()["ids"]
-            assert (partition_of(name, ids, 3) == i).all()
-    for name in DENSE_INIT:
-        owner = owner_of(name, 3)
-        assert [name in ps.dense.values for ps in three_ps.ps] == [i == owner for i in range(3)]
-    assert all(ps.pushes == 4 for ps in three_ps.ps)
+        one_ps.stop()
+        three_ps.stop()
 
 
 def test_rows_follow_the_numpy_reference_through_the_server(one_ps: Cluster) -> None:
     """Pull then push over gRPC: stored rows are seeded init plus Adagrad steps."""
     client = one_ps.client()
-    ids = {"a": np.array([10, 3, 999], dtype=np.int64)}
+    ids = {"dim4": np.array([10, 3, 1299], dtype=np.int64)}  # 1299: a2's last row
     grads = _grads((3, 4), steps=3, seed=11)
     try:
         rows, dense = client.pull(ids, dense=False)
         assert dense == {}
-        init = initial_rows("a", ids["a"], 4, SEED, INIT_SCALE)
-        np.testing.assert_array_equal(rows["a"], init)
+        init = initial_rows("dim4", ids["dim4"], 4, SEED, INIT_SCALE)
+        np.testing.assert_array_equal(rows["dim4"], init)
         for g in grads:
-            client.push(ids, {"a": g}, {})
+            client.push(ids, {"dim4": g}, {})
         rows, _ = client.pull(ids, dense=False, create=False)
     finally:
         client.close()
     ref, _ = _reference_adagrad(init, grads, LR)
-    np.testing.assert_allclose(rows["a"], ref, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(rows["dim4"], ref, rtol=0, atol=1e-6)
 
 
-def test_bad_gradient_in_one_table_rejects_the_whole_push(one_ps: Cluster) -> None:
-    """A NaN in table b's gradient: INVALID_ARGUMENT, and neither table a nor dense changed."""
+def test_fused_ids_of_two_tables_are_distinct_rows(three_ps: Cluster) -> None:
+    """a and a2 share group dim4: the same raw id in both tables is two rows, updated apart."""
+    group = LAYOUT.group("dim4")
+    column_index = {"C1": 0, "C2": 1}
+    raw = np.array([[5, 5], [7, 7], [299, 299], [5, 7]], dtype=np.int64)  # same ids in a and a2
+    fused = group.fused_ids(raw, column_index)
+    unique = np.unique(fused)
+    assert unique.tolist() == [5, 7, 299, 1005, 1007, 1299]
+    client = three_ps.client()
+    try:
+        rows, _ = client.pull({"dim4": unique}, dense=False)
+        assert len({tuple(r) for r in rows["dim4"].tolist()}) == unique.size
+        np.testing.assert_array_equal(
+            rows["dim4"], initial_rows("dim4", unique, 4, SEED, INIT_SCALE)
+        )
+        # Push to table a's rows only: a2's rows with the same raw ids stay as they were.
+        a_ids = unique[group.split(unique)[0] == 0]
+        client.push({"dim4": a_ids}, {"dim4": np.ones((a_ids.size, 4), np.float32)}, {})
+        after, _ = client.pull({"dim4": unique}, dense=False, create=False)
+    finally:
+        client.close()
+    assert sum(ps.tables["dim4"].size for ps in three_ps.ps) == unique.size
+    ref, _ = _reference_adagrad(rows["dim4"][:3], [np.ones((3, 4), np.float32)], LR)
+    np.testing.assert_allclose(after["dim4"][:3], ref, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(after["dim4"][3:], rows["dim4"][3:])
+
+
+def test_bad_gradient_in_one_group_rejects_the_whole_push(one_ps: Cluster) -> None:
+    """A NaN in group dim2's gradient: INVALID_ARGUMENT, and neither dim4 nor dense changed."""
     client = one_ps.client()
     try:
         client.init_dense({"w": np.ones(3, np.float32)})
-        ids = {"a": np.array([1, 2], dtype=np.int64), "b": np.array([3], dtype=np.int64)}
+        ids = {"dim4": np.array([1, 1002], dtype=np.int64), "dim2": np.array([3], dtype=np.int64)}
         client.pull(ids)
         before = one_ps.snapshots()
-        grads = {"a": np.ones((2, 4), np.float32), "b": np.array([[0.0, np.nan]], np.float32)}
+        grads = {
+            "dim4": np.ones((2, 4), np.float32),
+            "dim2": np.array([[0.0, np.nan]], np.float32),
+        }
         with pytest.raises(grpc.RpcError) as err:
             client.push(ids, grads, {"w": np.ones(3, np.float32)})
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
@@ -394,17 +471,21 @@ def test_bad_gradient_in_one_table_rejects_the_whole_push(one_ps: Cluster) -> No
 @pytest.mark.parametrize(
     ("request_", "detail"),
     [
-        ({"ids/a": np.array([1]), "grad/a": np.ones((1, 3), np.float32)}, "gradient shape"),
-        ({"ids/a": np.array([1000]), "grad/a": np.ones((1, 4), np.float32)}, "ids must lie"),
+        ({"ids/dim4": np.array([1]), "grad/dim4": np.ones((1, 3), np.float32)}, "gradient shape"),
+        (
+            {"ids/dim4": np.array([1300]), "grad/dim4": np.ones((1, 4), np.float32)},
+            r"ids must lie in [0, 1300)",
+        ),
         ({"ids/zz": np.array([1]), "grad/zz": np.ones((1, 4), np.float32)}, "unknown table"),
-        ({"ids/a": np.array([1])}, "grad/a"),
+        ({"ids/a": np.array([1]), "grad/a": np.ones((1, 4), np.float32)}, "unknown table"),
+        ({"ids/dim4": np.array([1])}, "grad/dim4"),
         ({"dgrad/never": np.ones(2, np.float32)}, "not initialised"),
         (
             {
-                "ids/a": np.array([1, 2]),
-                "grad/a": np.ones((2, 4), np.float32),
-                "ids/b": np.array([4]),
-                "grad/b": np.ones((1, 2), np.float32),
+                "ids/dim4": np.array([1, 1002]),
+                "grad/dim4": np.ones((2, 4), np.float32),
+                "ids/dim2": np.array([4]),
+                "grad/dim2": np.ones((1, 2), np.float32),
                 "dgrad/w": np.ones(4, np.float32),  # wrong shape: (3,)
             },
             "gradient shape",
@@ -414,10 +495,10 @@ def test_bad_gradient_in_one_table_rejects_the_whole_push(one_ps: Cluster) -> No
 def test_malformed_pushes_are_invalid_argument_and_change_nothing(
     one_ps: Cluster, request_: dict, detail: str
 ) -> None:
-    """Wrong shapes, bad ids, unknown tables/variables, missing keys: rejected, nothing applied."""
+    """Wrong shapes, bad ids, unknown groups/variables, missing keys: rejected, nothing applied."""
     address = one_ps.addresses[0]
     _raw_call(address, "InitDense", {"dense/w": np.ones(3, np.float32)})
-    _raw_call(address, "Pull", {"ids/a": np.array([1, 2]), "ids/b": np.array([4])})
+    _raw_call(address, "Pull", {"ids/dim4": np.array([1, 1002]), "ids/dim2": np.array([4])})
     before = one_ps.snapshots()
     with pytest.raises(grpc.RpcError) as err:
         _raw_call(address, "Push", request_)
@@ -441,14 +522,14 @@ def test_garbage_frame_is_invalid_argument(one_ps: Cluster) -> None:
 def test_ids_that_are_not_a_1d_integer_array_reject_the_whole_push(
     one_ps: Cluster, bad_ids: np.ndarray
 ) -> None:
-    """Float or 2-D ids in one table: INVALID_ARGUMENT and no other table touched."""
+    """Float or 2-D ids in one group: INVALID_ARGUMENT and no other group touched."""
     address = one_ps.addresses[0]
     before = one_ps.snapshots()
     request = {
-        "ids/a": np.array([1, 2], dtype=np.int64),
-        "grad/a": np.ones((2, 4), np.float32),
-        "ids/b": bad_ids,
-        "grad/b": np.ones((2, 2), np.float32),
+        "ids/dim4": np.array([1, 2], dtype=np.int64),
+        "grad/dim4": np.ones((2, 4), np.float32),
+        "ids/dim2": bad_ids,
+        "grad/dim2": np.ones((2, 2), np.float32),
     }
     with pytest.raises(grpc.RpcError) as err:
         _raw_call(address, "Push", request)
@@ -458,11 +539,14 @@ def test_ids_that_are_not_a_1d_integer_array_reject_the_whole_push(
 
 def test_repeated_ids_in_one_request_are_rejected(one_ps: Cluster) -> None:
     """A push repeating an id is refused and creates no rows."""
-    request = {"ids/a": np.array([5, 5], dtype=np.int64), "grad/a": np.ones((2, 4), np.float32)}
+    request = {
+        "ids/dim4": np.array([5, 5], dtype=np.int64),
+        "grad/dim4": np.ones((2, 4), np.float32),
+    }
     with pytest.raises(grpc.RpcError) as err:
         _raw_call(one_ps.addresses[0], "Push", request)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert one_ps.ps[0].tables["a"].size == 0
+    assert one_ps.ps[0].tables["dim4"].size == 0
 
 
 @pytest.mark.parametrize("token", ["wrong", TOKEN + "x", "", None], ids=repr)
@@ -472,22 +556,24 @@ def test_wrong_or_missing_token_is_unauthenticated(three_ps: Cluster, token: str
         client = three_ps.client(token)
         try:
             with pytest.raises(grpc.RpcError) as err:
-                client.pull({"a": np.arange(30, dtype=np.int64)})
+                client.pull({"dim4": np.arange(30, dtype=np.int64)})
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         finally:
             client.close()
     for method in rpc.METHODS:
         with pytest.raises(grpc.RpcError) as err:
-            _raw_call(three_ps.addresses[0], method, {"ids/a": np.array([1])}, token=token)
+            _raw_call(three_ps.addresses[0], method, {"ids/dim4": np.array([1])}, token=token)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
     assert all(t.size == 0 for ps in three_ps.ps for t in ps.tables.values())
 
 
 def test_stats_counts_rows_and_pushes(one_ps: Cluster) -> None:
-    """Stats reports created rows over all tables and accepted pushes."""
+    """Stats reports created rows over all groups and accepted pushes."""
     address = one_ps.addresses[0]
-    _raw_call(address, "Pull", {"ids/a": np.array([1, 2, 3]), "ids/b": np.array([9])})
-    _raw_call(address, "Push", {"ids/a": np.array([4]), "grad/a": np.ones((1, 4), np.float32)})
+    _raw_call(address, "Pull", {"ids/dim4": np.array([1, 2, 1003]), "ids/dim2": np.array([9])})
+    _raw_call(
+        address, "Push", {"ids/dim4": np.array([4]), "grad/dim4": np.ones((1, 4), np.float32)}
+    )
     stats = _raw_call(address, "Stats", {})
     assert int(stats["rows"][0]) == 5
     assert int(stats["pushes"][0]) == 1
@@ -502,16 +588,16 @@ def test_save_writes_every_touched_row(three_ps: Cluster, tmp_path: Path) -> Non
         client.init_dense({"w": np.ones((2, 2), np.float32), "bias": np.zeros(2, np.float32)})
         for _ in range(3):
             ids = {
-                "a": rng.choice(1000, 30, replace=False).astype(np.int64),
-                "b": rng.choice(500, 12, replace=False).astype(np.int64),
+                "dim4": rng.choice(1300, 30, replace=False).astype(np.int64),
+                "dim2": rng.choice(500, 12, replace=False).astype(np.int64),
             }
             client.pull(ids)
-            grads = {n: np.ones((i.size, DIMS[n]), np.float32) for n, i in ids.items()}
+            grads = {n: np.ones((v.size, DIMS[n]), np.float32) for n, v in ids.items()}
             client.push(ids, grads, {"w": np.ones((2, 2), np.float32)})
-            for n, i in ids.items():
-                touched[n].update(i.tolist())
+            for n, v in ids.items():
+                touched[n].update(v.tolist())
         # Read-only probes do not create rows, so they are not saved.
-        client.pull({"a": np.arange(1000, dtype=np.int64)}, create=False)
+        client.pull({"dim4": np.arange(1300, dtype=np.int64)}, create=False)
         total = client.save(tmp_path / "model")
         expected_rows = {
             n: client.pull({n: np.array(sorted(t), dtype=np.int64)}, dense=False, create=False)[0][
@@ -533,21 +619,42 @@ def test_save_writes_every_touched_row(three_ps: Cluster, tmp_path: Path) -> Non
     for i in range(3):
         with np.load(tmp_path / "model" / f"ps-{i}.npz") as npz:
             for name in DIMS:
-                ids = npz[f"table/{name}/ids"]
-                assert (partition_of(name, ids, 3) == i).all()
-                assert npz[f"table/{name}/rows"].shape == (ids.size, DIMS[name])
-                assert npz[f"table/{name}/accum"].shape == (ids.size, DIMS[name])
-                assert npz[f"table/{name}/counts"].shape == (ids.size,)
+                part = npz[f"table/{name}/ids"]
+                assert (partition_of(name, part, 3) == i).all()
+                assert npz[f"table/{name}/rows"].shape == (part.size, DIMS[name])
+                assert npz[f"table/{name}/state/accum"].shape == (part.size, DIMS[name])
+                assert npz[f"table/{name}/counts"].shape == (part.size,)
                 assert (npz[f"table/{name}/counts"] >= 1).all()
-                saved_ids[name].append(ids)
+                saved_ids[name].append(part)
                 saved_rows[name].append(npz[f"table/{name}/rows"])
             saved_dense.update({k[6:]: npz[k] for k in npz.files if k.startswith("dense/")})
     for name in DIMS:
-        ids = np.concatenate(saved_ids[name])
-        assert sorted(ids.tolist()) == sorted(touched[name])
+        all_ids = np.concatenate(saved_ids[name])
+        assert sorted(all_ids.tolist()) == sorted(touched[name])
         if touched[name]:
-            rows = np.concatenate(saved_rows[name])[np.argsort(ids)]
+            rows = np.concatenate(saved_rows[name])[np.argsort(all_ids)]
             np.testing.assert_array_equal(rows, expected_rows[name])
     assert set(saved_dense) == {"w", "bias"}
     for k, v in dense.items():
         np.testing.assert_array_equal(saved_dense[k], v)
+
+
+def test_save_writes_adam_state_per_row(tmp_path: Path) -> None:
+    """With Adam, a partition file carries m, v and each row's own step count."""
+    ps = ParameterServer(0, 1, LAYOUT, Optimizer("adam", LR), SEED)
+    g = np.ones((2, 4), np.float32)
+    ps.push({"ids/dim4": np.array([3, 1003]), "grad/dim4": g})
+    ps.push({"ids/dim4": np.array([3]), "grad/dim4": g[:1]})
+    reply = ps.save({"path": np.frombuffer(str(tmp_path / "ps-0.npz").encode(), dtype=np.uint8)})
+    assert int(reply["rows"][0]) == 2
+    with np.load(tmp_path / "ps-0.npz") as npz:
+        prefix = "table/dim4/"
+        keys = {k[len(prefix) :] for k in npz.files if k.startswith(prefix)}
+        assert keys == {"ids", "rows", "counts", "state/m", "state/v", "state/step"}
+        steps = dict(
+            zip(
+                npz[prefix + "ids"].tolist(), npz[prefix + "state/step"][:, 0].tolist(), strict=True
+            )
+        )
+        assert npz[prefix + "state/m"].shape == npz[prefix + "state/v"].shape == (2, 4)
+    assert steps == {3: 2.0, 1003: 1.0}
