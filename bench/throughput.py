@@ -120,7 +120,10 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
         eval_data=args.eval_dir,
         plan=ResourcePlan(num_workers=num_workers, num_ps=1, worker_cpu=args.worker_cpu),
         training=TrainingConfig(
-            batch_size=BATCH_SIZE, learning_rate=LEARNING_RATE, shard_size=SHARD_SIZE
+            optimizer="adagrad",  # what every baseline here uses
+            batch_size=BATCH_SIZE,
+            learning_rate=LEARNING_RATE,
+            shard_size=SHARD_SIZE,
         ),
     )
     started = time.perf_counter()

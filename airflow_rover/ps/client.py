@@ -47,10 +47,9 @@ class PSClient:
                 masks[i][table] = owner == i
         return masks
 
-    def pull(
-        self, ids_by_table: dict[str, np.ndarray], dense: bool = True, create: bool = True
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Rows for each table's unique ids (in the given order) and, optionally, dense weights."""
+    def _pull_requests(
+        self, ids_by_table: dict[str, np.ndarray], dense: bool, create: bool
+    ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
         masks = self._split(ids_by_table)
         requests: list[dict[str, np.ndarray]] = []
         for i in range(self.num_ps):
@@ -59,18 +58,48 @@ class PSClient:
             if dense:
                 req["dense"] = np.zeros(1, dtype=np.uint8)
             requests.append(req)
-        replies = self._call_all("Pull", requests)
+        return requests, masks
+
+    def _merge_pull(
+        self,
+        replies: list[dict[str, np.ndarray]],
+        masks: list[dict[str, np.ndarray]],
+        ids_by_table: dict[str, np.ndarray],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         rows: dict[str, np.ndarray] = {}
-        dense_values: dict[str, np.ndarray] = {}
         for t, ids in ids_by_table.items():
-            first = replies[0][f"rows/{t}"]
-            out = np.empty((ids.size, first.shape[1]), dtype=np.float32)
+            out = np.empty((ids.size, replies[0][f"rows/{t}"].shape[1]), dtype=np.float32)
             for i in range(self.num_ps):
                 out[masks[i][t]] = replies[i][f"rows/{t}"]
             rows[t] = out
+        dense_values: dict[str, np.ndarray] = {}
         for reply in replies:
             dense_values.update({k[6:]: v for k, v in reply.items() if k.startswith("dense/")})
         return rows, dense_values
+
+    def _push_requests(
+        self,
+        ids_by_table: dict[str, np.ndarray],
+        grads_by_table: dict[str, np.ndarray],
+        dense_grads: dict[str, np.ndarray],
+        prefix: str = "",
+    ) -> list[dict[str, np.ndarray]]:
+        masks = self._split(ids_by_table)
+        requests: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        for t, ids in ids_by_table.items():
+            for i in range(self.num_ps):
+                requests[i][f"{prefix}ids/{t}"] = ids[masks[i][t]]
+                requests[i][f"{prefix}grad/{t}"] = grads_by_table[t][masks[i][t]]
+        for name, grad in dense_grads.items():
+            requests[owner_of(name, self.num_ps)][f"{prefix}dgrad/{name}"] = grad
+        return requests
+
+    def pull(
+        self, ids_by_table: dict[str, np.ndarray], dense: bool = True, create: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Rows for each table's unique ids (in the given order) and, optionally, dense weights."""
+        requests, masks = self._pull_requests(ids_by_table, dense, create)
+        return self._merge_pull(self._call_all("Pull", requests), masks, ids_by_table)
 
     def push(
         self,
@@ -79,15 +108,22 @@ class PSClient:
         dense_grads: dict[str, np.ndarray],
     ) -> None:
         """Send gradients (already summed per unique id) to the owners of the rows."""
-        masks = self._split(ids_by_table)
-        requests: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
-        for t, ids in ids_by_table.items():
-            for i in range(self.num_ps):
-                requests[i][f"ids/{t}"] = ids[masks[i][t]]
-                requests[i][f"grad/{t}"] = grads_by_table[t][masks[i][t]]
-        for name, grad in dense_grads.items():
-            requests[owner_of(name, self.num_ps)][f"dgrad/{name}"] = grad
-        self._call_all("Push", requests)
+        self._call_all("Push", self._push_requests(ids_by_table, grads_by_table, dense_grads))
+
+    def push_pull(
+        self,
+        push: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None,
+        pull_ids: dict[str, np.ndarray],
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Apply the last step's gradients, then read the next step's rows and dense weights,
+        in one round trip per PS: the rows read already include this worker's update."""
+        requests, masks = self._pull_requests(pull_ids, dense=True, create=True)
+        if push is not None:
+            for req, push_req in zip(
+                requests, self._push_requests(*push, prefix="push/"), strict=True
+            ):
+                req.update(push_req)
+        return self._merge_pull(self._call_all("PushPull", requests), masks, pull_ids)
 
     def init_dense(self, values: dict[str, np.ndarray]) -> None:
         """Offer initial dense weights; each PS keeps the first offer it gets per variable."""

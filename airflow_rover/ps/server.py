@@ -75,6 +75,13 @@ class ParameterServer:
         self.pushes += 1
         return {}
 
+    def push_pull(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Apply the ``push/``-prefixed update (validated whole first), then serve the pull."""
+        push = {k[5:]: v for k, v in req.items() if k.startswith("push/")}
+        if push:
+            self.push(push)
+        return self.pull({k: v for k, v in req.items() if not k.startswith("push/")})
+
     def init_dense(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.dense.initialize({k[6:]: v for k, v in req.items() if k.startswith("dense/")})
         return {}
@@ -105,6 +112,7 @@ class ParameterServer:
         return {
             "Pull": self.pull,
             "Push": self.push,
+            "PushPull": self.push_pull,
             "InitDense": self.init_dense,
             "Save": self.save,
             "Stats": self.stats,

@@ -1,17 +1,17 @@
-"""The training loop of a worker: lease shards, read samples, train against the PS, pipelined.
+"""The training loop of a worker: lease shards, read samples, train against the PS.
 
-Per batch: unique fused ids per embedding group, one pull per PS, the Keras model's loss and
-gradients (``tf.gather``'s gradient sums duplicates per unique id), one push per PS. Three
-stages overlap so the worker never waits on I/O it could overlap: a tf.data pipeline leases
-shards, reads samples and pulls their rows ahead (``prefetch``), the main thread computes,
-and a pusher thread sends gradients and reports a shard done once its last push landed.
-Training is asynchronous: workers never wait for each other, rows may be a few steps stale.
+Per step: unique fused ids per embedding group, the Keras model's loss and gradients
+(``tf.gather``'s gradient sums duplicates per unique id), and one round trip per PS that applies
+the previous step's gradients and reads this step's rows and dense weights (``PushPull``). So
+a worker always computes on rows that include its own last update (no self-staleness: with one
+worker training is exactly sequential), at the cost of one RPC per step instead of two.
+A ``tf.data`` pipeline leases shards, reads samples and computes ids ahead (``prefetch``).
+Training is asynchronous across workers: each pushes on its own.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +34,6 @@ from airflow_rover.worker.models import DENSE_INPUT
 log = logging.getLogger(__name__)
 
 PREFETCH_BATCHES = 2
-NO_SHARD = -1
 
 
 @dataclass
@@ -128,16 +127,13 @@ class PSModel:
             {n: v.numpy() for n, v in zip(self.var_names, self.variables, strict=True)}
         )
 
-    def fetch(self, batch: Batch, create: bool = True) -> dict[str, np.ndarray]:
-        """A batch with its ids and everything pulled from the PS: one pipeline element."""
+    def ids_element(self, batch: Batch) -> dict[str, np.ndarray]:
+        """A batch and its ids: one element of the input pipeline (no PS access)."""
         ids = self.batch_ids(batch.categorical)
-        rows, dense_values = self.ps.pull(ids.unique, dense=True, create=create)
         element = {"dense": batch.dense, "label": batch.label}
         for g in self.groups:
             element[f"unique/{g.name}"] = ids.unique[g.name]
             element[f"inverse/{g.name}"] = ids.inverse[g.name]
-            element[f"rows/{g.name}"] = rows[g.name]
-        element.update({f"dv/{n}": dense_values[n] for n in self.var_names})
         return element
 
     def element_signature(self) -> dict[str, tf.TensorSpec]:
@@ -150,37 +146,40 @@ class PSModel:
         for g in self.groups:
             spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)
             spec[f"inverse/{g.name}"] = tf.TensorSpec([None, len(g.tables)], tf.int32)
-            spec[f"rows/{g.name}"] = tf.TensorSpec([None, g.dim], tf.float32)
-        for name, var in zip(self.var_names, self.variables, strict=True):
-            spec[f"dv/{name}"] = tf.TensorSpec(var.shape, tf.float32)
         return spec
 
-    def gradients(self, element: dict[str, tf.Tensor]) -> tuple[float, dict, dict]:
-        """Loss, row gradients per group and dense gradients for one fetched element."""
-        self._load_dense({n: element[f"dv/{n}"] for n in self.var_names})
+    def gradients(
+        self, element: dict[str, Any], rows: dict[str, np.ndarray], dense: dict[str, np.ndarray]
+    ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Loss, row gradients per group and dense gradients for one element."""
+        self._load_dense(dense)
         loss, row_grads, var_grads = self._grad_fn(
             element["dense"],
-            [element[f"rows/{g.name}"] for g in self.groups],
+            [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
             element["label"],
         )
-        rows = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
-        dense = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
-        return float(loss), rows, dense
+        row_out = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
+        dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
+        return float(loss), row_out, dense_out
 
     def train_batch(self, batch: Batch) -> float:
-        """One synchronous step (no pipelining): fetch, compute, push."""
-        element = self.fetch(batch)
-        loss, rows, dense = self.gradients({k: tf.constant(v) for k, v in element.items()})
-        self.ps.push({g.name: element[f"unique/{g.name}"] for g in self.groups}, rows, dense)
+        """One stand-alone synchronous step: pull, compute, push."""
+        element = self.ids_element(batch)
+        unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
+        rows, dense = self.ps.pull(unique)
+        loss, row_grads, dense_grads = self.gradients(element, rows, dense)
+        self.ps.push(unique, row_grads, dense_grads)
         return loss
 
     def predict(self, batch: Batch) -> np.ndarray:
-        element = self.fetch(batch, create=False)
-        self._load_dense({n: element[f"dv/{n}"] for n in self.var_names})
+        element = self.ids_element(batch)
+        unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
+        rows, dense = self.ps.pull(unique, create=False)
+        self._load_dense(dense)
         out = self._predict_fn(
             element["dense"],
-            [element[f"rows/{g.name}"] for g in self.groups],
+            [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
         )
         return np.asarray(out)
@@ -250,42 +249,6 @@ def leased_batches(
             yield batch, shard.shard_id, hi == len(samples)
 
 
-class Pusher:
-    """Sends gradients in the background; reports a shard done after its last push landed."""
-
-    def __init__(self, node_id: str, model: PSModel, master: MasterClient) -> None:
-        self._node_id = node_id
-        self._model = model
-        self._master = master
-        self._queue: queue.Queue[tuple[dict, dict, dict, int, bool] | None] = queue.Queue(2)
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="pusher", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            if self.error is not None:
-                continue  # drain after a failure; the trainer raises it
-            unique, rows, dense, shard_id, last = item
-            try:
-                self._model.ps.push(unique, rows, dense)
-                if last and not self._master.shard_done(self._node_id, shard_id):
-                    log.warning("master rejected completion of shard %d", shard_id)
-            except BaseException as exc:
-                self.error = exc
-
-    def put(self, unique: dict, rows: dict, dense: dict, shard_id: int, last: bool) -> None:
-        if self.error is not None:
-            raise RuntimeError("pushing gradients failed") from self.error
-        self._queue.put((unique, rows, dense, shard_id, last))
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        if self.error is not None:
-            raise RuntimeError("pushing gradients failed") from self.error
-
-
 def train(
     node_id: str,
     model: PSModel,
@@ -294,13 +257,13 @@ def train(
     batch_size: int,
     stop: threading.Event,
 ) -> Progress:
-    """Lease shards until the master says the queue is done; fetch, compute and push overlap."""
+    """Lease shards until the master says the queue is done."""
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop)
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
         for batch, shard_id, last in leased_batches(node_id, reader, master, batch_size, stop):
-            element = model.fetch(batch)
+            element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
             element["last"] = np.array(last)
             yield element
@@ -308,16 +271,22 @@ def train(
     pipeline = tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
-    pusher = Pusher(node_id, model, master)
-    try:
-        for element in pipeline:
-            t0 = time.perf_counter()
-            _, rows, dense = model.gradients(element)
-            unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
-            pusher.put(unique, rows, dense, int(element["shard_id"]), bool(element["last"]))
-            progress.record(int(element["label"].shape[0]), time.perf_counter() - t0)
-    finally:
-        pusher.close()
+    pending: tuple[dict, dict, dict] | None = None  # the last step's gradients, not yet applied
+    for element in pipeline:
+        t0 = time.perf_counter()
+        unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
+        rows, dense = model.ps.push_pull(pending, unique)
+        _, row_grads, dense_grads = model.gradients(element, rows, dense)
+        pending = (unique, row_grads, dense_grads)
+        if bool(element["last"]):
+            # A shard is done only once its last gradients are on the PS; push them now rather
+            # than with the next step, which may never come (the queue may be empty).
+            model.ps.push(*pending)
+            pending = None
+            shard_id = int(element["shard_id"])
+            if not master.shard_done(node_id, shard_id):
+                log.warning("master rejected completion of shard %d", shard_id)
+        progress.record(int(element["label"].shape[0]), time.perf_counter() - t0)
     master.heartbeat(node_id, progress.heartbeat())
     return progress
 

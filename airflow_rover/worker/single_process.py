@@ -1,0 +1,105 @@
+"""The yardstick: the same model trained in one process with in-graph Keras embeddings.
+
+Used to check that training on the PS loses nothing in quality (the AUC parity test) and as
+the single-process baseline of ``bench/throughput.py``. Same tables (one ``Embedding`` each,
+initialised like the PS rows), same model factory, same optimizer settings, same sample order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.features import resolve_features
+from airflow_rover.core.hashing import initial_rows
+from airflow_rover.core.metrics import roc_auc
+from airflow_rover.core.spec import FeatureConfig, JobSpec, TrainingConfig
+from airflow_rover.data.reader import open_dataset
+from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
+from airflow_rover.ps.tables import INIT_SCALE
+from airflow_rover.worker.models import DENSE_INPUT, ModelFactory, load_factory
+
+EVAL_BATCH = 8192
+
+
+def in_graph_model(
+    features: FeatureConfig, columns: list[str], factory: ModelFactory, seed: int
+) -> keras.Model:
+    """``factory(features)`` fed by one in-graph ``Embedding`` per table.
+
+    The tower is built first (so the same seed gives the same dense weights as on a worker)
+    and every row starts at the value the PS would give it (``core.hashing.initial_rows``).
+    """
+    tower = factory(features)
+    dense_in = keras.Input((features.num_dense,), name="x_dense")
+    ids_in = keras.Input((len(columns),), dtype="int64", name="x_ids")
+    index = {name: i for i, name in enumerate(columns)}
+    looked_up: dict[str, Any] = {DENSE_INPUT: dense_in}
+    for group in EmbeddingLayout.from_features(features).groups:
+        for table in group.tables:
+            fused = np.arange(table.vocab_size, dtype=np.int64) + table.offset
+            init = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
+            looked_up[table.name] = keras.layers.Embedding(
+                table.vocab_size,
+                group.dim,
+                embeddings_initializer=keras.initializers.Constant(init),
+                name=f"emb_{table.name}",
+            )(ids_in[:, index[table.column]])
+    return keras.Model({"x_dense": dense_in, "x_ids": ids_in}, tower(looked_up))
+
+
+def keras_optimizer(training: TrainingConfig) -> keras.optimizers.Optimizer:
+    """The Keras optimizer with the settings the PS uses."""
+    if training.optimizer == "adagrad":
+        return keras.optimizers.Adagrad(
+            learning_rate=training.learning_rate,
+            initial_accumulator_value=ADAGRAD_INITIAL_ACCUMULATOR,
+            epsilon=EPSILON,
+        )
+    if training.optimizer == "adam":
+        return keras.optimizers.Adam(learning_rate=training.learning_rate, epsilon=EPSILON)
+    return keras.optimizers.SGD(learning_rate=training.learning_rate)
+
+
+def train_single_process(spec: JobSpec) -> dict[str, float]:
+    """Train ``spec``'s model on its data in this process; held-out AUC, log loss, speed."""
+    if spec.eval_data is None:
+        raise ValueError("eval_data: the single-process yardstick needs a held-out split")
+    keras.utils.set_random_seed(spec.training.seed)
+    features = resolve_features(spec)
+    train_reader, eval_reader = open_dataset(spec.train_data), open_dataset(spec.eval_data)
+    train = train_reader.read(0, train_reader.num_samples)
+    held_out = eval_reader.read(0, eval_reader.num_samples)
+    columns = [c.name for c in train_reader.schema.categorical]
+    model = in_graph_model(features, columns, load_factory(spec.model), spec.training.seed)
+    model.compile(
+        optimizer=keras_optimizer(spec.training),
+        loss=keras.losses.BinaryCrossentropy(from_logits=True),
+    )
+    data = (
+        tf.data.Dataset.from_tensor_slices(
+            ({"x_dense": train.dense, "x_ids": train.categorical}, train.label)
+        )
+        .batch(spec.training.batch_size)
+        .repeat(spec.training.epochs)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    started = time.perf_counter()
+    model.fit(data, epochs=1, verbose=0)
+    seconds = time.perf_counter() - started
+    logits = model.predict(
+        {"x_dense": held_out.dense, "x_ids": held_out.categorical}, batch_size=EVAL_BATCH, verbose=0
+    )
+    p = np.clip(1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64).ravel())), 1e-7, 1 - 1e-7)
+    y = held_out.label
+    return {
+        "auc": roc_auc(y, p),
+        "logloss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
+        "samples_per_second": len(train) * spec.training.epochs / seconds,
+        "train_seconds": seconds,
+    }
