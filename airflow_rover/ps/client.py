@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -9,6 +10,17 @@ import numpy as np
 
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.ps import codec, rpc
+
+
+@dataclass
+class DenseReply:
+    """Dense weights as a PushPull left them: each PS's version, and values plus optimizer
+    state from the PS that had versions the caller did not know (``fresh``)."""
+
+    versions: list[int]
+    fresh: list[bool]
+    values: dict[str, np.ndarray]
+    state: dict[str, dict[str, np.ndarray]]
 
 
 class PSClient:
@@ -48,7 +60,11 @@ class PSClient:
         return masks
 
     def _pull_requests(
-        self, ids_by_table: dict[str, np.ndarray], dense: bool, create: bool
+        self,
+        ids_by_table: dict[str, np.ndarray],
+        dense: bool,
+        create: bool,
+        dense_versions: list[int] | None = None,
     ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
         masks = self._split(ids_by_table)
         requests: list[dict[str, np.ndarray]] = []
@@ -57,6 +73,8 @@ class PSClient:
             req["create"] = np.array([create], dtype=np.uint8)
             if dense:
                 req["dense"] = np.zeros(1, dtype=np.uint8)
+                if dense_versions is not None:
+                    req["dense_version"] = np.array([dense_versions[i]], dtype=np.int64)
             requests.append(req)
         return requests, masks
 
@@ -114,16 +132,31 @@ class PSClient:
         self,
         push: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None,
         pull_ids: dict[str, np.ndarray],
-    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Apply the last step's gradients, then read the next step's rows and dense weights,
-        in one round trip per PS: the rows read already include this worker's update."""
-        requests, masks = self._pull_requests(pull_ids, dense=True, create=True)
+        dense_versions: list[int],
+    ) -> tuple[dict[str, np.ndarray], DenseReply]:
+        """Apply the last step's gradients, then read the next step's rows, in one round trip
+        per PS: the rows read already include this worker's update. Dense weights come back
+        only from a PS whose dense version is not ``dense_versions[i]``."""
+        requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
         if push is not None:
             for req, push_req in zip(
                 requests, self._push_requests(*push, prefix="push/"), strict=True
             ):
                 req.update(push_req)
-        return self._merge_pull(self._call_all("PushPull", requests), masks, pull_ids)
+        replies = self._call_all("PushPull", requests)
+        rows, values = self._merge_pull(replies, masks, pull_ids)
+        state: dict[str, dict[str, np.ndarray]] = {}
+        for reply in replies:
+            for key, value in reply.items():
+                if key.startswith("dstate/"):
+                    name, slot = key[7:].rsplit("/", 1)
+                    state.setdefault(name, {})[slot] = value
+        versions = [int(r["dense_version"][0]) for r in replies]
+        fresh = [any(k.startswith("dense/") for k in r) for r in replies]
+        return rows, DenseReply(versions, fresh, values, state)
+
+    def dense_owner(self, name: str) -> int:
+        return owner_of(name, self.num_ps)
 
     def init_dense(self, values: dict[str, np.ndarray]) -> None:
         """Offer initial dense weights; each PS keeps the first offer it gets per variable."""

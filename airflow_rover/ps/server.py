@@ -55,7 +55,12 @@ class ParameterServer:
                 name = key[4:]
                 out[f"rows/{name}"] = self._table(name).lookup(ids, create=create)
         if "dense" in req:
-            out.update({f"dense/{k}": v for k, v in self.dense.read().items()})
+            known = int(req["dense_version"][0]) if "dense_version" in req else -1
+            version, values, state = self.dense.read_versioned(known)
+            out["dense_version"] = np.array([version], dtype=np.int64)
+            out.update({f"dense/{k}": v for k, v in values.items()})
+            for name, slots in state.items():
+                out.update({f"dstate/{name}/{k}": v for k, v in slots.items()})
         return out
 
     def push(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -139,6 +139,7 @@ class DenseStore:
         self.optimizer = optimizer
         self.values: dict[str, np.ndarray] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
+        self.version = 0  # updates applied so far: lets a worker skip re-reading its own update
         self._lock = threading.Lock()
 
     def initialize(self, values: dict[str, np.ndarray]) -> None:
@@ -151,6 +152,18 @@ class DenseStore:
     def read(self) -> dict[str, np.ndarray]:
         with self._lock:
             return {name: value.copy() for name, value in self.values.items()}
+
+    def read_versioned(
+        self, known_version: int
+    ) -> tuple[int, dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]:
+        """(version, values, optimizer state); values and state only if ``known_version`` is
+        not the current one (a worker that already holds this version needs nothing)."""
+        with self._lock:
+            if known_version == self.version:
+                return self.version, {}, {}
+            values = {name: value.copy() for name, value in self.values.items()}
+            state = {n: {k: v.copy() for k, v in s.items()} for n, s in self.state.items()}
+            return self.version, values, state
 
     def check_update(self, grads: dict[str, np.ndarray]) -> None:
         """Reject a malformed update before anything of it is applied."""
@@ -170,6 +183,7 @@ class DenseStore:
             self.check_update(grads)
             for name, grad in grads.items():
                 self.optimizer.apply(self.values[name], self.state[name], grad)
+            self.version += 1
 
 
 def _grow(arr: np.ndarray, capacity: int) -> np.ndarray:

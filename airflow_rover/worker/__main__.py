@@ -12,6 +12,7 @@ from airflow_rover.core.layout import NodeContext
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.master.client import MasterClient
 from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.optimizers import Optimizer
 
 log = logging.getLogger("airflow_rover.worker")
 
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         progress = train(
             ctx.node_id,
             model,
+            Optimizer(spec.training.optimizer, spec.training.learning_rate),
             open_dataset(spec.train_data),
             master,
             spec.training.batch_size,

@@ -28,7 +28,8 @@ from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, SampleReader
 from airflow_rover.master import protocol
 from airflow_rover.master.client import MasterClient
-from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.client import DenseReply, PSClient
+from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.worker.models import DENSE_INPUT
 
 log = logging.getLogger(__name__)
@@ -119,8 +120,10 @@ class PSModel:
         return BatchIds(unique, inverse)
 
     def _load_dense(self, values: dict[str, Any]) -> None:
+        """Assign the given dense weights (all of them, or the subset that changed)."""
         for var, name in zip(self.variables, self.var_names, strict=True):
-            var.assign(values[name])
+            if name in values:
+                var.assign(values[name])
 
     def offer_initial_weights(self) -> None:
         self.ps.init_dense(
@@ -149,10 +152,10 @@ class PSModel:
         return spec
 
     def gradients(
-        self, element: dict[str, Any], rows: dict[str, np.ndarray], dense: dict[str, np.ndarray]
+        self, element: dict[str, Any], rows: dict[str, np.ndarray]
     ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Loss, row gradients per group and dense gradients for one element."""
-        self._load_dense(dense)
+        """Loss, row gradients per group and dense gradients for one element, with the dense
+        weights currently loaded in the model."""
         loss, row_grads, var_grads = self._grad_fn(
             element["dense"],
             [rows[g.name] for g in self.groups],
@@ -168,7 +171,8 @@ class PSModel:
         element = self.ids_element(batch)
         unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
         rows, dense = self.ps.pull(unique)
-        loss, row_grads, dense_grads = self.gradients(element, rows, dense)
+        self._load_dense(dense)
+        loss, row_grads, dense_grads = self.gradients(element, rows)
         self.ps.push(unique, row_grads, dense_grads)
         return loss
 
@@ -183,6 +187,54 @@ class PSModel:
             [element[f"inverse/{g.name}"] for g in self.groups],
         )
         return np.asarray(out)
+
+
+class DenseMirror:
+    """The worker's copy of the dense weights and their optimizer state, kept equal to the PS's.
+
+    After each push the worker applies its own dense gradients locally with the PS's optimizer
+    (the same NumPy code on the same float32 bytes, so the result is bit-identical). When no
+    other worker pushed in between, the PS's dense version is the one the worker expects and
+    nothing travels back; otherwise the PS sends its values and state and the copy is replaced.
+    One worker thus moves its dense gradients once per step instead of gradients + weights.
+    """
+
+    def __init__(self, model: PSModel, optimizer: Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.owner = {name: model.ps.dense_owner(name) for name in model.var_names}
+        self._owners = set(self.owner.values())
+        self.values: dict[str, np.ndarray] = {}
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+        self.versions = [-1] * model.ps.num_ps  # -1: nothing known yet, the PS sends it all
+
+    def expected(self, pushing: bool) -> list[int]:
+        """The versions each PS will have after this worker's push, if nobody else pushes."""
+        return [
+            v + 1 if pushing and v >= 0 and i in self._owners else v
+            for i, v in enumerate(self.versions)
+        ]
+
+    def after_push_pull(self, reply: DenseReply, pushed: dict[str, np.ndarray] | None) -> None:
+        changed: dict[str, np.ndarray] = {}
+        for name, ps in self.owner.items():
+            if reply.fresh[ps]:
+                self.values[name] = np.array(reply.values[name])
+                self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
+            elif pushed is not None:
+                self.optimizer.apply(self.values[name], self.state[name], pushed[name])
+            else:
+                continue
+            changed[name] = self.values[name]
+        self.versions = list(reply.versions)
+        self.model._load_dense(changed)
+
+    def after_push(self, pushed: dict[str, np.ndarray]) -> None:
+        """A plain push (no reply to compare): apply it locally and expect its version."""
+        self.versions = self.expected(pushing=True)
+        for name in self.owner:
+            self.optimizer.apply(self.values[name], self.state[name], pushed[name])
+        self.model._load_dense(self.values)
 
 
 class Progress:
@@ -252,6 +304,7 @@ def leased_batches(
 def train(
     node_id: str,
     model: PSModel,
+    optimizer: Optimizer,
     reader: SampleReader,
     master: MasterClient,
     batch_size: int,
@@ -271,17 +324,21 @@ def train(
     pipeline = tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
+    mirror = DenseMirror(model, optimizer)
     pending: tuple[dict, dict, dict] | None = None  # the last step's gradients, not yet applied
     for element in pipeline:
         t0 = time.perf_counter()
         unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
-        rows, dense = model.ps.push_pull(pending, unique)
-        _, row_grads, dense_grads = model.gradients(element, rows, dense)
+        expected = mirror.expected(pushing=pending is not None)
+        rows, dense = model.ps.push_pull(pending, unique, expected)
+        mirror.after_push_pull(dense, pending[2] if pending is not None else None)
+        _, row_grads, dense_grads = model.gradients(element, rows)
         pending = (unique, row_grads, dense_grads)
         if bool(element["last"]):
             # A shard is done only once its last gradients are on the PS; push them now rather
             # than with the next step, which may never come (the queue may be empty).
             model.ps.push(*pending)
+            mirror.after_push(dense_grads)
             pending = None
             shard_id = int(element["shard_id"])
             if not master.shard_done(node_id, shard_id):
