@@ -1,0 +1,89 @@
+"""PushPull: one round trip applies the last gradients and reads the next rows; dense weights
+travel back only when another worker changed them, and the worker's mirror stays exact."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.spec import FeatureConfig, TableConfig
+from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.ps.server import ParameterServer, start_server
+
+TOKEN = "push-pull-token"
+FEATURES = FeatureConfig(
+    num_dense=2, tables=(TableConfig(name="a", column="C1", vocab_size=100, dim=4),)
+)
+DENSE = {"w": np.ones((3, 2), np.float32), "b": np.zeros(2, np.float32)}
+
+
+@pytest.fixture(params=[1, 2], ids=["1ps", "2ps"])
+def client(request) -> Iterator[PSClient]:
+    optimizer = Optimizer("adagrad", 0.1)
+    servers, addresses = [], []
+    for i in range(request.param):
+        ps = ParameterServer(
+            i, request.param, EmbeddingLayout.from_features(FEATURES), optimizer, 0
+        )
+        server, port = start_server(ps, TOKEN, threads=2)
+        servers.append(server)
+        addresses.append(f"127.0.0.1:{port}")
+    c = PSClient(addresses, TOKEN)
+    c.init_dense(DENSE)
+    yield c
+    c.close()
+    for s in servers:
+        s.stop(0)
+
+
+def grads(seed: int) -> tuple[dict, dict, dict]:
+    rng = np.random.default_rng(seed)
+    ids = {"dim4": np.array([1, 5, 9], dtype=np.int64)}
+    rows = {"dim4": rng.normal(size=(3, 4)).astype(np.float32)}
+    dense = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE.items()}
+    return ids, rows, dense
+
+
+def test_rows_read_after_a_push_pull_include_the_pushed_update(client: PSClient) -> None:
+    ids = {"dim4": np.array([1, 5, 9], dtype=np.int64)}
+    before, reply = client.push_pull(None, ids, [-1] * client.num_ps)
+    assert all(reply.fresh) or set(reply.values) == set(DENSE)
+    after, _ = client.push_pull(grads(0), ids, [-1] * client.num_ps)
+    reference, _ = client.pull(ids, dense=False)
+    np.testing.assert_array_equal(after["dim4"], reference["dim4"])
+    assert not np.array_equal(after["dim4"], before["dim4"])
+
+
+def test_dense_values_come_back_only_when_someone_else_pushed(client: PSClient) -> None:
+    ids = {"dim4": np.array([2], dtype=np.int64)}
+    _, first = client.push_pull(None, ids, [-1] * client.num_ps)
+    assert set(first.values) == set(DENSE) and first.state  # everything, the first time
+    owners = {client.dense_owner(n) for n in DENSE}
+    expected = [v + 1 if i in owners else v for i, v in enumerate(first.versions)]
+    _, mine = client.push_pull(grads(1), ids, expected)
+    assert mine.values == {} and not any(mine.fresh) and mine.versions == expected
+    client.push(*grads(2))  # another worker's update
+    _, theirs = client.push_pull(None, ids, mine.versions)
+    assert set(theirs.values) == set(DENSE)
+    assert [theirs.fresh[i] for i in sorted(owners)] == [True] * len(owners)
+
+
+def test_the_local_mirror_is_bit_identical_to_the_ps() -> None:
+    """Applying one's own update locally gives exactly the PS's values (same code, same bytes)."""
+    optimizer = Optimizer("adam", 0.01)
+    ps = ParameterServer(0, 1, EmbeddingLayout.from_features(FEATURES), optimizer, 0)
+    ps.dense.initialize(DENSE)
+    values = {k: v.copy() for k, v in DENSE.items()}
+    state = {k: optimizer.init_state(v.shape, rows=False) for k, v in DENSE.items()}
+    for seed in range(5):
+        _, _, dense = grads(seed)
+        ps.dense.apply_gradients(dense)
+        for name, grad in dense.items():
+            optimizer.apply(values[name], state[name], grad)
+    for name, value in ps.dense.read().items():
+        np.testing.assert_array_equal(value, values[name])
+    assert ps.dense.version == 5
