@@ -18,16 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 from pydantic import ValidationError
 
-from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import TERMINAL_STATES, JobState
-from airflow_rover.launchers.local import LocalJobLauncher
-from airflow_rover.master.protocol import API_PREFIX
+from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
 from airflow_rover.preflight import PreflightError, preflight
 
 
@@ -49,24 +46,6 @@ def load_spec(path: Path) -> JobSpec:
         raise SystemExit(f"--config {path}: {errors}") from None
 
 
-def job_status(layout: JobLayout, timeout_s: float = 5.0) -> dict[str, Any]:
-    info = layout.read_json(layout.master_file) or {}
-    api_status = None
-    if info.get("address"):
-        try:
-            reply = httpx.get(
-                f"{info['address']}{API_PREFIX}/status",
-                headers={"Authorization": f"Bearer {layout.read_token()}"},
-                timeout=timeout_s,
-            )
-            reply.raise_for_status()
-            api_status = reply.json()
-        except httpx.HTTPError:
-            pass
-    alive = info.get("pid") is not None and LocalJobLauncher.master_alive(info["pid"])
-    return resolve_status(layout, api_status, alive)
-
-
 def run_job(
     spec: JobSpec, job_dir: Path, poll_s: float = 1.0, quiet: bool = False
 ) -> dict[str, Any]:
@@ -75,7 +54,7 @@ def run_job(
     layout = JobLayout(job_dir.resolve())
     LocalJobLauncher().start_job(layout, spec)
     while True:
-        status = job_status(layout)
+        status = local_job_status(layout)
         if status["state"] in TERMINAL_STATES:
             return status
         if not quiet:
@@ -125,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = JobLayout(args.job_dir.resolve())
     if args.command == "stop":
         LocalJobLauncher().stop_job_master(layout)
-    print(json.dumps(job_status(layout), indent=2))
+    print(json.dumps(local_job_status(layout), indent=2))
     return 0
 
 

@@ -13,7 +13,7 @@ from airflow.sdk import BaseHook
 from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.launchers.local import JobLaunchError, LocalJobLauncher
+from airflow_rover.launchers.local import JobLaunchError, LocalJobLauncher, local_job_status
 
 __all__ = ["ABSENT", "UNREACHABLE", "ElasticJobHook", "JobLaunchError", "resolve_status"]
 from airflow_rover.master.protocol import API_PREFIX
@@ -85,18 +85,7 @@ class ElasticJobHook(BaseHook):
 
     # -- status ------------------------------------------------------------------------------
     def get_status(self) -> dict[str, Any]:
-        address, _ = self._master()
-        api_status = None
-        if address:
-            try:
-                reply = httpx.get(
-                    f"{address}{API_PREFIX}/status", headers=self._headers(), timeout=self._timeout
-                )
-                reply.raise_for_status()
-                api_status = reply.json()
-            except httpx.HTTPError:
-                api_status = None
-        return resolve_status(self.layout, api_status, self.master_alive())
+        return local_job_status(self.layout, self._timeout)
 
     async def async_get_status(self) -> dict[str, Any]:
         address, _ = self._master()

@@ -17,8 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
+from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.layout import (
     ENV_JOB_DIR,
     ENV_MASTER_ADDR,
@@ -28,6 +30,7 @@ from airflow_rover.core.layout import (
 )
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.base import Role
+from airflow_rover.master.protocol import API_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +188,22 @@ class LocalJobLauncher:
             os.killpg(pid, signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
+
+
+def local_job_status(layout: JobLayout, timeout_s: float = 10.0) -> dict[str, Any]:
+    """A local job's status: its master's answer, else what its files and process say."""
+    info = layout.read_json(layout.master_file) or {}
+    api_status = None
+    if info.get("address"):
+        try:
+            reply = httpx.get(
+                f"{info['address']}{API_PREFIX}/status",
+                headers={"Authorization": f"Bearer {layout.read_token()}"},
+                timeout=timeout_s,
+            )
+            reply.raise_for_status()
+            api_status = reply.json()
+        except httpx.HTTPError:
+            api_status = None
+    alive = info.get("pid") is not None and LocalJobLauncher.master_alive(info["pid"])
+    return resolve_status(layout, api_status, alive)
