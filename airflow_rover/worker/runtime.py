@@ -2,9 +2,10 @@
 
 Per step: unique fused ids per embedding group, the Keras model's loss and gradients
 (``tf.gather``'s gradient sums duplicates per unique id), and one round trip per PS that applies
-the previous step's gradients and reads this step's rows and dense weights (``PushPull``). So
-a worker always computes on rows that include its own last update (no self-staleness: with one
-worker training is exactly sequential), at the cost of one RPC per step instead of two.
+the previous step's gradients and reads this step's rows (``PushPull``). So a worker always
+computes on rows that include its own last update (no self-staleness: with one worker training
+is exactly sequential). Dense weights are mirrored on the worker (``DenseMirror``) and travel
+back only when another worker changed them.
 A ``tf.data`` pipeline leases shards, reads samples and computes ids ahead (``prefetch``).
 Training is asynchronous across workers: each pushes on its own.
 """
@@ -119,7 +120,7 @@ class PSModel:
             inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
         return BatchIds(unique, inverse)
 
-    def _load_dense(self, values: dict[str, Any]) -> None:
+    def load_dense(self, values: dict[str, Any]) -> None:
         """Assign the given dense weights (all of them, or the subset that changed)."""
         for var, name in zip(self.variables, self.var_names, strict=True):
             if name in values:
@@ -166,21 +167,11 @@ class PSModel:
         dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
         return float(loss), row_out, dense_out
 
-    def train_batch(self, batch: Batch) -> float:
-        """One stand-alone synchronous step: pull, compute, push."""
-        element = self.ids_element(batch)
-        unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
-        rows, dense = self.ps.pull(unique)
-        self._load_dense(dense)
-        loss, row_grads, dense_grads = self.gradients(element, rows)
-        self.ps.push(unique, row_grads, dense_grads)
-        return loss
-
     def predict(self, batch: Batch) -> np.ndarray:
         element = self.ids_element(batch)
         unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
         rows, dense = self.ps.pull(unique, create=False)
-        self._load_dense(dense)
+        self.load_dense(dense)
         out = self._predict_fn(
             element["dense"],
             [rows[g.name] for g in self.groups],
@@ -227,14 +218,14 @@ class DenseMirror:
                 continue
             changed[name] = self.values[name]
         self.versions = list(reply.versions)
-        self.model._load_dense(changed)
+        self.model.load_dense(changed)
 
     def after_push(self, pushed: dict[str, np.ndarray]) -> None:
         """A plain push (no reply to compare): apply it locally and expect its version."""
         self.versions = self.expected(pushing=True)
         for name in self.owner:
             self.optimizer.apply(self.values[name], self.state[name], pushed[name])
-        self.model._load_dense(self.values)
+        self.model.load_dense(self.values)
 
 
 class Progress:
