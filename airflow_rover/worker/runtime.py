@@ -63,10 +63,12 @@ class PSModel:
         self._column_index = {name: i for i, name in enumerate(columns)}
         self.variables = list(model.trainable_variables)
         self.var_names = [v.path for v in self.variables]
+        self._non_trainable = [v.value for v in model.non_trainable_variables]
         signature = (
             tf.TensorSpec([None, features.num_dense], tf.float32),
             [tf.TensorSpec([None, g.dim], tf.float32) for g in self.groups],
             [tf.TensorSpec([None, len(g.tables)], tf.int32) for g in self.groups],
+            [tf.TensorSpec(v.shape, tf.float32) for v in self.variables],
         )
         self._grad_fn = tf.function(
             self._loss_and_grads,
@@ -84,30 +86,49 @@ class PSModel:
             inputs.update({t.name: e for t, e in zip(group.tables, per_table, strict=True)})
         return inputs
 
+    def _call(
+        self,
+        dense: tf.Tensor,
+        rows: list[tf.Tensor],
+        inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
+        training: bool,
+    ) -> tf.Tensor:
+        """The model on the given dense weights (``stateless_call``: passed in, not assigned)."""
+        logits, _ = self.model.stateless_call(
+            weights, self._non_trainable, self._inputs(dense, rows, inverse), training=training
+        )
+        return tf.squeeze(logits, -1)
+
     def _loss_and_grads(
         self,
         dense: tf.Tensor,
         rows: list[tf.Tensor],
         inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
         label: tf.Tensor,
     ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
         with tf.GradientTape() as tape:
             tape.watch(rows)
-            logits = tf.squeeze(self.model(self._inputs(dense, rows, inverse), training=True), -1)
+            tape.watch(weights)
+            logits = self._call(dense, rows, inverse, weights, training=True)
             loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             )
-        row_grads, var_grads = tape.gradient(loss, (rows, self.variables))
+        row_grads, var_grads = tape.gradient(loss, (rows, weights))
         # tf.gather's gradient is IndexedSlices; densifying sums the duplicates per unique id.
         row_grads = [tf.convert_to_tensor(g) for g in row_grads]
         var_grads = [tf.convert_to_tensor(g) for g in var_grads]
         return loss, row_grads, var_grads
 
     def _predict(
-        self, dense: tf.Tensor, rows: list[tf.Tensor], inverse: list[tf.Tensor]
+        self,
+        dense: tf.Tensor,
+        rows: list[tf.Tensor],
+        inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
     ) -> tf.Tensor:
-        logits = self.model(self._inputs(dense, rows, inverse), training=False)
-        return tf.sigmoid(tf.squeeze(logits, -1))
+        return tf.sigmoid(self._call(dense, rows, inverse, weights, training=False))
 
     # -- host side ---------------------------------------------------------------------------
     def batch_ids(self, categorical: np.ndarray) -> BatchIds:
@@ -119,12 +140,6 @@ class PSModel:
             unique[group.name] = uniq
             inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
         return BatchIds(unique, inverse)
-
-    def load_dense(self, values: dict[str, Any]) -> None:
-        """Assign the given dense weights (all of them, or the subset that changed)."""
-        for var, name in zip(self.variables, self.var_names, strict=True):
-            if name in values:
-                var.assign(values[name])
 
     def offer_initial_weights(self) -> None:
         self.ps.init_dense(
@@ -153,14 +168,14 @@ class PSModel:
         return spec
 
     def gradients(
-        self, element: dict[str, Any], rows: dict[str, np.ndarray]
+        self, element: dict[str, Any], rows: dict[str, np.ndarray], dense: dict[str, np.ndarray]
     ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Loss, row gradients per group and dense gradients for one element, with the dense
-        weights currently loaded in the model."""
+        """Loss, row gradients per group and dense gradients for one element."""
         loss, row_grads, var_grads = self._grad_fn(
             element["dense"],
             [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
+            [dense[n] for n in self.var_names],
             element["label"],
         )
         row_out = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
@@ -171,11 +186,11 @@ class PSModel:
         element = self.ids_element(batch)
         unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
         rows, dense = self.ps.pull(unique, create=False)
-        self.load_dense(dense)
         out = self._predict_fn(
             element["dense"],
             [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
+            [dense[n] for n in self.var_names],
         )
         return np.asarray(out)
 
@@ -188,6 +203,7 @@ class DenseMirror:
     other worker pushed in between, the PS's dense version is the one the worker expects and
     nothing travels back; otherwise the PS sends its values and state and the copy is replaced.
     One worker thus moves its dense gradients once per step instead of gradients + weights.
+    The model reads these values as inputs of its step function (nothing is assigned).
     """
 
     def __init__(self, model: PSModel, optimizer: Optimizer) -> None:
@@ -207,25 +223,19 @@ class DenseMirror:
         ]
 
     def after_push_pull(self, reply: DenseReply, pushed: dict[str, np.ndarray] | None) -> None:
-        changed: dict[str, np.ndarray] = {}
         for name, ps in self.owner.items():
             if reply.fresh[ps]:
                 self.values[name] = np.array(reply.values[name])
                 self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
             elif pushed is not None:
                 self.optimizer.apply(self.values[name], self.state[name], pushed[name])
-            else:
-                continue
-            changed[name] = self.values[name]
         self.versions = list(reply.versions)
-        self.model.load_dense(changed)
 
     def after_push(self, pushed: dict[str, np.ndarray]) -> None:
         """A plain push (no reply to compare): apply it locally and expect its version."""
         self.versions = self.expected(pushing=True)
         for name in self.owner:
             self.optimizer.apply(self.values[name], self.state[name], pushed[name])
-        self.model.load_dense(self.values)
 
 
 class Progress:
@@ -323,7 +333,7 @@ def train(
         expected = mirror.expected(pushing=pending is not None)
         rows, dense = model.ps.push_pull(pending, unique, expected)
         mirror.after_push_pull(dense, pending[2] if pending is not None else None)
-        _, row_grads, dense_grads = model.gradients(element, rows)
+        _, row_grads, dense_grads = model.gradients(element, rows, mirror.values)
         pending = (unique, row_grads, dense_grads)
         if bool(element["last"]):
             # A shard is done only once its last gradients are on the PS; push them now rather
