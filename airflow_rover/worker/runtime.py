@@ -36,6 +36,7 @@ from airflow_rover.worker.models import DENSE_INPUT
 log = logging.getLogger(__name__)
 
 PREFETCH_BATCHES = 2
+NO_SHARD = -1
 
 
 @dataclass
@@ -286,12 +287,15 @@ def leased_batches(
     batch_size: int,
     stop: threading.Event,
 ) -> Iterator[tuple[Batch, int, bool]]:
-    """(batch, shard id, last batch of its shard) for every shard the master hands out."""
+    """(batch, shard id, last batch of its shard) for every shard the master hands out, and an
+    empty batch whenever the master has nothing to hand out yet (``wait``): the trainer then
+    flushes its pending gradients, which may be exactly what completes the queue."""
     while not stop.is_set():
         reply = master.lease(node_id)
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
+            yield reader.read(0, 0), NO_SHARD, False
             time.sleep(0.2)
             continue
         shard = reply.shard
@@ -327,24 +331,39 @@ def train(
     ).prefetch(PREFETCH_BATCHES)
     mirror = DenseMirror(model, optimizer)
     pending: tuple[dict, dict, dict] | None = None  # the last step's gradients, not yet applied
+    finished = NO_SHARD  # a shard whose last gradients are in ``pending``
+
+    def flush() -> None:
+        """Apply ``pending`` now and report its shard (its last push has then landed)."""
+        nonlocal pending, finished
+        if pending is not None:
+            model.ps.push(*pending)
+            mirror.after_push(pending[2])
+            pending = None
+        if finished != NO_SHARD:
+            if not master.shard_done(node_id, finished):
+                log.warning("master rejected completion of shard %d", finished)
+            finished = NO_SHARD
+
     for element in pipeline:
+        size = int(element["label"].shape[0])
+        if size == 0:  # the master has nothing for us right now
+            flush()
+            continue
         t0 = time.perf_counter()
         unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
         expected = mirror.expected(pushing=pending is not None)
         rows, dense = model.ps.push_pull(pending, unique, expected)
         mirror.after_push_pull(dense, pending[2] if pending is not None else None)
+        pending = None
+        if finished != NO_SHARD:  # the push that just landed completed it
+            flush()
         _, row_grads, dense_grads = model.gradients(element, rows, mirror.values)
         pending = (unique, row_grads, dense_grads)
         if bool(element["last"]):
-            # A shard is done only once its last gradients are on the PS; push them now rather
-            # than with the next step, which may never come (the queue may be empty).
-            model.ps.push(*pending)
-            mirror.after_push(dense_grads)
-            pending = None
-            shard_id = int(element["shard_id"])
-            if not master.shard_done(node_id, shard_id):
-                log.warning("master rejected completion of shard %d", shard_id)
-        progress.record(int(element["label"].shape[0]), time.perf_counter() - t0)
+            finished = int(element["shard_id"])
+        progress.record(size, time.perf_counter() - t0)
+    flush()
     master.heartbeat(node_id, progress.heartbeat())
     return progress
 
