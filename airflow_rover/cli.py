@@ -22,7 +22,7 @@ import yaml
 from pydantic import ValidationError
 
 from airflow_rover.core.layout import JobLayout
-from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
 from airflow_rover.preflight import PreflightError, preflight
@@ -40,10 +40,7 @@ def load_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate(raw)
     except ValidationError as exc:
-        errors = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise SystemExit(f"--config {path}: {errors}") from None
+        raise SystemExit(f"--config {path}: {describe_errors(exc, JobSpec)}") from None
 
 
 def run_job(

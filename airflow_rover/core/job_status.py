@@ -26,7 +26,7 @@ def resolve_status(
         return mirrored
     if master_alive:
         return {**(mirrored or {}), "state": UNREACHABLE, "message": "master did not answer"}
-    if mirrored is None and layout.read_json(layout.master_file) is None:
+    if mirrored is None and not layout.master_info():
         return {"state": ABSENT, "message": f"no job in {layout.root}"}
     return {
         **(mirrored or {}),

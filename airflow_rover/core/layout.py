@@ -75,6 +75,10 @@ class JobLayout:
     def read_token(self) -> str:
         return self.token_file.read_text().strip()
 
+    def master_info(self) -> dict[str, Any]:
+        """What the master announced (``address``, ``pid``); empty before it listens."""
+        return self.read_json(self.master_file) or {}
+
     def read_json(self, path: Path) -> dict[str, Any] | None:
         try:
             data = json.loads(path.read_text())

@@ -9,7 +9,14 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -139,3 +146,15 @@ def default_features(
             for name, vocab in columns
         ]
     return FeatureConfig(num_dense=num_dense, tables=tuple(tables))
+
+
+def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """One line per error, naming the field; unknown keys come with the accepted ones."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "value"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden" and model is not None:
+            message += f" (accepted: {', '.join(model.model_fields)})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)

@@ -14,9 +14,9 @@ from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.local import JobLaunchError, LocalJobLauncher, local_job_status
+from airflow_rover.master.protocol import API_PREFIX
 
 __all__ = ["ABSENT", "UNREACHABLE", "ElasticJobHook", "JobLaunchError", "resolve_status"]
-from airflow_rover.master.protocol import API_PREFIX
 
 
 class ElasticJobHook(BaseHook):
@@ -35,7 +35,7 @@ class ElasticJobHook(BaseHook):
 
     # -- where the master is -----------------------------------------------------------------
     def _master(self) -> tuple[str | None, int | None]:
-        info = self.layout.read_json(self.layout.master_file) or {}
+        info = self.layout.master_info()
         return info.get("address"), info.get("pid")
 
     def master_alive(self) -> bool:

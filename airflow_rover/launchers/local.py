@@ -149,7 +149,7 @@ class LocalJobLauncher:
         layout.ensure_token()
         pid = self.launch_master(layout)
         deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-        while (layout.read_json(layout.master_file) or {}).get("pid") != pid:
+        while layout.master_info().get("pid") != pid:
             if not self.master_alive(pid) or time.monotonic() > deadline:
                 raise JobLaunchError(
                     f"job master (pid {pid}) did not start; see {layout.log_file('master')}"
@@ -158,7 +158,7 @@ class LocalJobLauncher:
         return pid
 
     def stop_job_master(self, layout: JobLayout) -> None:
-        pid = (layout.read_json(layout.master_file) or {}).get("pid")
+        pid = layout.master_info().get("pid")
         if pid is not None:
             self.stop_master(pid)
 
@@ -192,7 +192,7 @@ class LocalJobLauncher:
 
 def local_job_status(layout: JobLayout, timeout_s: float = 10.0) -> dict[str, Any]:
     """A local job's status: its master's answer, else what its files and process say."""
-    info = layout.read_json(layout.master_file) or {}
+    info = layout.master_info()
     api_status = None
     if info.get("address"):
         try:

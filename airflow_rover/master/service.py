@@ -209,8 +209,8 @@ class JobMaster:
 
     def owns_job_dir(self) -> bool:
         """False once another master (a relaunch) has announced itself in this job dir."""
-        announced = self.layout.read_json(self.layout.master_file)
-        return announced is None or announced.get("pid") == os.getpid()
+        announced = self.layout.master_info()
+        return not announced or announced.get("pid") == os.getpid()
 
     def mirror_state(self, force: bool = False) -> None:
         now = time.time()

@@ -6,6 +6,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from airflow_rover.core.spec import describe_errors as describe
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -49,15 +51,3 @@ def check_static_entries(owner: str, param: str, model: type[BaseModel], value: 
         parse_param(owner, param, model, literal)
     else:
         parse_param(owner, param, model, value)
-
-
-def describe(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
-    """One line per error, naming the field; unknown keys come with the accepted ones."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "value"
-        message = err["msg"]
-        if err["type"] == "extra_forbidden" and model is not None:
-            message += f" (accepted: {', '.join(model.model_fields)})"
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
