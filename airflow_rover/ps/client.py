@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,50 @@ class DenseReply:
     fresh: list[bool]
     values: dict[str, np.ndarray]
     state: dict[str, dict[str, np.ndarray]]
+
+
+Push = tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]
+"""(unique ids per table, their summed gradients per table, dense gradients by name)."""
+
+
+@dataclass
+class PushPullReply:
+    rows: dict[str, np.ndarray]
+    dense: DenseReply
+    row_state: dict[str, dict[str, np.ndarray]]
+    """Per table, the optimizer state of the requested ``state_ids``, in their order."""
+
+
+class PendingPushPull:
+    """A PushPull in flight; ``result()`` waits for every PS and merges their replies."""
+
+    def __init__(self, merge: Callable[[], PushPullReply]) -> None:
+        self._merge = merge
+
+    def result(self) -> PushPullReply:
+        return self._merge()
+
+
+def _merge_state(
+    replies: list[dict[str, np.ndarray]],
+    masks: list[dict[str, Index]],
+    table: str,
+    ids: np.ndarray,
+) -> dict[str, np.ndarray]:
+    prefix = f"rstate/{table}/"
+    out: dict[str, np.ndarray] = {}
+    for i, reply in enumerate(replies):
+        for key, value in reply.items():
+            if key.startswith(prefix):
+                slot = key[len(prefix) :]
+                if slot not in out:
+                    out[slot] = np.empty((ids.size, *value.shape[1:]), dtype=value.dtype)
+                out[slot][masks[i][table]] = value
+    return out
+
+
+Index = np.ndarray | slice
+"""Which of a table's ids a PS owns: a boolean mask, or every id when there is one PS."""
 
 
 class PSClient:
@@ -50,9 +95,11 @@ class PSClient:
         ]
         return [codec.decode(call.result()) for call in calls]
 
-    def _split(self, ids_by_table: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    def _split(self, ids_by_table: dict[str, np.ndarray]) -> list[dict[str, Index]]:
         """Per-PS masks of each table's ids (ids are unique per table)."""
-        masks: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        if self.num_ps == 1:  # no hashing, and views instead of copies
+            return [{table: slice(None) for table in ids_by_table}]
+        masks: list[dict[str, Index]] = [{} for _ in range(self.num_ps)]
         for table, ids in ids_by_table.items():
             owner = partition_of(table, ids, self.num_ps)
             for i in range(self.num_ps):
@@ -65,7 +112,7 @@ class PSClient:
         dense: bool,
         create: bool,
         dense_versions: list[int] | None = None,
-    ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+    ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, Index]]]:
         masks = self._split(ids_by_table)
         requests: list[dict[str, np.ndarray]] = []
         for i in range(self.num_ps):
@@ -81,7 +128,7 @@ class PSClient:
     def _merge_pull(
         self,
         replies: list[dict[str, np.ndarray]],
-        masks: list[dict[str, np.ndarray]],
+        masks: list[dict[str, Index]],
         ids_by_table: dict[str, np.ndarray],
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         rows: dict[str, np.ndarray] = {}
@@ -130,30 +177,60 @@ class PSClient:
 
     def push_pull(
         self,
-        push: tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None,
+        push: Push | None,
         pull_ids: dict[str, np.ndarray],
         dense_versions: list[int],
     ) -> tuple[dict[str, np.ndarray], DenseReply]:
         """Apply the last step's gradients, then read the next step's rows, in one round trip
         per PS: the rows read already include this worker's update. Dense weights come back
         only from a PS whose dense version is not ``dense_versions[i]``."""
+        reply = self.push_pull_async(push, pull_ids, dense_versions).result()
+        return reply.rows, reply.dense
+
+    def push_pull_async(
+        self,
+        push: Push | None,
+        pull_ids: dict[str, np.ndarray],
+        dense_versions: list[int],
+        state_ids: dict[str, np.ndarray] | None = None,
+    ) -> PendingPushPull:
+        """``push_pull`` started in the background; ``state_ids`` (per table, a subset of its
+        pull ids) also reads those rows' optimizer state."""
         requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
+        state_masks = self._split(state_ids or {})
+        for i, req in enumerate(requests):
+            for t, ids in (state_ids or {}).items():
+                req[f"state_ids/{t}"] = ids[state_masks[i][t]]
         if push is not None:
             for req, push_req in zip(
                 requests, self._push_requests(*push, prefix="push/"), strict=True
             ):
                 req.update(push_req)
-        replies = self._call_all("PushPull", requests)
-        rows, values = self._merge_pull(replies, masks, pull_ids)
-        state: dict[str, dict[str, np.ndarray]] = {}
-        for reply in replies:
-            for key, value in reply.items():
-                if key.startswith("dstate/"):
-                    name, slot = key[7:].rsplit("/", 1)
-                    state.setdefault(name, {})[slot] = value
-        versions = [int(r["dense_version"][0]) for r in replies]
-        fresh = [any(k.startswith("dense/") for k in r) for r in replies]
-        return rows, DenseReply(versions, fresh, values, state)
+        calls = [
+            self._stubs[i]["PushPull"].future(
+                codec.encode(req), metadata=self._metadata, timeout=self._timeout
+            )
+            for i, req in enumerate(requests)
+        ]
+
+        def merge() -> PushPullReply:
+            replies = [codec.decode(call.result()) for call in calls]
+            rows, values = self._merge_pull(replies, masks, pull_ids)
+            dense_state: dict[str, dict[str, np.ndarray]] = {}
+            for reply in replies:
+                for key, value in reply.items():
+                    if key.startswith("dstate/"):
+                        name, slot = key[7:].rsplit("/", 1)
+                        dense_state.setdefault(name, {})[slot] = value
+            versions = [int(r["dense_version"][0]) for r in replies]
+            fresh = [any(k.startswith("dense/") for k in r) for r in replies]
+            row_state = {
+                t: _merge_state(replies, state_masks, t, ids)
+                for t, ids in (state_ids or {}).items()
+            }
+            return PushPullReply(rows, DenseReply(versions, fresh, values, dense_state), row_state)
+
+        return PendingPushPull(merge)
 
     def dense_owner(self, name: str) -> int:
         return owner_of(name, self.num_ps)

@@ -51,9 +51,18 @@ class ParameterServer:
         create = bool(req["create"][0]) if "create" in req else True
         out: dict[str, np.ndarray] = {}
         for key, ids in req.items():
-            if key.startswith("ids/"):
-                name = key[4:]
+            if not key.startswith("ids/"):
+                continue
+            name = key[4:]
+            state_ids = req.get(f"state_ids/{name}")
+            if state_ids is not None and not create:
+                raise ValueError("state_ids: only a training pull (create) returns row state")
+            if state_ids is None:
                 out[f"rows/{name}"] = self._table(name).lookup(ids, create=create)
+                continue
+            rows, row_state = self._table(name).lookup_with_state(ids, state_ids)
+            out[f"rows/{name}"] = rows
+            out.update({f"rstate/{name}/{k}": v for k, v in row_state.items()})
         if "dense" in req:
             known = int(req["dense_version"][0]) if "dense_version" in req else -1
             version, values, state = self.dense.read_versioned(known)

@@ -98,6 +98,22 @@ class EmbeddingTable:
             out[known] = self.rows[slots[known]]
             return out
 
+    def lookup_with_state(
+        self, ids: np.ndarray, state_ids: np.ndarray
+    ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Rows for unique ``ids`` (created if missing) and, read under the same lock, the
+        optimizer state of ``state_ids`` (unique, a subset of ``ids``): a worker that pulls
+        ahead of its own push replays that push on these rows exactly as this PS will."""
+        self._check_ids(ids)
+        self._check_ids(state_ids)
+        with self._lock:
+            slots = self._slots(ids)
+            self.counts[slots] += 1
+            state_slots = self._slot[state_ids]
+            if state_slots.size and state_slots.min() < 0:
+                raise ValueError(f"table {self.name!r}: state_ids must be a subset of ids")
+            return self.rows[slots], {k: v[state_slots] for k, v in self.state.items()}
+
     def check_update(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """Reject a malformed update before anything of it is applied."""
         self._check_ids(ids)

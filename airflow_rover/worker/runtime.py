@@ -1,11 +1,12 @@
 """The training loop of a worker: lease shards, read samples, train against the PS.
 
 Per step: unique fused ids per embedding group, the Keras model's loss and gradients
-(``tf.gather``'s gradient sums duplicates per unique id), and one round trip per PS that applies
-the previous step's gradients and reads this step's rows (``PushPull``). So a worker always
-computes on rows that include its own last update (no self-staleness: with one worker training
-is exactly sequential). Dense weights are mirrored on the worker (``DenseMirror``) and travel
-back only when another worker changed them.
+(``tf.gather``'s gradient sums duplicates per unique id), and one round trip per PS
+(``PushPull``) that applies the previous step's gradients and reads the next step's rows while
+this step's gradients are computed (``_TrainLoop``: the worker replays its own update on the
+rows read ahead, so it never computes on rows that miss its own last update, and with one
+worker training is exactly sequential). Dense weights are mirrored on the worker
+(``DenseMirror``) and travel back only when another worker changed them.
 A ``tf.data`` pipeline leases shards, reads samples and computes ids ahead (``prefetch``).
 Training is asynchronous across workers: each pushes on its own.
 """
@@ -16,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, SampleReader
 from airflow_rover.master import protocol
 from airflow_rover.master.client import MasterClient
-from airflow_rover.ps.client import DenseReply, PSClient
+from airflow_rover.ps.client import DenseReply, PSClient, Push
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.worker.models import DENSE_INPUT
 
@@ -223,20 +225,20 @@ class DenseMirror:
             for i, v in enumerate(self.versions)
         ]
 
-    def after_push_pull(self, reply: DenseReply, pushed: dict[str, np.ndarray] | None) -> None:
+    def after_reply(self, reply: DenseReply, own: dict[str, np.ndarray] | None) -> None:
+        """Take a PushPull's reply, then apply ``own`` (gradients the reply cannot include yet:
+        they travel with the next push)."""
         for name, ps in self.owner.items():
             if reply.fresh[ps]:
                 self.values[name] = np.array(reply.values[name])
                 self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
-            elif pushed is not None:
-                self.optimizer.apply(self.values[name], self.state[name], pushed[name])
+            if own is not None:
+                self.optimizer.apply(self.values[name], self.state[name], own[name])
         self.versions = list(reply.versions)
 
-    def after_push(self, pushed: dict[str, np.ndarray]) -> None:
-        """A plain push (no reply to compare): apply it locally and expect its version."""
+    def pushed(self) -> None:
+        """A plain push of gradients already applied here has landed."""
         self.versions = self.expected(pushing=True)
-        for name in self.owner:
-            self.optimizer.apply(self.values[name], self.state[name], pushed[name])
 
 
 class Progress:
@@ -329,43 +331,121 @@ def train(
     pipeline = tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
-    mirror = DenseMirror(model, optimizer)
-    pending: tuple[dict, dict, dict] | None = None  # the last step's gradients, not yet applied
-    finished = NO_SHARD  # a shard whose last gradients are in ``pending``
-
-    def flush() -> None:
-        """Apply ``pending`` now and report its shard (its last push has then landed)."""
-        nonlocal pending, finished
-        if pending is not None:
-            model.ps.push(*pending)
-            mirror.after_push(pending[2])
-            pending = None
-        if finished != NO_SHARD:
-            if not master.shard_done(node_id, finished):
-                log.warning("master rejected completion of shard %d", finished)
-            finished = NO_SHARD
-
+    loop = _TrainLoop(node_id, model, optimizer, master, progress)
     for element in pipeline:
-        size = int(element["label"].shape[0])
-        if size == 0:  # the master has nothing for us right now
-            flush()
-            continue
-        t0 = time.perf_counter()
-        unique = {g.name: element[f"unique/{g.name}"].numpy() for g in model.groups}
-        expected = mirror.expected(pushing=pending is not None)
-        rows, dense = model.ps.push_pull(pending, unique, expected)
-        mirror.after_push_pull(dense, pending[2] if pending is not None else None)
-        pending = None
-        if finished != NO_SHARD:  # the push that just landed completed it
-            flush()
-        _, row_grads, dense_grads = model.gradients(element, rows, mirror.values)
-        pending = (unique, row_grads, dense_grads)
-        if bool(element["last"]):
-            finished = int(element["shard_id"])
-        progress.record(size, time.perf_counter() - t0)
-    flush()
+        loop.feed(element if int(element["label"].shape[0]) else None)
+    loop.feed(None)
+    loop.close()
     master.heartbeat(node_id, progress.heartbeat())
     return progress
+
+
+@dataclass
+class _Pulled:
+    """An element whose rows are read (and replayed up to date), gradients not yet computed."""
+
+    element: dict[str, Any]
+    unique: dict[str, np.ndarray]
+    rows: dict[str, np.ndarray]
+
+
+class _TrainLoop:
+    """Overlaps each step's gradients with the PushPull that sends the previous step's
+    gradients and reads the next step's rows.
+
+    The rows read ahead miss one update: this step's own, still being computed. The PS returns
+    the optimizer state of the rows both steps touch, and the worker replays its update on them
+    with the PS's optimizer code (bit-identical, as ``DenseMirror`` does for dense weights). So
+    with one worker training stays exactly sequential while the PS works during the worker's
+    step instead of between steps. The request is encoded and sent from a sender thread, so
+    that Python work overlaps TensorFlow's step too (TF releases the GIL). A shard is reported
+    done once the push of its last batch has landed.
+    """
+
+    def __init__(
+        self,
+        node_id: str,
+        model: PSModel,
+        optimizer: Optimizer,
+        master: MasterClient,
+        progress: Progress,
+    ) -> None:
+        self.node_id = node_id
+        self.model = model
+        self.optimizer = optimizer
+        self.master = master
+        self.progress = progress
+        self.mirror = DenseMirror(model, optimizer)
+        self._sender = ThreadPoolExecutor(1, thread_name_prefix="push-pull")
+        self.current: _Pulled | None = None
+        self.pending: Push | None = None  # applied here, not yet pushed
+        self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
+
+    def feed(self, element: dict[str, Any] | None) -> None:
+        """The next element of the input pipeline, or None when there is none to train now
+        (the master said wait, or the input ended): then everything pending is pushed."""
+        if self.current is None:
+            if element is not None:
+                self.current = self._pull(element)
+            return
+        self.current = self._step(self.current, element)
+        if self.current is None:
+            self._flush()
+
+    def _unique(self, element: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {g.name: element[f"unique/{g.name}"].numpy() for g in self.model.groups}
+
+    def _pull(self, element: dict[str, Any]) -> _Pulled:
+        """Read an element's rows when nothing is pending (the first step after a pause)."""
+        unique = self._unique(element)
+        reply = self.model.ps.push_pull_async(None, unique, self.mirror.expected(False)).result()
+        self.mirror.after_reply(reply.dense, None)
+        return _Pulled(element, unique, reply.rows)
+
+    def _step(self, cur: _Pulled, nxt: dict[str, Any] | None) -> _Pulled | None:
+        t0 = time.perf_counter()
+        next_unique = self._unique(nxt) if nxt is not None else {}
+        both = {  # ids both steps touch: (ids, positions in the next step, in this one)
+            g: np.intersect1d(ids, cur.unique[g], assume_unique=True, return_indices=True)
+            for g, ids in next_unique.items()
+        }
+        call = self._sender.submit(
+            self.model.ps.push_pull_async,
+            self.pending,
+            next_unique,
+            self.mirror.expected(pushing=self.pending is not None),
+            state_ids={g: common for g, (common, _, _) in both.items()},
+        )
+        _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
+        reply = call.result().result()
+        self._report(self.pending_shard)  # the push that just landed completed it
+        self.mirror.after_reply(reply.dense, dense_grads)
+        self.pending = (cur.unique, row_grads, dense_grads)
+        self.pending_shard = int(cur.element["shard_id"]) if bool(cur.element["last"]) else NO_SHARD
+        self.progress.record(int(cur.element["label"].shape[0]), time.perf_counter() - t0)
+        if nxt is None:
+            return None
+        for g, (_, at_next, at_cur) in both.items():
+            rows = reply.rows[g][at_next]
+            state = reply.row_state[g]
+            self.optimizer.apply(rows, state, row_grads[g][at_cur])
+            reply.rows[g][at_next] = rows
+        return _Pulled(nxt, next_unique, reply.rows)
+
+    def close(self) -> None:
+        self._sender.shutdown(wait=True)
+
+    def _flush(self) -> None:
+        if self.pending is not None:
+            self.model.ps.push(*self.pending)
+            self.mirror.pushed()
+            self.pending = None
+        self._report(self.pending_shard)
+        self.pending_shard = NO_SHARD
+
+    def _report(self, shard_id: int) -> None:
+        if shard_id != NO_SHARD and not self.master.shard_done(self.node_id, shard_id):
+            log.warning("master rejected completion of shard %d", shard_id)
 
 
 def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> protocol.EvalReport:

@@ -87,3 +87,55 @@ def test_the_local_mirror_is_bit_identical_to_the_ps() -> None:
     for name, value in ps.dense.read().items():
         np.testing.assert_array_equal(value, values[name])
     assert ps.dense.version == 5
+
+
+@pytest.mark.parametrize("name", ["sgd", "adagrad", "adam"])
+def test_rows_read_ahead_and_replayed_equal_rows_read_after_the_push(name: str) -> None:
+    """The worker reads step k+1's rows before pushing step k; replaying step k's update on
+    the rows both steps touch (with the state the PS returned) gives the PS's rows exactly."""
+    optimizer = Optimizer(name, 0.05)
+    layout = EmbeddingLayout.from_features(FEATURES)
+    servers = [ParameterServer(i, 2, layout, optimizer, 0) for i in range(2)]
+    started = [start_server(ps, TOKEN, threads=2) for ps in servers]
+    client = PSClient([f"127.0.0.1:{port}" for _, port in started], TOKEN)
+    try:
+        client.init_dense(DENSE)
+        rng = np.random.default_rng(7)
+        step_ids = {"dim4": np.array([1, 5, 9, 40, 77], dtype=np.int64)}
+        next_ids = {"dim4": np.array([0, 5, 9, 41, 77, 99], dtype=np.int64)}
+        client.pull(step_ids)
+        for _ in range(3):  # some optimizer state on the shared rows first
+            g = {"dim4": rng.normal(size=(5, 4)).astype(np.float32)}
+            client.push(step_ids, g, {})
+        own = {"dim4": rng.normal(size=(5, 4)).astype(np.float32)}
+        common, at_next, at_step = np.intersect1d(
+            next_ids["dim4"], step_ids["dim4"], assume_unique=True, return_indices=True
+        )
+        ahead = client.push_pull_async(
+            None, next_ids, [-1, -1], state_ids={"dim4": common}
+        ).result()
+        assert set(ahead.row_state["dim4"]) == set(optimizer.state_names())
+        rows = ahead.rows["dim4"]
+        replayed = rows[at_next]
+        optimizer.apply(replayed, ahead.row_state["dim4"], own["dim4"][at_step])
+        rows[at_next] = replayed
+
+        client.push(step_ids, own, {})
+        after, _ = client.pull(next_ids, dense=False)
+        np.testing.assert_array_equal(rows, after["dim4"])
+    finally:
+        client.close()
+        for server, _ in started:
+            server.stop(0)
+
+
+def test_row_state_is_only_read_for_ids_being_pulled(client: PSClient) -> None:
+    import grpc
+
+    with pytest.raises(grpc.RpcError, match="subset"):
+        client.push_pull_async(
+            None,
+            {"dim4": np.array([1, 2], dtype=np.int64)},
+            [-1] * client.num_ps,
+            state_ids={"dim4": np.array([3], dtype=np.int64)},
+        ).result()
