@@ -15,7 +15,8 @@ dim 16 + 26 wide tables of dim 1, MLP 256-128, batch 512, Adagrad lr 0.2, one ep
 Every configuration runs alone, in its own child process (a fresh TensorFlow runtime; its
 servers are killed afterwards). Rates are steady state for (a), (a*) and (b) (the first 20
 steps, with tracing, excluded); for (c) the master's figure, from the first worker ready to the
-last shard done (process and TF start-up excluded, its first-step tracing included). In (b) and
+last shard done (process start-up and step tracing excluded: a worker traces its step before it
+reports ready; the first PS round trips and lazy row creation included). In (b) and
 (c) the PS and the workers share the machine's cores. AUC and log loss are on the held-out split.
 
     python bench/throughput.py                    # 300k training samples
@@ -267,8 +268,9 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
         "the PS, the worker(s)\nand (c)'s master and evaluator share these cores, (a) and (a*) "
         "have them to themselves.\nOther processes on the machine skew every figure: see the "
         "load averages above.\n(a), (a*), (b): steady state after 20 warm-up steps. (c): the "
-        "master's rate, first worker\nready to last shard done (TF start-up excluded, first-step "
-        "tracing included)."
+        "master's rate, first worker\nready to last shard done (a worker traces its step before "
+        "it reports ready; the\nfirst round trips, lazy row creation and the last flush are "
+        "included)."
     )
 
 

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> None:
         [c.name for c in open_dataset(spec.train_data).schema.categorical],
         ps,
     )
+    if args.role == "worker":
+        model.warm_up()
     master.ready(ctx.node_id)
     if args.role == "worker":
         model.offer_initial_weights()

@@ -185,6 +185,17 @@ class PSModel:
         dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
         return float(loss), row_out, dense_out
 
+    def warm_up(self) -> None:
+        """Trace the step function on a one-sample batch, so a worker that says it is ready
+        trains at full speed from its first step (no PS access: zero rows, initial weights)."""
+        self._grad_fn(
+            np.zeros((1, self.features.num_dense), np.float32),
+            [np.zeros((1, g.dim), np.float32) for g in self.groups],
+            [np.zeros((1, len(g.tables)), np.int32) for g in self.groups],
+            [v.numpy() for v in self.variables],
+            np.zeros(1, np.float32),
+        )
+
     def predict(self, batch: Batch) -> np.ndarray:
         element = self.ids_element(batch)
         unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
