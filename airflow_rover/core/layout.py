@@ -54,6 +54,25 @@ class JobLayout:
     def log_file(self, node_id: str) -> Path:
         return self.logs / f"{node_id}.log"
 
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint_dir(self, number: int) -> Path:
+        return self.checkpoints / f"ckpt-{number:06d}"
+
+    def latest_checkpoint(self) -> Path | None:
+        """The last complete checkpoint: ``checkpoints/LATEST`` names it, and it is written
+        only after every part of the checkpoint is on disk."""
+        try:
+            name = (self.checkpoints / "LATEST").read_text().strip()
+        except FileNotFoundError:
+            return None
+        return self.checkpoints / name
+
+    def commit_checkpoint(self, directory: Path) -> None:
+        atomic_write_text(self.checkpoints / "LATEST", directory.name)
+
     # -- reading and writing -----------------------------------------------------------------
     def write_spec(self, spec: JobSpec) -> None:
         atomic_write_text(self.spec_file, spec.model_dump_json(indent=2))

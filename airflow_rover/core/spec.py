@@ -94,6 +94,24 @@ class TrainingConfig(_Strict):
     )
 
 
+class RecoveryConfig(_Strict):
+    """How much failure a job absorbs by itself before it fails (and Airflow's retry, which
+    resumes from the last checkpoint and the shard queue, takes over)."""
+
+    checkpoint_interval_s: float = Field(
+        default=60.0, ge=0, description="seconds between checkpoints while training; 0: none"
+    )
+    max_node_restarts: int = Field(
+        default=10, ge=0, le=10_000, description="relaunches of dead nodes per job run"
+    )
+    max_shard_failures: int = Field(
+        default=3, ge=1, le=100, description="a shard whose worker died this often is quarantined"
+    )
+    max_master_restarts: int = Field(
+        default=3, ge=0, le=100, description="relaunches of a dead master by its keeper"
+    )
+
+
 class JobSpec(_Strict):
     """Everything a job's processes need to run; written to ``job.json`` by the launcher."""
 
@@ -110,6 +128,7 @@ class JobSpec(_Strict):
     embedding_dim: int = Field(default=16, gt=0, le=1024)
     plan: ResourcePlan = ResourcePlan()
     training: TrainingConfig = TrainingConfig()
+    recovery: RecoveryConfig = RecoveryConfig()
 
     @field_validator("model")
     @classmethod

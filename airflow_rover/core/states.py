@@ -8,6 +8,7 @@ from enum import StrEnum
 class JobState(StrEnum):
     PENDING = "pending"  # master up, nodes starting
     RUNNING = "running"
+    RECOVERING = "recovering"  # a parameter server is being relaunched from its checkpoint
     EVALUATING = "evaluating"  # all shards done, scoring the held-out split
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -16,7 +17,9 @@ class JobState(StrEnum):
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})
 FAILED_STATES = frozenset({JobState.FAILED, JobState.STOPPED})
-ACTIVE_STATES = frozenset({JobState.PENDING, JobState.RUNNING, JobState.EVALUATING})
+ACTIVE_STATES = frozenset(
+    {JobState.PENDING, JobState.RUNNING, JobState.RECOVERING, JobState.EVALUATING}
+)
 
 
 class NodeState(StrEnum):

@@ -10,6 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 API_PREFIX = "/api/v1"
+EXIT_PS_LOST = 75
+"""A worker's exit code when a parameter server went away under it: not the worker's fault
+(nor its shard's); the master restarts it once the PS is back."""
 
 
 class _Body(BaseModel):
@@ -31,10 +34,14 @@ class LeaseRequest(_Body):
 
 
 class ShardOut(_Body):
+    """Samples ``[start, end)`` of shard ``shard_id``; the batch at ``start`` has key
+    ``first_key``, the next ``first_key + 1``, and so on (every push carries its batch's key)."""
+
     shard_id: int
     epoch: int
     start: int
     end: int
+    first_key: int = Field(ge=0)
 
 
 class LeaseReply(_Body):

@@ -10,14 +10,18 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+import grpc
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json
-from airflow_rover.core.shards import ShardQueue
+from airflow_rover.core.shards import Shard, ShardQueue
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.data.reader import open_dataset
@@ -28,6 +32,7 @@ from airflow_rover.ps.client import PSClient
 log = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
+KEEP_CHECKPOINTS = 2
 STATE_MIRROR_INTERVAL_S = 2.0
 
 
@@ -42,6 +47,8 @@ class NodeInfo:
         self.step_time_ms = 0.0
         self.last_seen = time.time()
         self.exit_code: int | None = None
+        self.stopping = False  # the master stopped it: its exit is not a failure
+        self.restarts = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,6 +60,7 @@ class NodeInfo:
             "samples": self.samples,
             "step_time_ms": round(self.step_time_ms, 3),
             "exit_code": self.exit_code,
+            "restarts": self.restarts,
         }
 
 
@@ -66,8 +74,23 @@ class JobMaster:
         self._token = token
         self.features = resolve_features(spec)
         num_samples = open_dataset(spec.train_data).num_samples
-        t = spec.training
-        self.queue = ShardQueue(num_samples, t.shard_size, t.epochs)
+        t, r = spec.training, spec.recovery
+        self.queue = ShardQueue(
+            num_samples, t.shard_size, t.epochs, t.batch_size, r.max_shard_failures
+        )
+        checkpoint = layout.latest_checkpoint()
+        self.resumed_from: str | None = None
+        if checkpoint is not None and (checkpoint / "queue.json").exists():
+            saved = layout.read_json(checkpoint / "queue.json") or {}
+            self.queue = ShardQueue.from_dict(saved)
+            self.queue.release_all()
+            self.resumed_from = str(checkpoint)
+        self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
+        self.checkpoints = 0 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[1])
+        self._last_checkpoint = time.time()
+        self.restarts = 0
+        self.recoveries: list[dict[str, Any]] = []
+        self.samples_resumed = 0  # samples whose batches every PS had applied at the start
         self.state = JobState.PENDING
         self.message = "starting parameter servers"
         self.nodes: dict[str, NodeInfo] = {}
@@ -99,6 +122,10 @@ class JobMaster:
             node.state = NodeState.RUNNING
             node.address = body.address
             node.last_seen = time.time()
+            for event in self.recoveries:
+                if event["node"] == node_id and event["ready_at"] is None:
+                    event["ready_at"] = node.last_seen
+                    event["seconds"] = round(node.last_seen - event["detected_at"], 3)
             if node.role == "worker" and self.train_started_at is None:
                 self.train_started_at = node.last_seen  # the training clock: first worker ready
             log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
@@ -128,7 +155,11 @@ class JobMaster:
                 return protocol.LeaseReply(
                     status="ok",
                     shard=protocol.ShardOut(
-                        shard_id=shard.shard_id, epoch=shard.epoch, start=shard.start, end=shard.end
+                        shard_id=shard.shard_id,
+                        epoch=shard.epoch,
+                        start=shard.start,
+                        end=shard.end,
+                        first_key=self.queue.first_key(shard),
                     ),
                 )
             # Nothing to hand out: others still hold shards that may come back if they die.
@@ -204,6 +235,7 @@ class JobMaster:
                 "started_at": self.started_at,
                 "finished_at": self.finished_at,
                 "duration_s": round(end - self.started_at, 3),
+                "recovery": self._recovery_summary(),
                 "result": self.result,
             }
 
@@ -241,15 +273,22 @@ class JobMaster:
             self._check_exits()
             if self.state in TERMINAL_STATES:
                 return
-            if self.state == JobState.PENDING and self._all_ps_ready():
+            if self.state in (JobState.PENDING, JobState.RECOVERING) and self._all_ps_ready():
+                if self._reconcile_pending:
+                    self._reconcile(self.queue.shards())
+                    self._reconcile_pending = False
+                    if self.state == JobState.PENDING:  # resuming from a checkpoint
+                        self.samples_resumed = self._applied_samples()
                 for i in range(self.spec.plan.num_workers):
                     self._start(f"worker-{i}", "worker")
                 self.state = JobState.RUNNING
                 self.message = "training"
                 self.mirror_state(force=True)
             elif self.state == JobState.RUNNING:
-                for shard in self.queue.expire(time.time()):
+                expired = self.queue.expire(time.time())
+                for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
+                self._reconcile(expired)
                 if self.queue.finished:
                     self.train_finished_at = time.time()
                     self._record_samples()
@@ -260,6 +299,8 @@ class JobMaster:
                         self.mirror_state(force=True)
                     else:
                         self._complete()
+                else:
+                    self._maybe_checkpoint()
             elif self.state == JobState.EVALUATING and self._evaluation_finished():
                 self._complete()
             self.mirror_state()
@@ -271,24 +312,175 @@ class JobMaster:
         ps = [n for n in self.nodes.values() if n.role == "ps"]
         return bool(ps) and all(n.state == NodeState.RUNNING and n.address for n in ps)
 
+    def _ps_client(self) -> PSClient:
+        return PSClient(self.cluster().ps, self._token)
+
+    # -- recovery ----------------------------------------------------------------------------
     def _check_exits(self) -> None:
-        for node_id, code in self.launcher.exit_codes().items():
+        exits = [(n, c) for n, c in self.launcher.exit_codes().items() if c is not None]
+        exits.sort(key=lambda item: self.nodes[item[0]].role != "ps")  # PS first
+        for node_id, code in exits:
             node = self.nodes[node_id]
-            if code is None or node.exit_code is not None:
+            if node.exit_code is not None:
                 continue
             node.exit_code = code
+            if node.stopping:
+                node.state = NodeState.STOPPED
+                continue
             if code == 0:
                 node.state = NodeState.SUCCEEDED
                 continue
             node.state = NodeState.FAILED
-            released = self.queue.release_worker(node_id)
-            tail = _tail(self.layout.log_file(node_id))
-            self._finish(
-                JobState.FAILED,
-                f"{node_id} exited with code {code}; {len(released)} shard(s) returned to TODO. "
-                f"Last log lines:\n{tail}",
-            )
+            cause = f"{node_id} exited with code {code}"
+            if node.role == "worker":
+                self._worker_lost(node, code)
+            # a worker that lost its PS is not at fault: its restart does not count
+            counted = not (node.role == "worker" and code == protocol.EXIT_PS_LOST)
+            if counted and self.restarts >= self.spec.recovery.max_node_restarts:
+                released = self.queue.release_worker(node_id)
+                tail = _tail(self.layout.log_file(node_id))
+                self._finish(
+                    JobState.FAILED,
+                    f"{cause}; no restarts left ({self.restarts} used, "
+                    f"recovery.max_node_restarts={self.spec.recovery.max_node_restarts}); "
+                    f"{len(released)} shard(s) returned to TODO. Last log lines:\n{tail}",
+                )
+                return
+            if node.role == "ps":
+                self._ps_lost(node, cause)
+            elif node.role == "evaluator" or self.state == JobState.RUNNING:
+                self._restart(node, cause, counted)
+            # a worker lost during PS recovery is started with the others when the PS is back
+
+    def _worker_lost(self, node: NodeInfo, code: int) -> None:
+        """Requeue a dead worker's shards from their first batch some PS has not applied; a
+        death that was not the PS's fault counts against the shards (poison quarantine)."""
+        failed = code != protocol.EXIT_PS_LOST
+        before = set(self.queue.quarantined)
+        released = self.queue.release_worker(node.node_id, failed=failed)
+        for shard in self.queue.quarantined_shards():
+            if shard["shard_id"] not in before:
+                log.error(
+                    "shard %d (epoch %d, samples %d-%d) quarantined after %d worker deaths",
+                    shard["shard_id"],
+                    shard["epoch"],
+                    shard["start"],
+                    shard["end"],
+                    shard["failures"],
+                )
+        if self.state == JobState.RUNNING:
+            self._reconcile(released)
+        else:
+            self._reconcile_pending = True
+
+    def _ps_lost(self, node: NodeInfo, cause: str) -> None:
+        """Stop the workers, relaunch the PS (it restores its partition from the last
+        checkpoint), and once it is up rebuild the queue from every PS's ledger."""
+        self.state = JobState.RECOVERING
+        self.message = f"{cause}; relaunching it from the last checkpoint"
+        log.warning(self.message)
+        for worker in self.nodes.values():
+            if worker.role == "worker" and worker.exit_code is None:
+                worker.stopping = True
+                self.launcher.stop(worker.node_id)
+            if worker.role == "worker":
+                self.queue.release_worker(worker.node_id)
+        self._reconcile_pending = True
+        node.address = None
+        self._restart(node, cause)
+        self.mirror_state(force=True)
+
+    def _restart(self, node: NodeInfo, cause: str, counted: bool = True) -> None:
+        self.restarts += counted
+        self.recoveries.append(
+            {
+                "node": node.node_id,
+                "role": node.role,
+                "cause": cause,
+                "detected_at": time.time(),
+                "ready_at": None,
+                "seconds": None,
+            }
+        )
+        restarts = node.restarts + 1
+        self._start(node.node_id, node.role)
+        self.nodes[node.node_id].restarts = restarts
+        log.warning("%s; relaunched it (restart %d of the job)", cause, self.restarts)
+
+    def _reconcile(self, shards: list[Shard]) -> None:
+        """Set where each given TODO / DONE shard resumes from the PS ledgers: the first batch
+        not applied on every PS. Earlier batches are skipped; a PS that has later ones turns
+        their retried pushes away. A TODO shard with every batch applied is DONE."""
+        if not shards:
             return
+        try:
+            client = self._ps_client()
+            try:
+                ledgers = client.ledgers()
+            finally:
+                client.close()
+        except (LookupError, grpc.RpcError) as exc:  # the PS turn retried batches away anyway
+            log.warning("PS ledgers unreadable (%s); shards resume where they were", exc)
+            return
+        everywhere = set.intersection(*(applied for applied, _ in ledgers))
+        keys = self.queue.batch_keys
+        for shard in shards:
+            sid = shard.shard_id
+            if sid in self.queue.quarantined:
+                continue
+            static = self.queue.static(sid)
+            missing = next((k for k in keys.keys(static) if k not in everywhere), None)
+            if self.queue.is_done(sid):
+                if missing is not None:
+                    self.queue.reopen(sid, keys.start_of(static, missing))
+            elif self.queue.is_todo(sid):
+                if missing is None:
+                    self.queue.settle(sid)
+                else:
+                    self.queue.resume_from(sid, keys.start_of(static, missing))
+
+    def _applied_samples(self) -> int:
+        """Samples whose batches every PS has applied."""
+        client = self._ps_client()
+        try:
+            everywhere = set.intersection(*(applied for applied, _ in client.ledgers()))
+        finally:
+            client.close()
+        keys, batch = self.queue.batch_keys, self.queue.batch_size
+        return sum(
+            min(batch, shard.end - keys.start_of(shard, k))
+            for shard in self.queue.shards()
+            for k in keys.keys(shard)
+            if k in everywhere
+        )
+
+    def _maybe_checkpoint(self) -> None:
+        interval = self.spec.recovery.checkpoint_interval_s
+        if interval <= 0 or time.time() - self._last_checkpoint < interval:
+            return
+        self.checkpoint()
+
+    def checkpoint(self) -> Path | None:
+        """Every PS saves its partition (rows, optimizer state, dense weights, batch ledger),
+        then the queue is saved beside them, then ``LATEST`` names the new checkpoint."""
+        self._last_checkpoint = time.time()
+        directory = self.layout.checkpoint_dir(self.checkpoints + 1)
+        try:
+            client = self._ps_client()
+            try:
+                client.save(directory)
+            finally:
+                client.close()
+        except Exception as exc:  # a PS going away mid-save: the previous checkpoint stands
+            log.warning("checkpoint %s failed: %s", directory.name, exc)
+            return None
+        atomic_write_json(directory / "queue.json", self.queue.to_dict())
+        self.layout.commit_checkpoint(directory)
+        self.checkpoints += 1
+        for old in sorted(self.layout.checkpoints.glob("ckpt-*"))[:-KEEP_CHECKPOINTS]:
+            shutil.rmtree(old, ignore_errors=True)
+        log.info("checkpoint %s saved", directory.name)
+        return directory
 
     def _complete(self) -> None:
         """Save the model from the PS, write the result, and mark the job succeeded."""
@@ -296,6 +488,7 @@ class JobMaster:
         client = PSClient(addresses, self._token)
         try:
             rows = client.save(self.layout.model_dir)
+            ledgers = client.ledgers()
         finally:
             client.close()
         atomic_write_json(
@@ -314,19 +507,64 @@ class JobMaster:
         )
         train_s = (self.train_finished_at or time.time()) - (self.train_started_at or time.time())
         samples = self.queue.done_samples
+        this_run = samples - self.samples_resumed
         self.result = {
             "samples_trained": samples,
+            "samples_resumed": self.samples_resumed,
+            "samples_trained_this_run": this_run,
             "train_seconds": round(train_s, 3),
-            "samples_per_second": round(samples / train_s, 1) if train_s > 0 else 0.0,
+            "samples_per_second": round(this_run / train_s, 1) if train_s > 0 else 0.0,
             "auc": self.evaluation["auc"] if self.evaluation else None,
             "logloss": self.evaluation["logloss"] if self.evaluation else None,
             "eval_samples": self.evaluation["samples"] if self.evaluation else 0,
             "embedding_rows": rows,
             "model_dir": str(self.layout.model_dir),
             "plan": self.spec.plan.model_dump(),
-            "accounting": self.queue.accounting(),
+            "accounting": {**self.queue.accounting(), "batches": self._batch_accounting(ledgers)},
+            "recovery": self._recovery_summary(),
         }
-        self._finish(JobState.SUCCEEDED, f"trained {samples} samples")
+        quarantined = self.queue.quarantined_shards()
+        message = f"trained {samples} samples"
+        if quarantined:
+            message += (
+                f"; {len(quarantined)} shard(s) quarantined after repeated worker deaths and not "
+                f"trained: {[(q['shard_id'], q['start'], q['end']) for q in quarantined]}"
+            )
+        self._finish(JobState.SUCCEEDED, message)
+
+    def _batch_accounting(self, ledgers: list[tuple[set[int], int]]) -> dict[str, int]:
+        """Every batch of every shard not quarantined, against what each PS applied: a batch is
+        trained once when every PS applied it; the ledgers turn retried pushes away."""
+        keys = self.queue.batch_keys
+        expected = {
+            k
+            for shard in self.queue.shards()
+            if shard.shard_id not in self.queue.quarantined
+            for k in keys.keys(shard)
+        }
+        everywhere = set.intersection(*(applied for applied, _ in ledgers))
+        anywhere = set.union(*(applied for applied, _ in ledgers))
+        return {
+            "expected": len(expected),
+            "trained_once": len(expected & everywhere),
+            "never_trained": len(expected - anywhere),
+            "partially_trained": len((expected & anywhere) - everywhere),
+            "retried_pushes_turned_away": sum(rejected for _, rejected in ledgers),
+        }
+
+    def _recovery_summary(self) -> dict[str, Any]:
+        seconds: dict[str, list[float]] = collections.defaultdict(list)
+        for event in self.recoveries:
+            if event["seconds"] is not None:
+                seconds[event["role"]].append(event["seconds"])
+        return {
+            "restarts": self.restarts,
+            "recoveries": len(self.recoveries),
+            "recovery_seconds": {role: sorted(v) for role, v in seconds.items()},
+            "checkpoints": self.checkpoints,
+            "resumed_from": self.resumed_from,
+            "quarantined": self.queue.quarantined_shards(),
+        }
 
     def shutdown_nodes(self) -> None:
         self.launcher.stop_all()

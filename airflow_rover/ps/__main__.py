@@ -7,6 +7,8 @@ import logging
 import signal
 import threading
 
+import numpy as np
+
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import NodeContext
@@ -32,6 +34,12 @@ def main(argv: list[str] | None = None) -> None:
         Optimizer(spec.training.optimizer, spec.training.learning_rate),
         spec.training.seed,
     )
+    checkpoint = ctx.layout.latest_checkpoint()
+    part = checkpoint / f"ps-{index}.npz" if checkpoint else None
+    if part is not None and part.exists():
+        with np.load(part) as saved:
+            ps.restore(dict(saved))
+        log.info("%s restored %s (%d batches applied)", ctx.node_id, part, len(ps.ledger.applied))
     server, port = start_server(ps, ctx.token)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -10,6 +10,7 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.ps import codec, rpc
 
 
@@ -147,10 +148,14 @@ class PSClient:
         ids_by_table: dict[str, np.ndarray],
         grads_by_table: dict[str, np.ndarray],
         dense_grads: dict[str, np.ndarray],
+        key: int = NO_KEY,
         prefix: str = "",
     ) -> list[dict[str, np.ndarray]]:
+        """Every PS gets a request, empty or not, so each records the batch key."""
         masks = self._split(ids_by_table)
-        requests: list[dict[str, np.ndarray]] = [{} for _ in range(self.num_ps)]
+        requests: list[dict[str, np.ndarray]] = [
+            {f"{prefix}key": np.array([key], dtype=np.int64)} for _ in range(self.num_ps)
+        ]
         for t, ids in ids_by_table.items():
             for i in range(self.num_ps):
                 requests[i][f"{prefix}ids/{t}"] = ids[masks[i][t]]
@@ -171,9 +176,16 @@ class PSClient:
         ids_by_table: dict[str, np.ndarray],
         grads_by_table: dict[str, np.ndarray],
         dense_grads: dict[str, np.ndarray],
+        key: int = NO_KEY,
     ) -> None:
-        """Send gradients (already summed per unique id) to the owners of the rows."""
-        self._call_all("Push", self._push_requests(ids_by_table, grads_by_table, dense_grads))
+        """Send gradients (already summed per unique id) to the owners of the rows. ``key``:
+        the batch they come from; a PS that already applied that batch ignores them."""
+        self._call_all("Push", self._push_requests(ids_by_table, grads_by_table, dense_grads, key))
+
+    def ledgers(self) -> list[tuple[set[int], int]]:
+        """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""
+        replies = self._call_all("Ledger", [{} for _ in range(self.num_ps)])
+        return [({int(k) for k in r["applied"]}, int(r["rejected"][0])) for r in replies]
 
     def push_pull(
         self,
@@ -193,6 +205,7 @@ class PSClient:
         pull_ids: dict[str, np.ndarray],
         dense_versions: list[int],
         state_ids: dict[str, np.ndarray] | None = None,
+        push_key: int = NO_KEY,
     ) -> PendingPushPull:
         """``push_pull`` started in the background; ``state_ids`` (per table, a subset of its
         pull ids) also reads those rows' optimizer state."""
@@ -203,7 +216,7 @@ class PSClient:
                 req[f"state_ids/{t}"] = ids[state_masks[i][t]]
         if push is not None:
             for req, push_req in zip(
-                requests, self._push_requests(*push, prefix="push/"), strict=True
+                requests, self._push_requests(*push, key=push_key, prefix="push/"), strict=True
             ):
                 req.update(push_req)
         calls = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import threading
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
@@ -17,6 +18,7 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
@@ -39,7 +41,11 @@ class ParameterServer:
             for g in layout.groups
         }
         self.dense = DenseStore(optimizer)
+        self.ledger = BatchLedger()
         self.pushes = 0
+        # Held while a push is applied and while a checkpoint is taken, so a checkpoint never
+        # holds half a push and its ledger names exactly the pushes its rows include.
+        self._apply_lock = threading.Lock()
 
     def _table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
@@ -79,14 +85,18 @@ class ParameterServer:
             if k.startswith("ids/")
         ]
         dense = {k[6:]: g for k, g in req.items() if k.startswith("dgrad/")}
+        key = int(req["key"][0]) if "key" in req else NO_KEY
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
         self.dense.check_update(dense)
-        for table, ids, grads in sparse:
-            table.apply_gradients(ids, grads)
-        if dense:
-            self.dense.apply_gradients(dense)
-        self.pushes += 1
+        with self._apply_lock:
+            if not self.ledger.admit(key):  # a retried batch this PS already applied
+                return {"duplicate": np.ones(1, dtype=np.uint8)}
+            for table, ids, grads in sparse:
+                table.apply_gradients(ids, grads)
+            if dense:
+                self.dense.apply_gradients(dense)
+            self.pushes += 1
         return {}
 
     def push_pull(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -100,13 +110,43 @@ class ParameterServer:
         self.dense.initialize({k[6:]: v for k, v in req.items() if k.startswith("dense/")})
         return {}
 
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Rows, optimizer state, dense weights and the batch ledger, at one point in time."""
+        with self._apply_lock:
+            arrays: dict[str, np.ndarray] = {}
+            for name, table in self.tables.items():
+                arrays.update({f"table/{name}/{k}": v for k, v in table.snapshot().items()})
+            arrays.update(self.dense.snapshot())
+            arrays.update(self.ledger.to_arrays())
+            arrays["num_ps"] = np.array([self.num_ps], dtype=np.int64)
+            return arrays
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Load a ``snapshot`` of the same partition (same PS index and count)."""
+        saved = int(arrays["num_ps"][0]) if "num_ps" in arrays else self.num_ps
+        if saved != self.num_ps:
+            raise ValueError(f"checkpoint has {saved} PS partitions, the job has {self.num_ps}")
+        for name, table in self.tables.items():
+            prefix = f"table/{name}/"
+            part = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+            if part:
+                table.restore(part)
+        self.dense.restore(arrays)
+        self.ledger = BatchLedger.from_arrays(arrays)
+
+    def ledger_info(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batch keys this PS has applied and how many retried pushes it turned away."""
+        with self._apply_lock:
+            arrays = self.ledger.to_arrays()
+        return {
+            "applied": arrays["ledger/applied"],
+            "rejected": np.array([int(arrays["ledger/rejected_counts"].sum())], dtype=np.int64),
+        }
+
     def save(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Write this PS's partition to ``path`` (an .npz), atomically."""
         path = Path(req["path"].tobytes().decode())
-        arrays: dict[str, np.ndarray] = {}
-        for name, table in self.tables.items():
-            arrays.update({f"table/{name}/{k}": v for k, v in table.snapshot().items()})
-        arrays.update({f"dense/{k}": v for k, v in self.dense.read().items()})
+        arrays = self.snapshot()
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         with open(tmp, "wb") as fh:
@@ -130,6 +170,7 @@ class ParameterServer:
             "InitDense": self.init_dense,
             "Save": self.save,
             "Stats": self.stats,
+            "Ledger": self.ledger_info,
         }
 
 

@@ -136,6 +136,22 @@ class EmbeddingTable:
             for key, value in state.items():
                 self.state[key][slots] = value
 
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        """Load a ``snapshot`` (of a PS with the same partitioning) into an empty table."""
+        ids = np.asarray(arrays["ids"], dtype=np.int64)
+        with self._lock:
+            if self._size:
+                raise ValueError(f"table {self.name!r}: restore needs an empty table")
+            n = ids.size
+            self._grow(n)
+            self.rows[:n] = arrays["rows"]
+            self.counts[:n] = arrays["counts"]
+            for key in self.state:
+                self.state[key][:n] = arrays[f"state/{key}"]
+            self._ids[:n] = ids
+            self._slot[ids] = np.arange(n, dtype=np.int32)
+            self._size = n
+
     def snapshot(self) -> dict[str, np.ndarray]:
         with self._lock:
             n = self._size
@@ -168,6 +184,29 @@ class DenseStore:
     def read(self) -> dict[str, np.ndarray]:
         with self._lock:
             return {name: value.copy() for name, value in self.values.items()}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Values, optimizer state and version: everything ``restore`` needs."""
+        with self._lock:
+            out = {f"dense/{n}": v.copy() for n, v in self.values.items()}
+            for name, slots in self.state.items():
+                out.update({f"dstate/{name}/{k}": v.copy() for k, v in slots.items()})
+            out["dense_version"] = np.array([self.version], dtype=np.int64)
+            return out
+
+    def restore(self, arrays: dict[str, np.ndarray]) -> None:
+        with self._lock:
+            for key, value in arrays.items():
+                if key.startswith("dense/"):
+                    name = key[6:]
+                    self.values[name] = np.array(value, dtype=np.float32)
+                    self.state[name] = self.optimizer.init_state(value.shape, rows=False)
+            for key, value in arrays.items():
+                if key.startswith("dstate/"):
+                    name, slot = key[7:].rsplit("/", 1)
+                    self.state[name][slot] = np.array(value)
+            if "dense_version" in arrays:
+                self.version = int(arrays["dense_version"][0])
 
     def read_versioned(
         self, known_version: int

@@ -5,16 +5,21 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import threading
+
+import grpc
 
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import NodeContext
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.master.client import MasterClient
+from airflow_rover.master.protocol import EXIT_PS_LOST
 from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
 
 log = logging.getLogger("airflow_rover.worker")
+_PS_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,15 +57,21 @@ def main(argv: list[str] | None = None) -> None:
     master.ready(ctx.node_id)
     if args.role == "worker":
         model.offer_initial_weights()
-        progress = train(
-            ctx.node_id,
-            model,
-            Optimizer(spec.training.optimizer, spec.training.learning_rate),
-            open_dataset(spec.train_data),
-            master,
-            spec.training.batch_size,
-            stop,
-        )
+        try:
+            progress = train(
+                ctx.node_id,
+                model,
+                Optimizer(spec.training.optimizer, spec.training.learning_rate),
+                open_dataset(spec.train_data),
+                master,
+                spec.training.batch_size,
+                stop,
+            )
+        except grpc.RpcError as exc:
+            if exc.code() not in _PS_LOST:
+                raise
+            log.error("a parameter server went away: %s", exc)
+            sys.exit(EXIT_PS_LOST)
         log.info("%s done: %d steps, %d samples", ctx.node_id, progress.steps, progress.samples)
     else:
         if spec.eval_data is None:

@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, SampleReader
@@ -163,6 +164,7 @@ class PSModel:
             "dense": tf.TensorSpec([None, self.features.num_dense], tf.float32),
             "label": tf.TensorSpec([None], tf.float32),
             "shard_id": tf.TensorSpec([], tf.int64),
+            "key": tf.TensorSpec([], tf.int64),
             "last": tf.TensorSpec([], tf.bool),
         }
         for g in self.groups:
@@ -299,8 +301,9 @@ def leased_batches(
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-) -> Iterator[tuple[Batch, int, bool]]:
-    """(batch, shard id, last batch of its shard) for every shard the master hands out, and an
+) -> Iterator[tuple[Batch, int, bool, int]]:
+    """(batch, shard id, last batch of its shard, batch key) for every shard the master hands
+    out (from where it resumes: a requeued shard skips batches every PS already applied), and an
     empty batch whenever the master has nothing to hand out yet (``wait``): the trainer then
     flushes its pending gradients, which may be exactly what completes the queue."""
     while not stop.is_set():
@@ -308,15 +311,15 @@ def leased_batches(
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
-            yield reader.read(0, 0), NO_SHARD, False
+            yield reader.read(0, 0), NO_SHARD, False, NO_KEY
             time.sleep(0.2)
             continue
         shard = reply.shard
         samples = reader.read(shard.start, shard.end)
-        for lo in range(0, len(samples), batch_size):
+        for index, lo in enumerate(range(0, len(samples), batch_size)):
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
-            yield batch, shard.shard_id, hi == len(samples)
+            yield batch, shard.shard_id, hi == len(samples), shard.first_key + index
 
 
 def train(
@@ -333,9 +336,10 @@ def train(
     start_heartbeats(master, node_id, progress, stop)
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        for batch, shard_id, last in leased_batches(node_id, reader, master, batch_size, stop):
+        for batch, shard_id, last, key in leased_batches(node_id, reader, master, batch_size, stop):
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
+            element["key"] = np.array(key, dtype=np.int64)
             element["last"] = np.array(last)
             yield element
 
@@ -390,6 +394,7 @@ class _TrainLoop:
         self._sender = ThreadPoolExecutor(1, thread_name_prefix="push-pull")
         self.current: _Pulled | None = None
         self.pending: Push | None = None  # applied here, not yet pushed
+        self.pending_key = NO_KEY  # the batch ``pending`` comes from
         self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
 
     def feed(self, element: dict[str, Any] | None) -> None:
@@ -426,12 +431,14 @@ class _TrainLoop:
             next_unique,
             self.mirror.expected(pushing=self.pending is not None),
             state_ids={g: common for g, (common, _, _) in both.items()},
+            push_key=self.pending_key,
         )
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
         reply = call.result().result()
         self._report(self.pending_shard)  # the push that just landed completed it
         self.mirror.after_reply(reply.dense, dense_grads)
         self.pending = (cur.unique, row_grads, dense_grads)
+        self.pending_key = int(cur.element["key"])
         self.pending_shard = int(cur.element["shard_id"]) if bool(cur.element["last"]) else NO_SHARD
         self.progress.record(int(cur.element["label"].shape[0]), time.perf_counter() - t0)
         if nxt is None:
@@ -448,7 +455,7 @@ class _TrainLoop:
 
     def _flush(self) -> None:
         if self.pending is not None:
-            self.model.ps.push(*self.pending)
+            self.model.ps.push(*self.pending, key=self.pending_key)
             self.mirror.pushed()
             self.pending = None
         self._report(self.pending_shard)

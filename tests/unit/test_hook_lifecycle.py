@@ -166,13 +166,17 @@ def test_a_job_trains_to_success_with_every_shard_once(launch: Launch) -> None:
     hook = launch("hook-test")
     status = wait_for_state(hook, {"succeeded"}, timeout=120)
     result = status["result"]
+    batches = result["accounting"].pop("batches")
     assert result["accounting"] == {
         "shards": 4,
         "done_once": 4,
         "done_more_than_once": 0,
         "never_done": 0,
         "requeued": 0,
+        "quarantined": [],
     }
+    assert batches["trained_once"] == batches["expected"] > 0
+    assert batches["never_trained"] == batches["partially_trained"] == 0
     assert result["samples_trained"] == NUM_TRAIN
     assert result["eval_samples"] == 1000
     assert (Path(result["model_dir"]) / "ps-0.npz").is_file()

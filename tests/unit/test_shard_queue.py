@@ -53,7 +53,7 @@ def test_every_shard_is_leased_once_across_epochs_and_workers() -> None:
     per_epoch = -(-1000 // 64)
     assert sorted(seen) == list(range(3 * per_epoch))
     assert len(set(seen)) == len(seen)
-    assert queue.counts() == {"todo": 0, "doing": 3 * per_epoch, "done": 0}
+    assert queue.counts() == {"todo": 0, "doing": 3 * per_epoch, "done": 0, "quarantined": 0}
 
 
 def test_complete_only_by_the_holder() -> None:
@@ -62,7 +62,7 @@ def test_complete_only_by_the_holder() -> None:
     shard = queue.lease("w0", 0.0, LEASE_S)
     assert shard is not None
     assert not queue.complete(shard.shard_id, "w1")
-    assert queue.counts() == {"todo": 2, "doing": 1, "done": 0}
+    assert queue.counts() == {"todo": 2, "doing": 1, "done": 0, "quarantined": 0}
     assert queue.complete(shard.shard_id, "w0")
     # A repeated report (the holder retrying, or anyone else) is no longer accepted.
     assert not queue.complete(shard.shard_id, "w0")
@@ -71,7 +71,7 @@ def test_complete_only_by_the_holder() -> None:
     assert not queue.complete(1, "w0")
     assert not queue.complete(999, "w0")
     assert queue.completions[shard.shard_id] == 1
-    assert queue.counts() == {"todo": 2, "doing": 0, "done": 1}
+    assert queue.counts() == {"todo": 2, "doing": 0, "done": 1, "quarantined": 0}
 
 
 def test_stale_completion_after_requeue_is_rejected() -> None:
@@ -121,7 +121,7 @@ def test_expire_after_deadline_only() -> None:
     assert queue.expire(now=4.9) == []
     assert queue.expire(now=5.0) == []  # exactly at the deadline: still valid
     assert queue.expire(now=5.5) == [s0]
-    assert queue.counts() == {"todo": 2, "doing": 1, "done": 0}
+    assert queue.counts() == {"todo": 2, "doing": 1, "done": 0, "quarantined": 0}
     assert not queue.complete(s0.shard_id, "w0")
     assert queue.expire(now=100.0) == [s1]
     assert queue.requeues == 2
@@ -153,7 +153,7 @@ def test_finished_done_samples_and_counts() -> None:
     for shard in shards[:-1]:
         assert queue.complete(shard.shard_id, "w0")
     assert queue.done_samples == 45
-    assert queue.counts() == {"todo": 0, "doing": 1, "done": 5}
+    assert queue.counts() == {"todo": 0, "doing": 1, "done": 5, "quarantined": 0}
     assert not queue.finished
     assert queue.complete(shards[-1].shard_id, "w0")
     assert queue.finished
@@ -181,6 +181,7 @@ def test_accounting_exactly_once_with_requeues() -> None:
         "done_more_than_once": 0,
         "never_done": 0,
         "requeued": 3,
+        "quarantined": [],
     }
 
 
@@ -193,6 +194,7 @@ def test_accounting_before_any_work() -> None:
         "done_more_than_once": 0,
         "never_done": 4,
         "requeued": 0,
+        "quarantined": [],
     }
 
 

@@ -1,0 +1,57 @@
+"""Which batches' gradients a parameter server has applied: exactly-once at batch granularity.
+
+Every push carries the key of the batch it came from (``core.shards.BatchKeys``). A PS applies a
+push only if its ledger does not hold the key yet, so a batch retrained after a failure (its
+worker died after some PS got its push) changes each PS at most once. The ledger is saved and
+restored with the PS's rows, so a restored PS and its ledger describe the same point in training,
+and the master rebuilds its shard queue from the ledgers of all PS.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable
+
+import numpy as np
+
+NO_KEY = -1  # a push that carries no batch (tests, tools): always applied, never recorded
+
+
+class BatchLedger:
+    """Applied batch keys of one PS, with how often each was offered (offers > 1: a retry)."""
+
+    def __init__(self) -> None:
+        self.applied: set[int] = set()
+        self.rejected: collections.Counter[int] = collections.Counter()
+
+    def admit(self, key: int) -> bool:
+        """True if a push for ``key`` must be applied now (and records it as applied)."""
+        if key == NO_KEY:
+            return True
+        if key in self.applied:
+            self.rejected[key] += 1
+            return False
+        self.applied.add(key)
+        return True
+
+    def missing(self, keys: Iterable[int]) -> list[int]:
+        return [k for k in keys if k not in self.applied]
+
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        rejected = sorted(self.rejected.items())
+        return {
+            "ledger/applied": np.array(sorted(self.applied), dtype=np.int64),
+            "ledger/rejected_keys": np.array([k for k, _ in rejected], dtype=np.int64),
+            "ledger/rejected_counts": np.array([n for _, n in rejected], dtype=np.int64),
+        }
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> BatchLedger:
+        ledger = cls()
+        ledger.applied = {int(k) for k in arrays.get("ledger/applied", ())}
+        keys = arrays.get("ledger/rejected_keys", np.empty(0, np.int64))
+        counts = arrays.get("ledger/rejected_counts", np.empty(0, np.int64))
+        ledger.rejected = collections.Counter(
+            {int(k): int(n) for k, n in zip(keys, counts, strict=True)}
+        )
+        return ledger
