@@ -153,18 +153,18 @@ class ShardQueue:
 
     def release_worker(self, worker: str, failed: bool = False) -> list[Shard]:
         """Return a dead or removed worker's shards to the front of TODO. ``failed``: the
-        worker died holding them, which counts against each shard; one that reaches
-        ``max_failures`` is quarantined instead of requeued (see ``quarantined_shards``)."""
+        worker died, which counts against the shard it was training: the first it leased (it
+        leases the next one ahead, while training). A shard that reaches ``max_failures`` is
+        quarantined instead of requeued (see ``quarantined_shards``)."""
         held = [sid for sid, lease in self._doing.items() if lease.worker == worker]
-        if not failed:
-            return self._requeue(held)
-        for sid in held:
-            self.failures[sid] += 1
-        poison = [sid for sid in held if self.failures[sid] >= self.max_failures]
-        for sid in poison:
-            del self._doing[sid]
-            self.quarantined.add(sid)
-        return self._requeue([sid for sid in held if sid not in poison])
+        if failed and held:
+            training = held[0]  # leases are kept in the order they were given
+            self.failures[training] += 1
+            if self.failures[training] >= self.max_failures:
+                del self._doing[training]
+                self.quarantined.add(training)
+                held = held[1:]
+        return self._requeue(held)
 
     def expire(self, now: float) -> list[Shard]:
         """Return shards whose lease deadline has passed."""
@@ -185,6 +185,7 @@ class ShardQueue:
         if shard_id not in self._done:
             raise ValueError(f"shard {shard_id} is not done")
         self._done.discard(shard_id)
+        self.completions[shard_id] -= 1  # that completion no longer holds on every PS
         self._todo.appendleft(shard_id)
         self.resume_from(shard_id, sample)
         self.requeues += 1

@@ -39,8 +39,8 @@ class ElasticJobHook(BaseHook):
         return info.get("address"), info.get("pid")
 
     def master_alive(self) -> bool:
-        _, pid = self._master()
-        return pid is not None and self.launcher.master_alive(pid)
+        """The master runs, or its keeper does (about to relaunch it)."""
+        return self.launcher.job_alive(self.layout)
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.layout.read_token()}"}

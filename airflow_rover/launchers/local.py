@@ -1,8 +1,10 @@
 """The embedded default: the job's master and nodes are processes on this machine.
 
-The master is started in its own session, so it outlives the Airflow worker process that
-launched it (the task defers and its process exits). Nodes are the master's children and die
-with it (``PR_SET_PDEATHSIG``): a killed master never leaves orphaned training processes.
+The master's keeper is started in its own session, so the job outlives the Airflow worker
+process that launched it (the task defers and its process exits); the keeper relaunches a master
+that dies. Nodes are the master's children and die with it (``PR_SET_PDEATHSIG``): a killed
+master never leaves orphaned training processes, and its successor resumes from the last
+checkpoint.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class LocalJobLauncher:
         layout.ensure_token()
         pid = self.launch_master(layout)
         deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-        while layout.master_info().get("pid") != pid:
+        while layout.master_info().get("keeper_pid") != pid:
             if not self.master_alive(pid) or time.monotonic() > deadline:
                 raise JobLaunchError(
                     f"job master (pid {pid}) did not start; see {layout.log_file('master')}"
@@ -158,16 +160,28 @@ class LocalJobLauncher:
         return pid
 
     def stop_job_master(self, layout: JobLayout) -> None:
-        pid = layout.master_info().get("pid")
+        info = layout.master_info()
+        pid = info.get("keeper_pid") or info.get("pid")
         if pid is not None:
             self.stop_master(pid)
 
     def launch_master(self, layout: JobLayout) -> int:
+        """Start the master's keeper (which runs the master and relaunches it if it dies) in a
+        session of its own; returns the keeper's pid."""
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [sys.executable, "-m", "airflow_rover.master", "--job-dir", str(layout.root)]
+        cmd = [sys.executable, "-m", "airflow_rover.master.keeper", "--job-dir", str(layout.root)]
         proc = _popen(cmd, layout.log_file("master"), env, start_new_session=True)
         return proc.pid
+
+    @classmethod
+    def job_alive(cls, layout: JobLayout) -> bool:
+        """Whether the job's master, or its keeper about to relaunch it, is running."""
+        info = layout.master_info()
+        return any(
+            pid is not None and cls.master_alive(pid)
+            for pid in (info.get("keeper_pid"), info.get("pid"))
+        )
 
     @staticmethod
     def master_alive(pid: int) -> bool:
@@ -178,7 +192,8 @@ class LocalJobLauncher:
             return False
 
     def stop_master(self, pid: int, grace_s: float = 10.0) -> None:
-        """SIGTERM the master (it stops its nodes first), SIGKILL its group after ``grace_s``."""
+        """SIGTERM the keeper or master (the master stops its nodes first), SIGKILL the whole
+        process group after ``grace_s``."""
         if not self.master_alive(pid):
             return
         os.kill(pid, signal.SIGTERM)
@@ -205,5 +220,4 @@ def local_job_status(layout: JobLayout, timeout_s: float = 10.0) -> dict[str, An
             api_status = reply.json()
         except httpx.HTTPError:
             api_status = None
-    alive = info.get("pid") is not None and LocalJobLauncher.master_alive(info["pid"])
-    return resolve_status(layout, api_status, alive)
+    return resolve_status(layout, api_status, LocalJobLauncher.job_alive(layout))

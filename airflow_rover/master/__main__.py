@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job-dir", required=True, type=Path)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--linger", type=float, default=30.0, help="serve the final status (s)")
+    parser.add_argument("--keeper-pid", type=int, default=None, help="the keeper that runs it")
+    parser.add_argument("--restarts", type=int, default=0, help="masters that died before it")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
@@ -75,11 +77,16 @@ def main(argv: list[str] | None = None) -> None:
     address = f"http://{args.host}:{sock.getsockname()[1]}"
 
     threads = max(1, int(spec.plan.worker_cpu))
-    master = JobMaster(layout, spec, LocalNodeLauncher(layout, address, threads), token)
+    master = JobMaster(
+        layout, spec, LocalNodeLauncher(layout, address, threads), token, args.restarts
+    )
     app = create_app(master, token)
     server = _MasterServer(uvicorn.Config(app, log_level="warning", access_log=False))
     master.mirror_state(force=True)
-    atomic_write_json(layout.master_file, {"address": address, "pid": os.getpid()})
+    atomic_write_json(
+        layout.master_file,
+        {"address": address, "pid": os.getpid(), "keeper_pid": args.keeper_pid},
+    )
     log.info("master of job %s listening on %s", spec.job_id, address)
 
     supervisor = threading.Thread(

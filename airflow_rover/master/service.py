@@ -66,7 +66,12 @@ class NodeInfo:
 
 class JobMaster:
     def __init__(
-        self, layout: JobLayout, spec: JobSpec, launcher: NodeLauncher, token: str
+        self,
+        layout: JobLayout,
+        spec: JobSpec,
+        launcher: NodeLauncher,
+        token: str,
+        master_restarts: int = 0,
     ) -> None:
         self.layout = layout
         self.spec = spec
@@ -91,6 +96,20 @@ class JobMaster:
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
+        self.master_restarts = master_restarts
+        if master_restarts:  # a keeper relaunched this master: time its recovery
+            deaths = (layout.read_json(layout.root / "keeper.json") or {}).get("master_deaths")
+            died_at = deaths[-1]["died_at"] if deaths else time.time()
+            self.recoveries.append(
+                {
+                    "node": "master",
+                    "role": "master",
+                    "cause": "the job master died",
+                    "detected_at": died_at,
+                    "ready_at": None,
+                    "seconds": None,
+                }
+            )
         self.state = JobState.PENDING
         self.message = "starting parameter servers"
         self.nodes: dict[str, NodeInfo] = {}
@@ -123,7 +142,10 @@ class JobMaster:
             node.address = body.address
             node.last_seen = time.time()
             for event in self.recoveries:
-                if event["node"] == node_id and event["ready_at"] is None:
+                back = event["node"] == node_id or (
+                    event["role"] == "master" and node.role == "worker"
+                )
+                if back and event["ready_at"] is None:
                     event["ready_at"] = node.last_seen
                     event["seconds"] = round(node.last_seen - event["detected_at"], 3)
             if node.role == "worker" and self.train_started_at is None:
@@ -292,8 +314,11 @@ class JobMaster:
                 if self.queue.finished:
                     self.train_finished_at = time.time()
                     self._record_samples()
+                    if self.spec.recovery.checkpoint_interval_s > 0:
+                        self.checkpoint()  # a failure from here on does not retrain anything
                     if self.spec.eval_data:
                         self.state = JobState.EVALUATING
+                        self.evaluation = None  # a PS restore may have sent training back
                         self.message = "scoring the held-out split"
                         self._start("evaluator", "evaluator")
                         self.mirror_state(force=True)
@@ -348,7 +373,10 @@ class JobMaster:
                 return
             if node.role == "ps":
                 self._ps_lost(node, cause)
-            elif node.role == "evaluator" or self.state == JobState.RUNNING:
+            elif (node.role, self.state) in (
+                ("evaluator", JobState.EVALUATING),
+                ("worker", JobState.RUNNING),
+            ):
                 self._restart(node, cause, counted)
             # a worker lost during PS recovery is started with the others when the PS is back
 
@@ -379,12 +407,12 @@ class JobMaster:
         self.state = JobState.RECOVERING
         self.message = f"{cause}; relaunching it from the last checkpoint"
         log.warning(self.message)
-        for worker in self.nodes.values():
-            if worker.role == "worker" and worker.exit_code is None:
-                worker.stopping = True
-                self.launcher.stop(worker.node_id)
-            if worker.role == "worker":
-                self.queue.release_worker(worker.node_id)
+        for other in self.nodes.values():
+            if other.role in ("worker", "evaluator") and other.exit_code is None:
+                other.stopping = True  # the evaluator scores again once training is over
+                self.launcher.stop(other.node_id)
+            if other.role == "worker":
+                self.queue.release_worker(other.node_id)
         self._reconcile_pending = True
         node.address = None
         self._restart(node, cause)
@@ -559,6 +587,7 @@ class JobMaster:
                 seconds[event["role"]].append(event["seconds"])
         return {
             "restarts": self.restarts,
+            "master_restarts": self.master_restarts,
             "recoveries": len(self.recoveries),
             "recovery_seconds": {role: sorted(v) for role, v in seconds.items()},
             "checkpoints": self.checkpoints,

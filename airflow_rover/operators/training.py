@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from airflow_rover.core.spec import (
     FeatureConfig,
     JobSpec,
+    RecoveryConfig,
     ResourcePlan,
     TrainingConfig,
     check_model_ref,
@@ -39,6 +40,8 @@ from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 LAUNCHERS = ("local",)
 RESULT_KEYS = (
     "samples_trained",
+    "samples_resumed",
+    "samples_trained_this_run",
     "train_seconds",
     "samples_per_second",
     "auc",
@@ -48,6 +51,7 @@ RESULT_KEYS = (
     "model_dir",
     "plan",
     "accounting",
+    "recovery",
 )
 
 
@@ -80,6 +84,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``. (templated)
     :param training: ``batch_size``, ``epochs``, ``learning_rate``, ``shard_size``, ``seed``.
         (templated)
+    :param recovery: ``checkpoint_interval_s``, ``max_node_restarts``, ``max_shard_failures``,
+        ``max_master_restarts``: how much failure the job absorbs before the task fails; a
+        retry of the task resumes from the last checkpoint and the shard queue. (templated)
     :param features: embedding tables and dense features; default: one table per column.
     :param embedding_dim: width of the default tables.
     :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host).
@@ -94,8 +101,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         "model",
         "plan",
         "training",
+        "recovery",
     )
-    template_fields_renderers = {"plan": "json", "training": "json"}
+    template_fields_renderers = {"plan": "json", "training": "json", "recovery": "json"}
     ui_color = "#d9f2e6"
     external_id_key = "rover_job_dir"
 
@@ -108,6 +116,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         model: str = "wide_deep",
         plan: dict[str, Any] | ResourcePlan | None = None,
         training: dict[str, Any] | TrainingConfig | None = None,
+        recovery: dict[str, Any] | RecoveryConfig | None = None,
         features: dict[str, Any] | FeatureConfig | None = None,
         embedding_dim: int = 16,
         launcher: str = "local",
@@ -133,6 +142,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.training = (
             training.model_dump() if isinstance(training, TrainingConfig) else (training or {})
         )
+        self.recovery = (
+            recovery.model_dump() if isinstance(recovery, RecoveryConfig) else (recovery or {})
+        )
         self.features = (
             parse_param(owner, "features", FeatureConfig, features) if features else None
         )
@@ -144,6 +156,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_entries(owner, "plan", ResourcePlan, self.plan)
         check_static_entries(owner, "training", TrainingConfig, self.training)
+        check_static_entries(owner, "recovery", RecoveryConfig, self.recovery)
         if not has_template(model):
             try:
                 check_model_ref(model)
@@ -162,6 +175,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 embedding_dim=self.embedding_dim,
                 plan=ResourcePlan.model_validate(self.plan),
                 training=TrainingConfig.model_validate(self.training),
+                recovery=RecoveryConfig.model_validate(self.recovery),
             )
         except ValidationError as exc:
             raise ValueError(

@@ -1,0 +1,129 @@
+"""Real local jobs (3 workers, 2 PS) while a chaos driver SIGKILLs workers, PS and the master.
+
+Every run must finish with every batch applied exactly once on every PS (the PS batch ledgers),
+every shard done exactly once, and a held-out AUC within 0.005 of a failure-free run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from chaos_driver import ChaosDriver, job_processes
+
+from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import TERMINAL_STATES
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
+
+pytestmark = [pytest.mark.chaos, pytest.mark.slow]
+
+KILLS = 10
+AUC_TOLERANCE = 0.005
+
+
+def job_spec(data: Any, job_id: str, **overrides: Any) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "job_id": job_id,
+            "train_data": str(data.train_dir),
+            "eval_data": str(data.eval_dir),
+            "plan": {"num_ps": 2, "num_workers": 3},
+            "training": {
+                "shard_size": 2048,
+                "batch_size": 256,
+                "epochs": 4,
+                "optimizer": "adagrad",
+                "learning_rate": 0.1,
+            },
+            "recovery": {
+                "checkpoint_interval_s": 2.0,
+                "max_node_restarts": 100,
+                "max_master_restarts": 20,
+            },
+            **overrides,
+        }
+    )
+
+
+def wait_for_end(layout: JobLayout, timeout_s: float = 300.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = local_job_status(layout)
+        if status["state"] in TERMINAL_STATES:
+            return status
+        time.sleep(0.5)
+    raise TimeoutError(f"job in {layout.root} did not end")
+
+
+def assert_no_nodes_left(layout: JobLayout) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if not [n for n in job_processes(layout) if n != "master"]:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"nodes still running: {sorted(job_processes(layout))}")
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    return generate_dataset(
+        tmp_path_factory.mktemp("chaos-data"),
+        SyntheticConfig(num_train=60_000, num_eval=10_000, seed=11),
+    )
+
+
+@pytest.fixture(scope="module")
+def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    layout = JobLayout(tmp_path_factory.mktemp("chaos-baseline") / "job")
+    launcher = LocalJobLauncher()
+    launcher.start_job(layout, job_spec(data, "chaos-baseline"))
+    try:
+        status = wait_for_end(layout)
+    finally:
+        launcher.stop_job_master(layout)
+    assert status["state"] == "succeeded", status.get("message")
+    return status["result"]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_job_survives_random_kills_with_every_batch_trained_once(
+    seed: int, data: Any, failure_free: dict[str, Any], tmp_path: Path
+) -> None:
+    layout = JobLayout(tmp_path / "job")
+    launcher = LocalJobLauncher()
+    launcher.start_job(layout, job_spec(data, f"chaos-{seed}"))
+    try:
+        report = ChaosDriver(layout, seed=seed, kills=KILLS).run(timeout_s=400)
+        status = report.status
+        assert status["state"] == "succeeded", status.get("message")
+        assert_no_nodes_left(layout)
+    finally:
+        launcher.stop_job_master(layout)
+    result = status["result"]
+    summary = {
+        "seed": seed,
+        "kills": [(k.kind, k.node, k.at_s) for k in report.kills],
+        "recovery_s": report.recovery_seconds(),
+        "batches": result["accounting"]["batches"],
+        "auc": result["auc"],
+        "auc_failure_free": failure_free["auc"],
+        "master_recovery": result["recovery"],
+    }
+    print("CHAOS", json.dumps(summary))
+    assert len(report.kills) >= KILLS
+    batches = result["accounting"]["batches"]
+    assert batches["trained_once"] == batches["expected"] > 0
+    assert batches["never_trained"] == batches["partially_trained"] == 0
+    accounting = result["accounting"]
+    assert accounting["done_once"] == accounting["shards"]
+    assert accounting["done_more_than_once"] == accounting["never_done"] == 0
+    assert accounting["quarantined"] == []
+    assert result["samples_trained"] == 4 * 60_000
+    assert abs(result["auc"] - failure_free["auc"]) <= AUC_TOLERANCE
+    assert np.isfinite(result["logloss"])
