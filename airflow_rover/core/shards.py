@@ -67,6 +67,7 @@ class BatchKeys:
 class Lease:
     worker: str
     deadline: float
+    end: int | None = None  # a slice of the shard: it ends here (straggler mitigation)
 
 
 class ShardQueue:
@@ -113,14 +114,22 @@ class ShardQueue:
         self.requeues = 0
 
     # -- transitions -------------------------------------------------------------------------
-    def lease(self, worker: str, now: float, lease_s: float) -> Shard | None:
+    def lease(
+        self, worker: str, now: float, lease_s: float, max_batches: int | None = None
+    ) -> Shard | None:
         """Hand the next TODO shard to ``worker`` (from its resume point); None when nothing
-        is left to hand out."""
+        is left to hand out. ``max_batches``: a slow worker gets only the first batches of it
+        (a slice); when it reports the slice done, the rest goes back to the front of TODO."""
         if not self._todo:
             return None
         sid = self._todo.popleft()
-        self._doing[sid] = Lease(worker, now + lease_s)
-        return self.remaining(sid)
+        shard = self.remaining(sid)
+        end = None
+        if max_batches is not None and shard.start + max_batches * self.batch_size < shard.end:
+            end = shard.start + max(1, max_batches) * self.batch_size
+            shard = Shard(sid, shard.epoch, shard.start, end)
+        self._doing[sid] = Lease(worker, now + lease_s, end)
+        return shard
 
     def remaining(self, shard_id: int) -> Shard:
         """The part of a shard still to train: the whole shard unless it was resumed."""
@@ -147,6 +156,10 @@ class ShardQueue:
         if lease is None or lease.worker != worker:
             return False
         del self._doing[shard_id]
+        if lease.end is not None:  # a slice: the rest of the shard is next in line
+            self._resume[shard_id] = lease.end
+            self._todo.appendleft(shard_id)
+            return True
         self._done.add(shard_id)
         self.completions[shard_id] += 1
         return True

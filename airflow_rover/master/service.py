@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
 KEEP_CHECKPOINTS = 2
+STRAGGLER_RATIO = 0.5
 STATE_MIRROR_INTERVAL_S = 2.0
 
 
@@ -172,7 +173,9 @@ class JobMaster:
             if self.state != JobState.RUNNING:
                 done = self.state in TERMINAL_STATES or self.state == JobState.EVALUATING
                 return protocol.LeaseReply(status="done" if done else "wait")
-            shard = self.queue.lease(node_id, time.time(), self.spec.training.shard_lease_s)
+            shard = self.queue.lease(
+                node_id, time.time(), self.spec.training.shard_lease_s, self._slice_for(node_id)
+            )
             if shard is not None:
                 return protocol.LeaseReply(
                     status="ok",
@@ -186,6 +189,22 @@ class JobMaster:
                 )
             # Nothing to hand out: others still hold shards that may come back if they die.
             return protocol.LeaseReply(status="done" if self.queue.finished else "wait")
+
+    def _slice_for(self, node_id: str) -> int | None:
+        """Batches a straggler may lease at once: a worker slower than ``STRAGGLER_RATIO`` of
+        the fastest gets a slice of a shard in proportion to its speed, so it never holds a
+        whole shard back at the end of an epoch; others get whole shards (None)."""
+        times = {
+            n.node_id: n.step_time_ms
+            for n in self.nodes.values()
+            if n.role == "worker" and n.state == NodeState.RUNNING and n.step_time_ms > 0
+        }
+        if node_id not in times or len(times) < 2:
+            return None
+        relative = min(times.values()) / times[node_id]  # 1.0 for the fastest worker
+        if relative >= STRAGGLER_RATIO:
+            return None
+        return max(1, int(self.queue.batch_keys.per_shard * relative))
 
     def shard_done(self, shard_id: int, body: protocol.ShardDone) -> bool:
         with self._lock:
