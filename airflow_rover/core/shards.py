@@ -49,7 +49,7 @@ class BatchKeys:
     def key(self, shard: Shard, sample: int) -> int:
         """Key of the batch that begins at ``sample`` (a batch boundary of ``shard``)."""
         index, rest = divmod(sample - shard.start, self.batch_size)
-        if rest or not 0 <= sample < shard.end:
+        if rest or not shard.start <= sample < shard.end:
             raise ValueError(f"sample {sample} is not a batch start of shard {shard.shard_id}")
         return shard.shard_id * self.per_shard + index
 
@@ -185,18 +185,26 @@ class ShardQueue:
 
     def resume_from(self, shard_id: int, sample: int) -> None:
         """Train a TODO shard from ``sample`` on (its earlier batches reached every PS)."""
-        shard = self._shards[shard_id]
         if shard_id in self._doing or shard_id in self._done:
             raise ValueError(f"shard {shard_id} is not in TODO")
-        if not shard.start <= sample <= shard.end:
-            raise ValueError(f"sample {sample} is outside shard {shard_id}")
+        self._check_resume(shard_id, sample)
         self._resume[shard_id] = sample
+
+    def _check_resume(self, shard_id: int, sample: int) -> None:
+        """A shard resumes at one of its batch starts (a shard with nothing left is settled)."""
+        shard = self._shards[shard_id]
+        if not shard.start <= sample < shard.end or (sample - shard.start) % self.batch_size:
+            raise ValueError(
+                f"sample {sample} is not a batch start of shard {shard_id} "
+                f"[{shard.start}, {shard.end})"
+            )
 
     def reopen(self, shard_id: int, sample: int) -> None:
         """Put a DONE shard back at the front of TODO from ``sample`` on: a PS restored from a
         checkpoint lost the updates of its batches from there."""
         if shard_id not in self._done:
             raise ValueError(f"shard {shard_id} is not done")
+        self._check_resume(shard_id, sample)
         self._done.discard(shard_id)
         self.completions[shard_id] -= 1  # that completion no longer holds on every PS
         self._todo.appendleft(shard_id)

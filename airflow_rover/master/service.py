@@ -316,7 +316,8 @@ class JobMaster:
                 return
             if self.state in (JobState.PENDING, JobState.RECOVERING) and self._all_ps_ready():
                 if self._reconcile_pending:
-                    self._reconcile(self.queue.shards())
+                    if not self._reconcile(self.queue.shards()):
+                        return  # the PS ledgers are needed before anyone trains: next tick
                     self._reconcile_pending = False
                     if self.state == JobState.PENDING:  # resuming from a checkpoint
                         self.samples_resumed = self._applied_samples()
@@ -376,12 +377,10 @@ class JobMaster:
                 continue
             node.state = NodeState.FAILED
             cause = f"{node_id} exited with code {code}"
-            if node.role == "worker":
-                self._worker_lost(node, code)
+            released = self._worker_lost(node, code) if node.role == "worker" else []
             # a worker that lost its PS is not at fault: its restart does not count
             counted = not (node.role == "worker" and code == protocol.EXIT_PS_LOST)
             if counted and self.restarts >= self.spec.recovery.max_node_restarts:
-                released = self.queue.release_worker(node_id)
                 tail = _tail(self.layout.log_file(node_id))
                 self._finish(
                     JobState.FAILED,
@@ -399,7 +398,7 @@ class JobMaster:
                 self._restart(node, cause, counted)
             # a worker lost during PS recovery is started with the others when the PS is back
 
-    def _worker_lost(self, node: NodeInfo, code: int) -> None:
+    def _worker_lost(self, node: NodeInfo, code: int) -> list[Shard]:
         """Requeue a dead worker's shards from their first batch some PS has not applied; a
         death that was not the PS's fault counts against the shards (poison quarantine)."""
         failed = code != protocol.EXIT_PS_LOST
@@ -419,6 +418,7 @@ class JobMaster:
             self._reconcile(released)
         else:
             self._reconcile_pending = True
+        return released
 
     def _ps_lost(self, node: NodeInfo, cause: str) -> None:
         """Stop the workers, relaunch the PS (it restores its partition from the last
@@ -454,12 +454,12 @@ class JobMaster:
         self.nodes[node.node_id].restarts = restarts
         log.warning("%s; relaunched it (restart %d of the job)", cause, self.restarts)
 
-    def _reconcile(self, shards: list[Shard]) -> None:
+    def _reconcile(self, shards: list[Shard]) -> bool:
         """Set where each given TODO / DONE shard resumes from the PS ledgers: the first batch
         not applied on every PS. Earlier batches are skipped; a PS that has later ones turns
         their retried pushes away. A TODO shard with every batch applied is DONE."""
         if not shards:
-            return
+            return True
         try:
             client = self._ps_client()
             try:
@@ -468,7 +468,7 @@ class JobMaster:
                 client.close()
         except (LookupError, grpc.RpcError) as exc:  # the PS turn retried batches away anyway
             log.warning("PS ledgers unreadable (%s); shards resume where they were", exc)
-            return
+            return False
         everywhere = set.intersection(*(applied for applied, _ in ledgers))
         keys = self.queue.batch_keys
         for shard in shards:
@@ -485,14 +485,19 @@ class JobMaster:
                     self.queue.settle(sid)
                 else:
                     self.queue.resume_from(sid, keys.start_of(static, missing))
+        return True
 
     def _applied_samples(self) -> int:
-        """Samples whose batches every PS has applied."""
-        client = self._ps_client()
+        """Samples whose batches every PS has applied (0 if a PS cannot say)."""
         try:
-            everywhere = set.intersection(*(applied for applied, _ in client.ledgers()))
-        finally:
-            client.close()
+            client = self._ps_client()
+            try:
+                everywhere = set.intersection(*(applied for applied, _ in client.ledgers()))
+            finally:
+                client.close()
+        except (LookupError, grpc.RpcError) as exc:
+            log.warning("PS ledgers unreadable (%s); resumed samples not counted", exc)
+            return 0
         keys, batch = self.queue.batch_keys, self.queue.batch_size
         return sum(
             min(batch, shard.end - keys.start_of(shard, k))

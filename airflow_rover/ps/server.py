@@ -119,6 +119,7 @@ class ParameterServer:
             arrays.update(self.dense.snapshot())
             arrays.update(self.ledger.to_arrays())
             arrays["num_ps"] = np.array([self.num_ps], dtype=np.int64)
+            arrays["ps_index"] = np.array([self.index], dtype=np.int64)
             return arrays
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
@@ -126,6 +127,9 @@ class ParameterServer:
         saved = int(arrays["num_ps"][0]) if "num_ps" in arrays else self.num_ps
         if saved != self.num_ps:
             raise ValueError(f"checkpoint has {saved} PS partitions, the job has {self.num_ps}")
+        index = int(arrays["ps_index"][0]) if "ps_index" in arrays else self.index
+        if index != self.index:
+            raise ValueError(f"checkpoint is partition {index}, this is PS {self.index}")
         for name, table in self.tables.items():
             prefix = f"table/{name}/"
             part = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}

@@ -20,8 +20,9 @@ from fastapi.testclient import TestClient
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
-from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.master import protocol
 from airflow_rover.master.app import create_app
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.client import PSClient
@@ -35,6 +36,8 @@ NUM_TRAIN = 2000
 SHARD_SIZE = 250
 EPOCHS = 2
 NUM_SHARDS = EPOCHS * NUM_TRAIN // SHARD_SIZE  # 16
+BATCH_SIZE = 64
+BATCHES_PER_SHARD = -(-SHARD_SIZE // BATCH_SIZE)  # 4: 64 + 64 + 64 + 58 samples
 
 
 class FakeLauncher:
@@ -101,7 +104,12 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
 def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[..., Job]]:
     clients: list[TestClient] = []
 
-    def make(with_eval: bool = False, lease_s: float = 60.0, num_workers: int = 2) -> Job:
+    def make(
+        with_eval: bool = False,
+        lease_s: float = 60.0,
+        num_workers: int = 2,
+        recovery: RecoveryConfig | None = None,
+    ) -> Job:
         spec = JobSpec(
             job_id="unit-job.1",
             train_data=str(dataset.train_dir),
@@ -109,8 +117,9 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
             embedding_dim=4,
             plan=ResourcePlan(num_workers=num_workers, num_ps=1),
             training=TrainingConfig(
-                shard_size=SHARD_SIZE, epochs=EPOCHS, shard_lease_s=lease_s, batch_size=64
+                shard_size=SHARD_SIZE, epochs=EPOCHS, shard_lease_s=lease_s, batch_size=BATCH_SIZE
             ),
+            recovery=recovery or RecoveryConfig(),
         )
         layout = JobLayout(tmp_path / "job")
         layout.write_spec(spec)
@@ -135,8 +144,13 @@ def _start_running(job: Job, ps_address: str = "127.0.0.1:1") -> None:
     assert job.status()["state"] == "running"
 
 
-def _drain(job: Job, workers: tuple[str, ...] = ("worker-0", "worker-1")) -> list[dict]:
-    """Workers take turns leasing and completing shards until the queue says done."""
+def _drain(
+    job: Job,
+    workers: tuple[str, ...] = ("worker-0", "worker-1"),
+    train: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Workers take turns leasing and completing shards until the queue says done; ``train``
+    (if given) is called with each leased shard before it is reported."""
     shards: list[dict] = []
     turn = 0
     while True:
@@ -145,6 +159,8 @@ def _drain(job: Job, workers: tuple[str, ...] = ("worker-0", "worker-1")) -> lis
             assert reply == {"status": "done", "shard": None}
             return shards
         shard = reply["shard"]
+        if train is not None:
+            train(shard)
         assert job.done(workers[turn % len(workers)], shard["shard_id"])
         shards.append(shard)
         turn += 1
@@ -238,6 +254,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "started_at",
         "finished_at",
         "duration_s",
+        "recovery",
         "result",
     }
     assert status["job_id"] == "unit-job.1"
@@ -246,7 +263,16 @@ def test_status_shape_through_start_up(make_job) -> None:
         "samples_done": 0,
         "samples_total": NUM_TRAIN * EPOCHS,
         "fraction": 0.0,
-        "shards": {"todo": NUM_SHARDS, "doing": 0, "done": 0},
+        "shards": {"todo": NUM_SHARDS, "doing": 0, "done": 0, "quarantined": 0},
+    }
+    assert status["recovery"] == {
+        "restarts": 0,
+        "master_restarts": 0,
+        "recoveries": 0,
+        "recovery_seconds": {},
+        "checkpoints": 0,
+        "resumed_from": None,
+        "quarantined": [],
     }
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []
@@ -266,6 +292,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "samples": 0,
         "step_time_ms": 0.0,
         "exit_code": None,
+        "restarts": 0,
     }
     # No cluster (and no workers) until the parameter servers are up.
     assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409
@@ -312,19 +339,22 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
     _start_running(job)
     shards = _drain(job)
     assert [s["shard_id"] for s in shards] == list(range(NUM_SHARDS))
-    assert shards[0] == {"shard_id": 0, "epoch": 0, "start": 0, "end": SHARD_SIZE}
+    assert shards[0] == {"shard_id": 0, "epoch": 0, "start": 0, "end": SHARD_SIZE, "first_key": 0}
     assert shards[-1] == {
         "shard_id": NUM_SHARDS - 1,
         "epoch": EPOCHS - 1,
         "start": NUM_TRAIN - SHARD_SIZE,
         "end": NUM_TRAIN,
+        "first_key": (NUM_SHARDS - 1) * BATCHES_PER_SHARD,
     }
+    # Batch keys never collide: each shard owns BATCHES_PER_SHARD consecutive keys.
+    assert [s["first_key"] for s in shards] == [i * BATCHES_PER_SHARD for i in range(NUM_SHARDS)]
     progress = job.status()["progress"]
     assert progress == {
         "samples_done": NUM_TRAIN * EPOCHS,
         "samples_total": NUM_TRAIN * EPOCHS,
         "fraction": 1.0,
-        "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS},
+        "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS, "quarantined": 0},
     }
     assert job.lease("worker-1") == {"status": "done", "shard": None}
 
@@ -352,10 +382,12 @@ def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
     assert job.post("/shards/5/done", {"node_id": "worker-0"}) == {"accepted": False}
     assert job.post("/shards/99999/done", {"node_id": "worker-0"}) == {"accepted": False}
     assert job.post("/shards/-1/done", {"node_id": "worker-0"}) == {"accepted": False}
-    assert job.status()["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 1, "done": 0}
+    shards = job.status()["progress"]["shards"]
+    assert shards == {"todo": NUM_SHARDS - 1, "doing": 1, "done": 0, "quarantined": 0}
     assert job.done("worker-0", shard_id)
     assert not job.done("worker-0", shard_id)
-    assert job.status()["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 0, "done": 1}
+    shards = job.status()["progress"]["shards"]
+    assert shards == {"todo": NUM_SHARDS - 1, "doing": 0, "done": 1, "quarantined": 0}
 
 
 def test_expired_lease_goes_back_and_the_late_report_is_rejected(make_job) -> None:
@@ -449,15 +481,20 @@ def test_evaluation_from_an_unknown_node_is_404(make_job) -> None:
 
 
 # -- outcomes ----------------------------------------------------------------------------------
-def test_node_exiting_non_zero_fails_the_job(make_job) -> None:
-    """A crashed worker fails the job: its id and log tail in the message, its shards to TODO."""
-    job = make_job()
+def _write_log(job: Job, node_id: str, text: str) -> None:
+    job.layout.log_file(node_id).parent.mkdir(parents=True, exist_ok=True)
+    job.layout.log_file(node_id).write_text(text)
+
+
+def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> None:
+    """With no restart budget a crashed worker fails the job: its id, the exhausted setting and
+    its log tail in the message, its shards back at the front of TODO."""
+    job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
     _start_running(job)
     assert [job.lease("worker-0")["shard"]["shard_id"] for _ in range(2)] == [0, 1]
     shard = job.lease("worker-1")["shard"]["shard_id"]
     assert job.done("worker-1", shard)
-    job.layout.log_file("worker-0").parent.mkdir(parents=True, exist_ok=True)
-    job.layout.log_file("worker-0").write_text("Traceback (most recent call last):\nboom-42\n")
+    _write_log(job, "worker-0", "Traceback (most recent call last):\nboom-42\n")
 
     job.launcher.exit("worker-1", 0)  # a clean exit is not a failure
     job.master.step()
@@ -468,11 +505,17 @@ def test_node_exiting_non_zero_fails_the_job(make_job) -> None:
     status = job.status()
     assert status["state"] == "failed"
     assert "worker-0 exited with code 1" in status["message"]
-    assert "2 shard(s) returned to TODO" in status["message"]
+    assert "no restarts left (0 used, recovery.max_node_restarts=0)" in status["message"]
     assert "boom-42" in status["message"]
     assert status["finished_at"] is not None
-    assert status["progress"]["shards"] == {"todo": NUM_SHARDS - 1, "doing": 0, "done": 1}
+    assert status["progress"]["shards"] == {
+        "todo": NUM_SHARDS - 1,
+        "doing": 0,
+        "done": 1,
+        "quarantined": 0,
+    }
     assert job.master.queue.to_dict()["todo"][:2] == [0, 1]  # back at the front, in order
+    assert job.launcher.started.count(("worker-0", "worker")) == 1  # not relaunched
     nodes = {n["id"]: n for n in status["nodes"]}
     assert (nodes["worker-0"]["state"], nodes["worker-0"]["exit_code"]) == ("failed", 1)
     assert (nodes["worker-1"]["state"], nodes["worker-1"]["exit_code"]) == ("succeeded", 0)
@@ -486,15 +529,119 @@ def test_node_exiting_non_zero_fails_the_job(make_job) -> None:
     assert job.status()["message"] == status["message"]
 
 
-def test_parameter_server_crash_fails_the_job(make_job) -> None:
-    """A PS exiting non-zero while starting fails the job before any worker starts."""
+def test_failure_message_counts_the_shards_returned_to_todo(make_job) -> None:
+    """The failure message says how many shards the dead worker held (they went back to TODO)."""
+    job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
+    _start_running(job)
+    job.lease("worker-0")
+    job.lease("worker-0")
+    job.launcher.exit("worker-0", 1)
+    job.master.step()
+    assert "2 shard(s) returned to TODO" in job.status()["message"]
+
+
+def test_crashed_worker_is_relaunched_and_its_shards_go_back_to_todo(make_job) -> None:
+    """Within the restart budget a crashed worker is relaunched, its shards return to the front
+    of TODO (the death counted against the one it was training) and the job keeps running."""
     job = make_job()
+    _start_running(job)
+    assert [job.lease("worker-0")["shard"]["shard_id"] for _ in range(2)] == [0, 1]
+    job.launcher.exit("worker-0", 1)
+    job.master.step()  # the PS address is fake: its ledger is unreadable, shards resume as-is
+
+    status = job.status()
+    assert status["state"] == "running"
+    assert job.launcher.started[-1] == ("worker-0", "worker")
+    assert job.launcher.started.count(("worker-0", "worker")) == 2
+    assert status["progress"]["shards"]["todo"] == NUM_SHARDS
+    assert status["progress"]["shards"]["doing"] == 0
+    assert job.master.queue.to_dict()["todo"][:3] == [0, 1, 2]
+    assert dict(job.master.queue.failures) == {0: 1}  # the shard it was training
+    worker = next(n for n in status["nodes"] if n["id"] == "worker-0")
+    assert (worker["state"], worker["exit_code"], worker["restarts"]) == ("starting", None, 1)
+    assert status["recovery"]["restarts"] == 1
+    assert status["recovery"]["recoveries"] == 1
+
+    # The relaunched worker reports ready (its recovery is timed) and gets shard 0 again, whole.
+    job.post("/nodes/worker-0/ready", {})
+    assert list(job.status()["recovery"]["recovery_seconds"]) == ["worker"]
+    assert job.lease("worker-0")["shard"] == {
+        "shard_id": 0,
+        "epoch": 0,
+        "start": 0,
+        "end": SHARD_SIZE,
+        "first_key": 0,
+    }
+
+
+def test_worker_that_lost_its_ps_is_relaunched_for_free(make_job) -> None:
+    """Exit code EXIT_PS_LOST is not the worker's fault: relaunched even with no restart budget,
+    and its shards are not counted as failed."""
+    job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
+    _start_running(job)
+    job.lease("worker-0")
+    job.launcher.exit("worker-0", protocol.EXIT_PS_LOST)
+    job.master.step()
+    status = job.status()
+    assert status["state"] == "running"
+    assert job.launcher.started.count(("worker-0", "worker")) == 2
+    assert status["recovery"]["restarts"] == 0
+    assert job.master.queue.failures[0] == 0
+    assert job.master.queue.is_todo(0)
+
+
+def test_parameter_server_crash_is_recovered(make_job) -> None:
+    """A dead PS puts the job in RECOVERING: workers stopped (their exit is no failure), their
+    shards back in TODO, the PS relaunched; once it is ready the workers start again."""
+    job = make_job()
+    _start_running(job)
+    assert job.lease("worker-0")["shard"]["shard_id"] == 0
+    job.launcher.exit("ps-0", 137)
+    job.master.step()
+
+    status = job.status()
+    assert status["state"] == "recovering"
+    assert "ps-0 exited with code 137" in status["message"]
+    assert sorted(job.launcher.stopped) == ["worker-0", "worker-1"]
+    assert job.launcher.started.count(("ps-0", "ps")) == 2
+    assert status["progress"]["shards"] == {
+        "todo": NUM_SHARDS,
+        "doing": 0,
+        "done": 0,
+        "quarantined": 0,
+    }
+    assert status["recovery"]["restarts"] == 1
+    assert job.lease("worker-1") == {"status": "wait", "shard": None}
+    assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409  # no PS address yet
+
+    job.launcher.exit("worker-0", -15)  # the stop the master asked for: not a failure
+    job.master.step()
+    assert job.status()["state"] == "recovering"
+    assert job.status()["recovery"]["restarts"] == 1
+
+    job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:2"})
+    job.master.step()  # the fake PS has no readable ledger: nobody trains until it has one
+    assert job.status()["state"] == "recovering"
+    assert job.launcher.started.count(("worker-0", "worker")) == 1
+    job.master._reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
+    job.master.step()
+    status = job.status()
+    assert status["state"] == "running", status["message"]
+    assert job.launcher.started[-2:] == [("worker-0", "worker"), ("worker-1", "worker")]
+    assert list(status["recovery"]["recovery_seconds"]) == ["ps"]
+    assert job.lease("worker-1")["shard"]["shard_id"] == 0
+
+
+def test_parameter_server_crash_fails_the_job_without_restarts_left(make_job) -> None:
+    """With no restart budget a PS exiting non-zero while starting fails the job at once."""
+    job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
     job.master.step()
     job.launcher.exit("ps-0", 137)
     job.master.step()
     status = job.status()
     assert status["state"] == "failed"
     assert "ps-0 exited with code 137" in status["message"]
+    assert "recovery.max_node_restarts=0" in status["message"]
     assert "(no log)" in status["message"]
     assert job.launcher.started == [("ps-0", "ps")]
 
@@ -535,14 +682,25 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         address = f"127.0.0.1:{port}"
         job.post("/nodes/ps-0/ready", {"address": address})
         job.master.step()
-        # A worker touches some rows through the address the cluster route gives out.
+        # A worker touches some rows through the address the cluster route gives out, and
+        # pushes one keyed gradient per batch of every shard it trains.
         cluster = job.get("/cluster")
         client = PSClient(cluster["ps"], TOKEN)
-        group = EmbeddingLayout.from_features(job.master.features).groups[0].name
-        client.pull({group: np.arange(10, dtype=np.int64)}, dense=False)
-        client.close()
+        group = EmbeddingLayout.from_features(job.master.features).groups[0]
+        ids = {group.name: np.arange(10, dtype=np.int64)}
+        grads = {group.name: np.full((10, group.dim), 0.01, np.float32)}
+        client.pull(ids, dense=False)
 
-        assert len(_drain(job)) == NUM_SHARDS
+        def train(shard: dict) -> None:
+            batches = range(shard["start"], shard["end"], BATCH_SIZE)
+            for index, _ in enumerate(batches):
+                client.push(ids, grads, {}, key=shard["first_key"] + index)
+
+        try:
+            assert len(_drain(job, train=train)) == NUM_SHARDS
+            client.push(ids, grads, {}, key=0)  # a retried push: turned away by the ledger
+        finally:
+            client.close()
         job.master.step()
         status = job.status()
         if with_eval:
@@ -570,7 +728,19 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         "done_more_than_once": 0,
         "never_done": 0,
         "requeued": 0,
+        "quarantined": [],
+        "batches": {
+            "expected": NUM_SHARDS * BATCHES_PER_SHARD,
+            "trained_once": NUM_SHARDS * BATCHES_PER_SHARD,
+            "never_trained": 0,
+            "partially_trained": 0,
+            "retried_pushes_turned_away": 1,
+        },
     }
+    assert result["samples_resumed"] == 0
+    assert result["samples_trained_this_run"] == NUM_TRAIN * EPOCHS
+    assert result["recovery"]["restarts"] == 0 and result["recovery"]["quarantined"] == []
+    assert ps.pushes == NUM_SHARDS * BATCHES_PER_SHARD  # the retried push changed nothing
     assert result["auc"] == (0.75 if with_eval else None)
     assert result["eval_samples"] == (500 if with_eval else 0)
     model_dir = Path(result["model_dir"])
@@ -578,5 +748,6 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     manifest = json.loads((model_dir / "model.json").read_text())
     assert manifest["partitions"] == ["ps-0.npz"] and manifest["job_id"] == "unit-job.1"
     with np.load(model_dir / "ps-0.npz") as npz:
-        assert sorted(npz[f"table/{group}/ids"].tolist()) == list(range(10))
+        assert sorted(npz[f"table/{group.name}/ids"].tolist()) == list(range(10))
+        assert sorted(npz["ledger/applied"].tolist()) == list(range(NUM_SHARDS * BATCHES_PER_SHARD))
     assert json.loads(job.layout.state_file.read_text())["state"] == "succeeded"

@@ -658,3 +658,211 @@ def test_save_writes_adam_state_per_row(tmp_path: Path) -> None:
         )
         assert npz[prefix + "state/m"].shape == npz[prefix + "state/v"].shape == (2, 4)
     assert steps == {3: 2.0, 1003: 1.0}
+
+
+# -- batch ledger: exactly-once pushes --------------------------------------------------------
+def _keyed_push(key: int, scale: float = 1.0) -> dict[str, np.ndarray]:
+    return {
+        "key": np.array([key], dtype=np.int64),
+        "ids/dim4": np.array([3, 1003], dtype=np.int64),
+        "grad/dim4": np.full((2, 4), scale, np.float32),
+        "dgrad/w": np.full(3, scale, np.float32),
+    }
+
+
+def test_keyed_push_is_applied_once_and_its_retry_turned_away() -> None:
+    """The same batch key twice: the second push changes no row, no dense weight, no version."""
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    ps.init_dense({"dense/w": np.ones(3, np.float32)})
+    assert ps.push(_keyed_push(7)) == {}
+    rows = ps.tables["dim4"].snapshot()
+    dense = ps.dense.snapshot()
+    reply = ps.push(_keyed_push(7, scale=5.0))  # a retry (with whatever gradient it carries)
+    assert reply.keys() == {"duplicate"}
+    for key, value in ps.tables["dim4"].snapshot().items():
+        np.testing.assert_array_equal(value, rows[key])
+    for key, value in ps.dense.snapshot().items():
+        np.testing.assert_array_equal(value, dense[key])
+    assert ps.pushes == 1
+    assert ps.ledger.applied == {7}
+    assert dict(ps.ledger.rejected) == {7: 1}
+    # Another key is applied; unkeyed pushes always are and are not recorded.
+    assert ps.push(_keyed_push(8)) == {}
+    ps.push({k: v for k, v in _keyed_push(0).items() if k != "key"})
+    ps.push({k: v for k, v in _keyed_push(0).items() if k != "key"})
+    assert ps.pushes == 4
+    assert ps.ledger.applied == {7, 8}
+
+
+def test_malformed_push_does_not_consume_its_key(one_ps: Cluster) -> None:
+    """A push refused as invalid records nothing: the valid retry of that batch is applied."""
+    address = one_ps.addresses[0]
+    bad = {**_keyed_push(3), "grad/dim4": np.full((2, 4), np.nan, np.float32)}
+    del bad["dgrad/w"]
+    with pytest.raises(grpc.RpcError) as err:
+        _raw_call(address, "Push", bad)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert one_ps.ps[0].ledger.applied == set()
+    good = {k: v for k, v in _keyed_push(3).items() if k != "dgrad/w"}
+    assert _raw_call(address, "Push", good) == {}
+    assert one_ps.ps[0].ledger.applied == {3}
+
+
+def test_client_push_and_push_pull_carry_the_key(three_ps: Cluster) -> None:
+    """Through PSClient every PS records the key (even one that owns none of the ids) and a
+    retried push or push_pull is turned away everywhere, leaving the rows as they were."""
+    client = three_ps.client()
+    ids = {"dim1": np.array([4], dtype=np.int64)}  # one id: two of the three PS own nothing
+    grads = {"dim1": np.ones((1, 1), np.float32)}
+    try:
+        client.pull(ids, dense=False)
+        client.push(ids, grads, {}, key=11)
+        after_one, _ = client.pull(ids, dense=False, create=False)
+        client.push(ids, grads, {}, key=11)
+        retried = client.push_pull_async((ids, grads, {}), ids, [-1, -1, -1], push_key=11)
+        np.testing.assert_array_equal(retried.result().rows["dim1"], after_one["dim1"])
+        client.push_pull_async((ids, grads, {}), ids, [-1, -1, -1], push_key=12).result()
+        ledgers = client.ledgers()
+    finally:
+        client.close()
+    assert ledgers == [({11, 12}, 2)] * 3
+    assert sum(ps.pushes for ps in three_ps.ps) == 2 * 3
+
+
+def test_ledger_rpc_returns_applied_keys_and_rejections(one_ps: Cluster) -> None:
+    """The Ledger method over a real gRPC server: applied keys (sorted int64), rejected total."""
+    address = one_ps.addresses[0]
+    assert _raw_call(address, "Ledger", {})["applied"].tolist() == []
+    for key in (5, 2, 9, 2, 2):
+        push = {k: v for k, v in _keyed_push(key).items() if k != "dgrad/w"}
+        _raw_call(address, "Push", push)
+    reply = _raw_call(address, "Ledger", {})
+    assert reply["applied"].dtype == np.int64
+    assert reply["applied"].tolist() == [2, 5, 9]
+    assert reply["rejected"].tolist() == [2]
+    client = one_ps.client()
+    try:
+        assert client.ledgers() == [({2, 5, 9}, 2)]
+    finally:
+        client.close()
+
+
+# -- snapshot / restore -----------------------------------------------------------------------
+def _trained_ps(optimizer: Optimizer, index: int = 0, num_ps: int = 1) -> ParameterServer:
+    """A PS after a few keyed pushes of sparse and dense gradients (and one retry)."""
+    ps = ParameterServer(index, num_ps, LAYOUT, optimizer, SEED)
+    ps.init_dense({f"dense/{k}": v for k, v in DENSE_INIT.items()})
+    rng = np.random.default_rng(3)
+    for key in range(4):
+        ids = {
+            "dim4": np.sort(rng.choice(1300, 20, replace=False)).astype(np.int64),
+            "dim1": np.sort(rng.choice(50, 5, replace=False)).astype(np.int64),
+        }
+        push: dict[str, np.ndarray] = {"key": np.array([key], dtype=np.int64)}
+        for name, v in ids.items():
+            push[f"ids/{name}"] = v
+            push[f"grad/{name}"] = rng.normal(size=(v.size, DIMS[name])).astype(np.float32)
+        for name, value in DENSE_INIT.items():
+            push[f"dgrad/{name}"] = rng.normal(size=value.shape).astype(np.float32)
+        ps.push(push)
+    ps.push(push)  # a retry of key 3: rejected, and recorded as such
+    ps.pull({"ids/dim2": np.array([1, 2], dtype=np.int64)})  # rows created, never updated
+    return ps
+
+
+def _assert_same_arrays(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert set(a) == set(b)
+    for key in a:
+        assert a[key].dtype == b[key].dtype, key
+        np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+@pytest.mark.parametrize("name", ["adam", "adagrad"])
+def test_snapshot_restore_gives_an_identical_parameter_server(name: str) -> None:
+    """Rows, per-row optimizer state, counts, dense values + state + version and the ledger all
+    come back; the restored PS then evolves exactly like the original."""
+    optimizer = Optimizer(name, LR)  # type: ignore[arg-type]
+    original = _trained_ps(optimizer)
+    snapshot = original.snapshot()
+    assert "dense_version" in snapshot and int(snapshot["dense_version"][0]) == 4
+    assert any(k.startswith("dstate/") for k in snapshot)
+    assert snapshot["ledger/applied"].tolist() == [0, 1, 2, 3]
+
+    restored = ParameterServer(0, 1, LAYOUT, optimizer, SEED)
+    restored.restore(snapshot)
+    _assert_same_arrays(restored.snapshot(), snapshot)
+    assert restored.dense.version == original.dense.version
+    assert restored.ledger.applied == original.ledger.applied
+    assert restored.ledger.rejected == original.ledger.rejected
+
+    # Same future: a retried key is refused by both, a new push changes both identically.
+    retry = {"key": np.array([2]), "ids/dim4": np.array([1]), "grad/dim4": np.ones((1, 4))}
+    assert restored.push(retry) == original.push(retry) == {"duplicate": np.ones(1, np.uint8)}
+    step = {
+        "key": np.array([4]),
+        "ids/dim4": np.array([1, 1299]),
+        "grad/dim4": np.ones((2, 4), np.float32),
+        "dgrad/out/bias": np.array(0.25, np.float32),
+    }
+    original.push(step)
+    restored.push(step)
+    _assert_same_arrays(restored.snapshot(), original.snapshot())
+
+
+def test_restore_from_a_saved_file(tmp_path: Path) -> None:
+    """save() writes the snapshot; np.load of that file restores the same PS (what a relaunched
+    PS does with its checkpoint partition)."""
+    original = _trained_ps(Optimizer("adam", LR))
+    path = tmp_path / "ckpt" / "ps-0.npz"
+    original.save({"path": np.frombuffer(str(path).encode(), dtype=np.uint8)})
+    restored = ParameterServer(0, 1, LAYOUT, Optimizer("adam", LR), SEED)
+    with np.load(path) as npz:
+        restored.restore(dict(npz))
+    _assert_same_arrays(restored.snapshot(), original.snapshot())
+
+
+def test_restore_with_a_different_number_of_ps_is_rejected() -> None:
+    """A partition saved by a job with 2 PS does not fit a job with 3: refused, nothing loaded."""
+    snapshot = _trained_ps(ADAGRAD, index=0, num_ps=2).snapshot()
+    fresh = ParameterServer(0, 3, LAYOUT, ADAGRAD, SEED)
+    with pytest.raises(ValueError, match="checkpoint has 2 PS partitions, the job has 3"):
+        fresh.restore(snapshot)
+    assert all(t.size == 0 for t in fresh.tables.values())
+    assert fresh.dense.values == {} and fresh.ledger.applied == set()
+
+
+def test_restore_needs_empty_tables() -> None:
+    """Restoring over rows a PS already has would mix two points in training: refused."""
+    snapshot = _trained_ps(ADAGRAD).snapshot()
+    busy = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    busy.pull({"ids/dim4": np.array([1], dtype=np.int64)})
+    with pytest.raises(ValueError, match="restore needs an empty table"):
+        busy.restore(snapshot)
+
+
+def test_dense_store_snapshot_restore_keeps_a_0d_adam_step() -> None:
+    """Dense Adam state holds a 0-d step; it survives a round trip and keeps counting."""
+    adam = Optimizer("adam", LR)
+    store = DenseStore(adam)
+    store.initialize({"b": np.array(0.5, np.float32)})
+    store.apply_gradients({"b": np.array(1.0, np.float32)})
+    copy = DenseStore(adam)
+    copy.restore(store.snapshot())
+    assert copy.state["b"]["step"].shape == ()
+    assert copy.version == 1
+    for s in (store, copy):
+        s.apply_gradients({"b": np.array(-1.0, np.float32)})
+    _assert_same_arrays(copy.snapshot(), store.snapshot())
+    assert float(copy.state["b"]["step"]) == 2.0
+
+
+def test_lookup_with_state_returns_rows_and_their_optimizer_state() -> None:
+    """A training pull can read some rows' optimizer state together with the rows."""
+    table = EmbeddingTable("a", 4, vocab_size=100, seed=SEED, optimizer=ADAGRAD)
+    table.apply_gradients(np.array([2, 5]), np.ones((2, 4), np.float32))
+    rows, state = table.lookup_with_state(np.array([2, 5, 9]), np.array([5, 9]))
+    np.testing.assert_array_equal(rows, table.lookup(np.array([2, 5, 9]), create=False))
+    np.testing.assert_allclose(state["accum"][0], 1.1, rtol=1e-6)
+    np.testing.assert_array_equal(state["accum"][1], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
+    with pytest.raises(ValueError, match="state_ids must be a subset of ids"):
+        table.lookup_with_state(np.array([2]), np.array([50]))
