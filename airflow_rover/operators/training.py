@@ -166,16 +166,18 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     # -- building the job --------------------------------------------------------------------
     def _spec_or_raise(self, job_id: str, train_data: str, eval_data: str | None) -> JobSpec:
         try:
-            return JobSpec(
-                job_id=job_id,
-                train_data=train_data,
-                eval_data=eval_data,
-                model=self.model,
-                features=self.features,
-                embedding_dim=self.embedding_dim,
-                plan=ResourcePlan.model_validate(self.plan),
-                training=TrainingConfig.model_validate(self.training),
-                recovery=RecoveryConfig.model_validate(self.recovery),
+            return JobSpec.model_validate(  # one validation: errors say plan.x / recovery.y
+                {
+                    "job_id": job_id,
+                    "train_data": train_data,
+                    "eval_data": eval_data,
+                    "model": self.model,
+                    "features": self.features,
+                    "embedding_dim": self.embedding_dim,
+                    "plan": self.plan,
+                    "training": self.training,
+                    "recovery": self.recovery,
+                }
             )
         except ValidationError as exc:
             raise ValueError(

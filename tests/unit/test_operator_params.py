@@ -6,12 +6,14 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_rover.core.spec import ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.operators.training import (
     ElasticTrainingOperator,
     default_jobs_root,
@@ -45,6 +47,24 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ({"plan": "big"}, ["plan", "dict or ResourcePlan"]),
     ({"training": {"batch_size": 0}}, ["training", "batch_size", "greater than or equal to 1"]),
     ({"training": {"momentum": 0.9}}, ["training", "momentum", "not permitted"]),
+    (
+        {"recovery": {"max_node_restarts": -1}},
+        ["recovery", "max_node_restarts", "greater than or equal to 0"],
+    ),
+    (
+        {"recovery": {"checkpoint_interval_s": -5}},
+        ["recovery", "checkpoint_interval_s", "greater than or equal to 0"],
+    ),
+    (
+        {"recovery": {"max_shard_failures": 0}},
+        ["recovery", "max_shard_failures", "greater than or equal to 1"],
+    ),
+    (
+        {"recovery": {"max_master_restarts": "many"}},
+        ["recovery", "max_master_restarts", "valid integer"],
+    ),
+    ({"recovery": {"max_retries": 3}}, ["recovery", "max_retries", "not permitted"]),
+    ({"recovery": "forever"}, ["recovery", "dict or RecoveryConfig"]),
     ({"launcher": "yarn"}, ["launcher", "'yarn'", "accepted: ['local']"]),
     ({"model": "not a path"}, ["model", "'wide_deep'", "import path"]),
     ({"train_data": ""}, ["train_data", "non-empty path"]),
@@ -78,7 +98,10 @@ def test_bad_operator_parameters_fail_at_parse_time(
         assert part in message, f"{part!r} not in {message!r}"
 
 
-@pytest.mark.parametrize(("param", "model"), [("plan", ResourcePlan), ("training", TrainingConfig)])
+@pytest.mark.parametrize(
+    ("param", "model"),
+    [("plan", ResourcePlan), ("training", TrainingConfig), ("recovery", RecoveryConfig)],
+)
 def test_an_unknown_key_message_lists_the_accepted_keys(param: str, model: Any) -> None:
     """A typo in a plan/training key is answered with the keys that would have been accepted."""
     with pytest.raises(ValueError) as info:
@@ -94,6 +117,8 @@ def test_an_unknown_key_message_lists_the_accepted_keys(param: str, model: Any) 
         {"training": {"epochs": "{{ params.epochs }}", "batch_size": 512}},
         {"model": "{{ params.model }}"},
         {"train_data": "{{ ds }}/train", "output_dir": "/models/{{ ds }}"},
+        {"recovery": {"max_node_restarts": "{{ params.restarts }}", "checkpoint_interval_s": 5}},
+        {"recovery": {"max_node_restarts": "{{ params.restarts | int - 1 }}"}},
     ],
 )
 def test_templated_values_are_left_for_render_time(kwargs: dict[str, Any]) -> None:
@@ -109,6 +134,12 @@ def test_templated_values_are_left_for_render_time(kwargs: dict[str, Any]) -> No
         ("plan", {"num_workers": "{{ params.n }}", "num_gpus": 4}, "num_gpus"),
         ("plan", {"num_workers": "{{ params.n }}", "num_ps": 0}, "num_ps"),
         ("training", {"epochs": "{{ params.epochs }}", "batch_size": 0}, "batch_size"),
+        (
+            "recovery",
+            {"max_node_restarts": "{{ params.n }}", "max_master_restarts": -1},
+            "max_master_restarts",
+        ),
+        ("recovery", {"max_node_restarts": "{{ params.n }}", "max_restarts": 1}, "max_restarts"),
     ],
 )
 def test_static_values_beside_a_template_are_still_checked(
@@ -144,6 +175,46 @@ def test_template_fields_cover_every_path_and_setting() -> None:
     assert fields >= {"train_data", "eval_data", "output_dir", "model", "plan", "training"}
     for name in fields:
         assert hasattr(build(), name)
+
+
+# -- recovery --------------------------------------------------------------------------------
+def run_context(**params: Any) -> Any:
+    """The parts of a task's run-time context that rendering and ``build_spec`` read."""
+    ti = SimpleNamespace(dag_id="params_test", task_id="train", run_id="manual__1", map_index=-1)
+    return {"ti": ti, "params": params}
+
+
+def test_recovery_is_templated_and_reaches_the_job_spec() -> None:
+    """``recovery`` is a templated JSON field; a RecoveryConfig or a dict builds the spec's
+    recovery settings (defaults for what is not given)."""
+    assert "recovery" in ElasticTrainingOperator.template_fields
+    assert ElasticTrainingOperator.template_fields_renderers["recovery"] == "json"
+    config = RecoveryConfig(max_node_restarts=2, checkpoint_interval_s=5)
+    assert build(recovery=config).recovery == config.model_dump()
+    as_dict = build(recovery={"max_node_restarts": 0, "checkpoint_interval_s": 1})
+    assert as_dict.recovery == {"max_node_restarts": 0, "checkpoint_interval_s": 1}
+    spec = as_dict.build_spec(run_context())
+    assert spec.recovery == RecoveryConfig(max_node_restarts=0, checkpoint_interval_s=1)
+    assert build().recovery == {}
+    assert build().build_spec(run_context()).recovery == RecoveryConfig()
+
+
+def test_a_rendered_recovery_template_is_validated_at_run_time() -> None:
+    """A template passes at parse time; once rendered, a good value reaches the spec and a bad
+    one fails the task without retries, naming ``recovery`` and the field."""
+    operator = build(recovery={"max_node_restarts": "{{ params.restarts }}"})
+    operator.render_template_fields(run_context(restarts=4))
+    spec = operator.build_spec(run_context())
+    assert spec.recovery.max_node_restarts == 4
+
+    operator = build(recovery={"max_node_restarts": "{{ params.restarts }}"})
+    operator.render_template_fields(run_context(restarts=-1))
+    with pytest.raises(AirflowFailException) as info:
+        operator.build_spec(run_context())
+    message = str(info.value)
+    assert "ElasticTrainingOperator(task_id='train')" in message
+    for part in ["recovery", "max_node_restarts", "greater than or equal to 0"]:
+        assert part in message, f"{part!r} not in {message!r}"
 
 
 # -- the sensor ------------------------------------------------------------------------------
