@@ -1,0 +1,261 @@
+"""Resource plans for running jobs (DLRover-RM section 4.3): Pareto candidates per job from
+NSGA-II, then a weighted greedy choice across jobs that share a budget.
+
+Two objectives per job: resource cost ``RC`` (CPU and memory at their prices) and throughput
+gain ``TG``: the job's effective samples/s under a plan, counting the time a change costs
+(new pods start, PS reload their partition), minus its samples/s today. A worker-only change
+costs less than one that touches the PS, so the optimizer prefers it whenever it gains as much.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from pymoo.algorithms.moo.nsga2 import NSGA2
+from pymoo.core.problem import ElementwiseProblem
+from pymoo.operators.crossover.sbx import SBX
+from pymoo.operators.mutation.pm import PM
+from pymoo.operators.repair.rounding import RoundingRepair
+from pymoo.operators.sampling.rnd import IntegerRandomSampling
+from pymoo.optimize import minimize
+
+from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.throughput import ThroughputModel
+
+
+@dataclass(frozen=True)
+class PlanBounds:
+    """The plans a job may have: counts, and CPU sizes to choose from."""
+
+    max_workers: int = 32
+    max_ps: int = 16
+    cpu_choices: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+
+    def plan(self, w: int, p: int, wc: int, pc: int, like: ResourcePlan) -> ResourcePlan:
+        return like.model_copy(
+            update={
+                "num_workers": int(w),
+                "num_ps": int(p),
+                "worker_cpu": self.cpu_choices[int(wc)],
+                "ps_cpu": self.cpu_choices[int(pc)],
+            }
+        )
+
+
+@dataclass(frozen=True)
+class Prices:
+    cpu: float = 1.0  # per core
+    memory_gb: float = 0.1  # per GB
+
+    def cost(self, plan: ResourcePlan) -> float:
+        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
+        memory_gb = (
+            plan.num_workers * plan.worker_memory_mb + plan.num_ps * plan.ps_memory_mb
+        ) / 1024
+        return cores * self.cpu + memory_gb * self.memory_gb
+
+
+@dataclass(frozen=True)
+class ScalingCosts:
+    """Seconds a change costs: new workers start while the others train on; a PS change also
+    stops training while the PS reload their partitions."""
+
+    worker_start_s: float = 20.0
+    ps_start_s: float = 20.0
+    ps_reload_s: float = 100.0
+
+    def pause_s(self, current: ResourcePlan, plan: ResourcePlan) -> float:
+        """Training time lost to the change (seconds at zero throughput)."""
+        ps_changed = (plan.num_ps, plan.ps_cpu, plan.ps_memory_mb) != (
+            current.num_ps,
+            current.ps_cpu,
+            current.ps_memory_mb,
+        )
+        if ps_changed:
+            return self.ps_start_s + self.ps_reload_s
+        return 0.0
+
+    def ramp_s(self, current: ResourcePlan, plan: ResourcePlan) -> float:
+        """Seconds before new or resized workers train (the rest train at the old rate)."""
+        if plan == current:
+            return 0.0
+        return self.worker_start_s
+
+
+@dataclass(frozen=True)
+class Candidate:
+    plan: ResourcePlan
+    cost: float
+    gain: float  # samples/s, after the change's cost
+
+    @property
+    def efficiency(self) -> float:
+        return self.gain / self.cost if self.cost > 0 else 0.0
+
+
+def throughput_gain(
+    model: ThroughputModel,
+    current: ResourcePlan,
+    plan: ResourcePlan,
+    remaining_samples: float,
+    costs: ScalingCosts,
+) -> float:
+    """Effective samples/s over the rest of the job under ``plan`` minus today's samples/s."""
+    old = model.throughput(current)
+    if plan == current or remaining_samples <= 0:
+        return 0.0
+    new = model.throughput(plan)
+    pause, ramp = costs.pause_s(current, plan), costs.ramp_s(current, plan)
+    # During the ramp the old plan keeps training (unless the PS pause it); then the new one.
+    trained_in_ramp = 0.0 if pause else old * ramp
+    rest = max(0.0, remaining_samples - trained_in_ramp)
+    seconds = pause + (0.0 if pause else ramp) + rest / new
+    return remaining_samples / seconds - old
+
+
+class _PlanProblem(ElementwiseProblem):
+    def __init__(
+        self,
+        model: ThroughputModel,
+        current: ResourcePlan,
+        bounds: PlanBounds,
+        prices: Prices,
+        remaining: float,
+        costs: ScalingCosts,
+    ) -> None:
+        top = len(bounds.cpu_choices) - 1
+        super().__init__(
+            n_var=4,
+            n_obj=2,
+            xl=np.array([1, 1, 0, 0]),
+            xu=np.array([bounds.max_workers, bounds.max_ps, top, top]),
+            vtype=int,
+        )
+        self.args = (model, current, bounds, prices, remaining, costs)
+
+    def _evaluate(self, x: np.ndarray, out: dict, *args: object, **kwargs: object) -> None:
+        model, current, bounds, prices, remaining, costs = self.args
+        w, p, wc, pc = (int(v) for v in x)
+        plan = bounds.plan(w, p, wc, pc, like=current)
+        out["F"] = [
+            prices.cost(plan),
+            -throughput_gain(model, current, plan, remaining, costs),
+        ]
+
+
+def pareto_plans(
+    model: ThroughputModel,
+    current: ResourcePlan,
+    remaining_samples: float,
+    bounds: PlanBounds | None = None,
+    prices: Prices | None = None,
+    costs: ScalingCosts | None = None,
+    seed: int = 0,
+    generations: int = 60,
+    population: int = 60,
+) -> list[Candidate]:
+    """Non-dominated plans on (resource cost, -throughput gain), cheapest first (NSGA-II)."""
+    bounds, prices, costs = bounds or PlanBounds(), prices or Prices(), costs or ScalingCosts()
+    problem = _PlanProblem(model, current, bounds, prices, remaining_samples, costs)
+    algorithm = NSGA2(
+        pop_size=population,
+        sampling=IntegerRandomSampling(),
+        crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
+        mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
+        eliminate_duplicates=True,
+    )
+    result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
+    seen: dict[ResourcePlan, Candidate] = {}
+    for x in np.atleast_2d(result.X):
+        w, p, wc, pc = (int(v) for v in x)
+        plan = bounds.plan(w, p, wc, pc, like=current)
+        gain = throughput_gain(model, current, plan, remaining_samples, costs)
+        seen[plan] = Candidate(plan, prices.cost(plan), gain)
+    return sorted(non_dominated(list(seen.values())), key=lambda c: (c.cost, -c.gain))
+
+
+def non_dominated(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """Candidates no other candidate beats on both cost and gain."""
+    return [
+        c
+        for c in candidates
+        if not any(
+            o.cost <= c.cost and o.gain >= c.gain and (o.cost < c.cost or o.gain > c.gain)
+            for o in candidates
+        )
+    ]
+
+
+@dataclass(frozen=True)
+class JobCandidates:
+    """One running job's options for the cluster-level choice."""
+
+    job_id: str
+    current: ResourcePlan
+    current_throughput: float
+    remaining_samples: float
+    candidates: tuple[Candidate, ...]
+
+
+@dataclass(frozen=True)
+class Budget:
+    cpu: float
+    memory_mb: float
+
+    @staticmethod
+    def used(plan: ResourcePlan) -> tuple[float, float]:
+        return (
+            plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu,
+            plan.num_workers * plan.worker_memory_mb + plan.num_ps * plan.ps_memory_mb,
+        )
+
+
+def weight(
+    remaining_samples: float, throughput: float, rho: float = 1.0, eps: float = 1.0
+) -> float:
+    """Priority of a job: higher the sooner it would finish (DLRover-RM Eqn. 14)."""
+    return 1.0 / (remaining_samples / max(throughput, 1e-9) + eps) ** rho
+
+
+def weighted_greedy(
+    jobs: Sequence[JobCandidates], budget: Budget, min_gain: float = 0.0, rho: float = 1.0
+) -> dict[str, ResourcePlan]:
+    """New plans for some of ``jobs``, largest RE * WG first, while the sum of every job's plan
+    stays within ``budget`` (jobs without a new plan keep their current one)."""
+    cpu = sum(Budget.used(j.current)[0] for j in jobs)
+    mem = sum(Budget.used(j.current)[1] for j in jobs)
+    options = [
+        (c.efficiency * weight(j.remaining_samples, j.current_throughput + c.gain, rho), j, c)
+        for j in jobs
+        for c in j.candidates
+        if c.gain > min_gain and c.plan != j.current
+    ]
+    options.sort(key=lambda o: o[0], reverse=True)
+    chosen: dict[str, ResourcePlan] = {}
+    for _, job, cand in options:
+        if job.job_id in chosen:
+            continue
+        old_cpu, old_mem = Budget.used(job.current)
+        new_cpu, new_mem = Budget.used(cand.plan)
+        if cpu - old_cpu + new_cpu <= budget.cpu and mem - old_mem + new_mem <= budget.memory_mb:
+            chosen[job.job_id] = cand.plan
+            cpu += new_cpu - old_cpu
+            mem += new_mem - old_mem
+    return chosen
+
+
+def best_plan(
+    candidates: Sequence[Candidate], current: ResourcePlan, min_gain: float
+) -> Candidate | None:
+    """For one job alone: the most efficient candidate that gains at least ``min_gain``
+    samples/s; among equally good ones, one that leaves the PS as they are."""
+    useful = [c for c in candidates if c.gain >= min_gain and c.plan != current]
+    if not useful:
+        return None
+
+    def ps_changed(c: Candidate) -> bool:
+        return (c.plan.num_ps, c.plan.ps_cpu) != (current.num_ps, current.ps_cpu)
+
+    return max(useful, key=lambda c: (round(c.efficiency, 6), not ps_changed(c)))

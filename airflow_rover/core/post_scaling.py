@@ -1,0 +1,160 @@
+"""Runtime fixes a model cannot foresee (DLRover section 4.2 "adjust", DLRover-RM 4.3): a hot PS,
+idle PS CPU, a straggling worker, a PS about to run out of memory.
+
+Each rule reads a ``JobProfile`` (what the master's profiler measured) and either proposes a
+plan with its reason or stays silent; ``post_scaling`` runs them in order and returns the first
+proposal. Worker changes come before PS changes (cheaper: nothing reloads).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from airflow_rover.core.spec import ResourcePlan
+
+HOT_PS_RATIO = 2.0  # a PS using this many times the median PS CPU...
+HOT_PS_BUSY = 0.85  # ...and at least this share of its own cores is hot
+IDLE_PS_BUSY = 0.5  # every PS below this share of its cores: room for more workers
+STRAGGLER_RATIO = 2.0  # a worker this many times slower than the median straggles
+OOM_HORIZON_S = 600.0  # act when a PS would run out of memory within this horizon
+OOM_HEADROOM = 1.25
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    node_id: str
+    role: str  # "ps" or "worker"
+    cpu_used: float  # cores, averaged over the last profiling interval
+    memory_mb: float
+    step_time_ms: float = 0.0  # workers
+    memory_trend: tuple[tuple[float, float], ...] = ()  # (seconds, MB) samples, oldest first
+
+
+@dataclass(frozen=True)
+class JobProfile:
+    plan: ResourcePlan
+    nodes: tuple[NodeProfile, ...]
+    max_workers: int = 32
+    max_cpu: float = 8.0  # C_max: the largest node DLRover would ask for
+
+    def role(self, role: str) -> list[NodeProfile]:
+        return [n for n in self.nodes if n.role == role]
+
+
+@dataclass(frozen=True)
+class Proposal:
+    plan: ResourcePlan
+    rule: str
+    reason: str
+    nodes: tuple[str, ...] = field(default=())  # the nodes the rule is about
+
+
+def hot_ps(profile: JobProfile) -> Proposal | None:
+    """A PS far busier than the others (unbalanced parameters): give the PS the cores the hot
+    one needs, ``min(s_hot / s_total * s_hat * w, C_max)`` (DLRover), s_hat = PS CPU per worker."""
+    ps = profile.role("ps")
+    if len(ps) < 2:
+        return None
+    median = statistics.median(n.cpu_used for n in ps)
+    hot = max(ps, key=lambda n: n.cpu_used)
+    busy = hot.cpu_used >= HOT_PS_BUSY * profile.plan.ps_cpu
+    if not busy or hot.cpu_used < HOT_PS_RATIO * max(median, 1e-6):
+        return None
+    total = sum(n.cpu_used for n in ps)
+    w = profile.plan.num_workers
+    per_worker = total / w
+    cores = min(hot.cpu_used / total * per_worker * w * HOT_PS_RATIO, profile.max_cpu)
+    cores = max(cores, profile.plan.ps_cpu * 2)  # at least double, or it is no fix
+    cores = min(float(math.ceil(cores)), profile.max_cpu)
+    if cores <= profile.plan.ps_cpu:
+        return None
+    return Proposal(
+        profile.plan.model_copy(update={"ps_cpu": cores}),
+        "hot_ps",
+        f"{hot.node_id} uses {hot.cpu_used:.2f} cores, {hot.cpu_used / median:.1f}x the median "
+        f"PS; PS cores {profile.plan.ps_cpu:g} -> {cores:g}",
+        (hot.node_id,),
+    )
+
+
+def idle_ps(profile: JobProfile) -> Proposal | None:
+    """Every PS has idle cores: add workers, ``dw = min(s_total / s_hat, sqrt(K)) - w`` with
+    s_total the PS cores, s_hat the PS CPU one worker uses, K = ``max_workers`` squared."""
+    ps, w = profile.role("ps"), profile.plan.num_workers
+    if not ps or any(n.cpu_used >= IDLE_PS_BUSY * profile.plan.ps_cpu for n in ps):
+        return None
+    used = sum(n.cpu_used for n in ps)
+    if used <= 0:
+        return None
+    s_hat = used / w
+    s_total = profile.plan.num_ps * profile.plan.ps_cpu
+    target = min(int(s_total / s_hat), profile.max_workers)
+    if target <= w:
+        return None
+    return Proposal(
+        profile.plan.model_copy(update={"num_workers": target}),
+        "idle_ps",
+        f"PS use {used:.2f} of {s_total:g} cores ({s_hat:.2f} per worker): workers {w} -> {target}",
+    )
+
+
+def straggler(profile: JobProfile) -> Proposal | None:
+    """A worker much slower than the median: the shard queue already gives it smaller slices;
+    this rule names it so the plan's history says why (the plan itself is unchanged)."""
+    workers = [n for n in profile.role("worker") if n.step_time_ms > 0]
+    if len(workers) < 2:
+        return None
+    median = statistics.median(n.step_time_ms for n in workers)
+    slow = [n for n in workers if n.step_time_ms > STRAGGLER_RATIO * median]
+    if not slow:
+        return None
+    names = tuple(n.node_id for n in slow)
+    return Proposal(
+        profile.plan,
+        "straggler",
+        f"{', '.join(names)} step {max(n.step_time_ms for n in slow):.0f} ms against a median "
+        f"of {median:.0f} ms: it gets smaller shard slices",
+        names,
+    )
+
+
+def predicted_oom(profile: JobProfile) -> Proposal | None:
+    """Fit each PS's memory growth (least squares over its samples); if one would cross its
+    limit within ``OOM_HORIZON_S``, raise PS memory to what it needs then, with headroom."""
+    limit = profile.plan.ps_memory_mb
+    worst: tuple[float, NodeProfile, float] | None = None
+    for node in profile.role("ps"):
+        if len(node.memory_trend) < 3:
+            continue
+        t, mb = np.array(node.memory_trend).T
+        slope, intercept = np.polyfit(t - t[-1], mb, 1)
+        if slope <= 0:
+            continue
+        seconds_left = (limit - intercept) / slope
+        if seconds_left < OOM_HORIZON_S and (worst is None or seconds_left < worst[0]):
+            worst = (seconds_left, node, intercept + slope * OOM_HORIZON_S)
+    if worst is None:
+        return None
+    seconds_left, node, needed = worst
+    memory = int(math.ceil(needed * OOM_HEADROOM / 256.0) * 256)
+    return Proposal(
+        profile.plan.model_copy(update={"ps_memory_mb": max(memory, limit + 256)}),
+        "predicted_oom",
+        f"{node.node_id} grows to its {limit} MB limit in {max(seconds_left, 0):.0f} s; "
+        f"PS memory {limit} -> {max(memory, limit + 256)} MB",
+        (node.node_id,),
+    )
+
+
+Rule = Callable[[JobProfile], Proposal | None]
+RULES: tuple[Rule, ...] = (predicted_oom, hot_ps, idle_ps, straggler)
+
+
+def post_scaling(profile: JobProfile, rules: Sequence[Rule] = RULES) -> list[Proposal]:
+    """Every rule's proposal, most urgent first (an OOM ends the job; a hot PS slows it all)."""
+    return [p for rule in rules if (p := rule(profile)) is not None]

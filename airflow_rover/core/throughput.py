@@ -1,0 +1,111 @@
+"""The resource-performance model of a PS training job (DLRover-RM section 4.1), fitted online.
+
+With ``w`` workers of ``lw`` cores, ``p`` PS of ``lp`` cores, batch ``m``, dense model size ``M``,
+bandwidth ``B`` and embedding width ``D``, one iteration of one worker takes
+
+    T = a_grad * m/lw + a_upd * w/(p*lp) + a_sync * (M/p)/(B/w) + a_emb * m*D/p + b
+
+(``b``: the sum of the paper's four constant terms, which the data cannot tell apart), and the
+job trains ``w * m / T`` samples per second. All coefficients are >= 0. ``fit`` finds them from
+observed iteration times with non-negative least squares on relative errors (each row divided
+by its observed time), a linear stand-in for the paper's RMSLE that NNLS can solve exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import nnls
+
+from airflow_rover.core.spec import ResourcePlan
+
+TERMS = ("grad", "upd", "sync", "emb")
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the model needs to know about a job besides its plan."""
+
+    batch_size: int
+    model_size: float  # dense parameters, in the unit the coefficients were fitted with (MB)
+    bandwidth: float  # per node (MB/s)
+    embedding_dim: int
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    grad: float
+    upd: float
+    sync: float
+    emb: float
+    bias: float
+
+    @classmethod
+    def paper(cls) -> Coefficients:
+        """The values DLRover-RM reports for its cluster (a_* and the sum of b_*)."""
+        return cls(grad=3.48, upd=2.36, sync=0.68, emb=2.45, bias=2.45)
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.grad, self.upd, self.sync, self.emb, self.bias])
+
+
+def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
+    """The four load terms of an iteration under ``plan`` (without coefficients), plus 1."""
+    w, p = plan.num_workers, plan.num_ps
+    m, d = shape.batch_size, shape.embedding_dim
+    return np.array(
+        [
+            m / plan.worker_cpu,
+            w / (p * plan.ps_cpu),
+            (shape.model_size / p) / (shape.bandwidth / w),
+            m * d / p,
+            1.0,
+        ]
+    )
+
+
+@dataclass(frozen=True)
+class ThroughputModel:
+    coefficients: Coefficients
+    shape: JobShape
+
+    def iteration_time(self, plan: ResourcePlan) -> float:
+        return float(features(plan, self.shape) @ self.coefficients.as_array())
+
+    def throughput(self, plan: ResourcePlan) -> float:
+        """Samples per second of the whole job under ``plan``."""
+        return plan.num_workers * self.shape.batch_size / self.iteration_time(plan)
+
+    @classmethod
+    def fit(
+        cls,
+        shape: JobShape,
+        observations: Sequence[tuple[ResourcePlan, float]],
+        prior: Coefficients | None = None,
+        prior_weight: float = 0.0,
+    ) -> ThroughputModel:
+        """Fit the coefficients to ``(plan, observed iteration time)`` pairs.
+
+        Few plans cannot pin five coefficients down (a job that never changed its plan has one
+        distinct row); ``prior`` with ``prior_weight`` > 0 adds ridge rows that pull each
+        coefficient towards the prior's, so the model stays sensible until the data decide.
+        """
+        if not observations:
+            raise ValueError("observations: at least one (plan, iteration time) is needed")
+        rows, targets = [], []
+        for plan, seconds in observations:
+            if not seconds > 0:
+                raise ValueError(f"observations: iteration time must be > 0, got {seconds}")
+            rows.append(features(plan, shape) / seconds)
+            targets.append(1.0)
+        a, y = np.array(rows), np.array(targets)
+        if prior is not None and prior_weight > 0:
+            ridge = np.sqrt(prior_weight) * np.eye(len(TERMS) + 1)
+            target = ridge @ np.ones(len(TERMS) + 1)
+            scale = prior.as_array()
+            a = np.vstack([a, ridge / np.where(scale > 0, scale, 1.0)])
+            y = np.concatenate([y, np.where(scale > 0, target, 0.0)])
+        solution, _ = nnls(a, y)
+        return cls(Coefficients(*map(float, solution)), shape)
