@@ -23,6 +23,7 @@ IDLE_PS_BUSY = 0.5  # every PS below this share of its cores: room for more work
 STRAGGLER_RATIO = 2.0  # a worker this many times slower than the median straggles
 OOM_HORIZON_S = 600.0  # act when a PS would run out of memory within this horizon
 OOM_HEADROOM = 1.25
+OOM_MIN_SAMPLES = 10
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,11 @@ def predicted_oom(profile: JobProfile) -> Proposal | None:
     limit = profile.plan.ps_memory_mb
     worst: tuple[float, NodeProfile, float] | None = None
     for node in profile.role("ps"):
-        if len(node.memory_trend) < 3:
+        if len(node.memory_trend) < OOM_MIN_SAMPLES:
             continue
-        t, mb = np.array(node.memory_trend).T
+        # The recent slope: a PS grows fast while it creates rows for ids it has not seen and
+        # slows as they repeat; the oldest samples would overstate the growth.
+        t, mb = np.array(node.memory_trend[-OOM_MIN_SAMPLES:]).T
         slope, intercept = np.polyfit(t - t[-1], mb, 1)
         if slope <= 0:
             continue

@@ -112,6 +112,28 @@ class RecoveryConfig(_Strict):
     )
 
 
+class AutoscaleConfig(_Strict):
+    """The job's resource optimizer: it profiles the nodes and proposes plans, which the trigger
+    applies (``docs/optimizer.md``)."""
+
+    enabled: bool = True
+    interval_s: float = Field(default=10.0, gt=0, description="seconds between optimizer runs")
+    sampling_s: float = Field(
+        default=10.0, ge=0, description="profile this long under a plan before judging it"
+    )
+    min_plan_interval_s: float = Field(
+        default=30.0, ge=0, description="never propose two plans closer than this"
+    )
+    max_workers: int = Field(default=4, ge=1, le=1024)
+    max_ps: int = Field(default=4, ge=1, le=256)
+    cpu_budget: float | None = Field(
+        default=None,
+        gt=0,
+        description="cores all nodes together may request; default: what the launcher hosts "
+        "(the local launcher: this machine's cores)",
+    )
+
+
 class JobSpec(_Strict):
     """Everything a job's processes need to run; written to ``job.json`` by the launcher."""
 
@@ -129,6 +151,7 @@ class JobSpec(_Strict):
     plan: ResourcePlan = ResourcePlan()
     training: TrainingConfig = TrainingConfig()
     recovery: RecoveryConfig = RecoveryConfig()
+    autoscale: AutoscaleConfig = AutoscaleConfig()
 
     @field_validator("model")
     @classmethod

@@ -83,6 +83,17 @@ class ElasticJobHook(BaseHook):
                 self.log.warning("Stop request failed (%s); terminating the master", exc)
         await asyncio.to_thread(self.stop_master_process)
 
+    async def async_apply_plan(self, plan_id: int) -> dict[str, Any]:
+        """Ask the master to apply its proposed plan ``plan_id``; returns the plan's record."""
+        address, _ = self._master()
+        async with httpx.AsyncClient(timeout=self._timeout) as client:
+            reply = await client.post(
+                f"{address}{API_PREFIX}/plans/{plan_id}/apply", headers=self._headers()
+            )
+            reply.raise_for_status()
+            record: dict[str, Any] = reply.json()
+            return record
+
     # -- status ------------------------------------------------------------------------------
     def get_status(self) -> dict[str, Any]:
         return local_job_status(self.layout, self._timeout)

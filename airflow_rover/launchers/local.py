@@ -70,6 +70,7 @@ class LocalNodeLauncher:
     """Runs a job's nodes as child processes of the master."""
 
     def __init__(self, layout: JobLayout, master_addr: str, threads_per_node: int = 1) -> None:
+        self.capacity_cpu = float(os.cpu_count() or 1)  # plans beyond it are not proposed
         self.layout = layout
         self.master_addr = master_addr
         self.threads_per_node = threads_per_node

@@ -79,6 +79,15 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         return {"ok": True}
 
+    @app.get(f"{P}/plans")
+    def get_plans() -> list[dict[str, Any]]:
+        return master.status()["plans"]
+
+    @app.post(f"{P}/plans/{{plan_id}}/apply")
+    def apply_plan(plan_id: int) -> dict[str, Any]:
+        result: dict[str, Any] = _known(master.apply_plan, plan_id)
+        return result
+
     @app.post(f"{P}/stop")
     def stop(body: protocol.StopRequest) -> dict[str, str]:
         master.request_stop(body.reason)

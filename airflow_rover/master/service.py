@@ -22,11 +22,13 @@ from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json
 from airflow_rover.core.shards import Shard, ShardQueue
-from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
+from airflow_rover.core.throughput import JobShape
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.launchers.base import NodeLauncher, Role
 from airflow_rover.master import protocol
+from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.ps.client import PSClient
 
 log = logging.getLogger(__name__)
@@ -97,6 +99,16 @@ class JobMaster:
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
+        self.profiler = Profiler(getattr(launcher, "pid", lambda _node: None))
+        self.autoscaler = Autoscaler(
+            spec.autoscale,
+            JobShape(
+                t.batch_size, model_size=1.0, bandwidth=1000.0, embedding_dim=spec.embedding_dim
+            ),
+            getattr(launcher, "capacity_cpu", None),
+        )
+        self._last_autoscale = 0.0
+        self._tick_samples: tuple[dict[str, int], float | None] = ({}, None)
         self.master_restarts = master_restarts
         if master_restarts:  # a keeper relaunched this master: time its recovery
             deaths = (layout.read_json(layout.root / "keeper.json") or {}).get("master_deaths")
@@ -277,6 +289,8 @@ class JobMaster:
                 "finished_at": self.finished_at,
                 "duration_s": round(end - self.started_at, 3),
                 "recovery": self._recovery_summary(),
+                "plans": self.autoscaler.plans,
+                "profile": self.autoscaler.report(self.profiler),
                 "result": self.result,
             }
 
@@ -346,6 +360,7 @@ class JobMaster:
                         self._complete()
                 else:
                     self._maybe_checkpoint()
+                    self._autoscale()
             elif self.state == JobState.EVALUATING and self._evaluation_finished():
                 self._complete()
             self.mirror_state()
@@ -505,6 +520,82 @@ class JobMaster:
             for k in keys.keys(shard)
             if k in everywhere
         )
+
+    # -- resources ---------------------------------------------------------------------------
+    def _autoscale(self) -> None:
+        """Profile the nodes and let the autoscaler propose a plan (the trigger applies it)."""
+        now = time.time()
+        if now - self._last_autoscale < self.spec.autoscale.interval_s:
+            return
+        self._last_autoscale = now
+        running = {
+            n.node_id: n.role
+            for n in self.nodes.values()
+            if n.state == NodeState.RUNNING and n.role in ("ps", "worker")
+        }
+        self.profiler.sample(running, now)
+        step_times = {
+            n.node_id: n.step_time_ms
+            for n in self.nodes.values()
+            if n.role == "worker" and n.state == NodeState.RUNNING and n.step_time_ms > 0
+        }
+        rate = self._rate_since_last_tick(now)
+        plan = self.spec.plan
+        if len(step_times) < plan.num_workers:  # a worker is (re)starting: not this plan's speed
+            self.autoscaler.plan_changed(now)
+            return
+        if self.queue.counts()["todo"] > 0 and rate is not None:  # the tail is no sample
+            self.autoscaler.record(now, plan, rate, list(step_times.values()))
+        remaining = self.queue.total_samples - self.queue.done_samples
+        self.autoscaler.propose(now, plan, self.profiler, step_times, remaining)
+
+    def _rate_since_last_tick(self, now: float) -> float | None:
+        """Samples/s the workers trained since the last tick (per-node counters, so a worker
+        that restarts from zero does not count negative)."""
+        counts = {n.node_id: n.samples for n in self.nodes.values() if n.role == "worker"}
+        previous, since = self._tick_samples
+        self._tick_samples = (counts, now)
+        if since is None or now <= since:
+            return None
+        trained = sum(max(0, c - previous.get(node, c)) for node, c in counts.items())
+        return trained / (now - since)
+
+    def apply_plan(self, plan_id: int) -> dict[str, Any]:
+        """Apply a proposed plan: start or stop workers. Changes to the PS or to node sizes need
+        live migration (elastic scaling) and are declined with that reason."""
+        with self._lock:
+            record = next((p for p in self.autoscaler.plans if p["id"] == plan_id), None)
+            if record is None:
+                raise KeyError(f"no plan {plan_id}")
+            if record["state"] != "proposed":
+                return record  # applying twice is a no-op (a re-created trigger may retry)
+            plan = ResourcePlan.model_validate(record["plan"])
+            current = self.spec.plan
+            if self.state != JobState.RUNNING:
+                record.update(state="declined", note=f"the job is {self.state}")
+                return record
+            if plan.model_copy(update={"num_workers": current.num_workers}) != current:
+                record.update(
+                    state="declined",
+                    note="PS and node-size changes need live migration (elastic scaling); "
+                    "only the worker count changes here",
+                )
+                return record
+            for i in range(current.num_workers, plan.num_workers):
+                self._start(f"worker-{i}", "worker")
+            for i in range(plan.num_workers, current.num_workers):
+                node = self.nodes.get(f"worker-{i}")
+                if node is not None and node.exit_code is None:
+                    node.stopping = True
+                    self.launcher.stop(node.node_id)
+                self._reconcile(self.queue.release_worker(f"worker-{i}"))
+            self.spec = self.spec.model_copy(update={"plan": plan})
+            self.layout.write_spec(self.spec)  # a relaunched master keeps the plan
+            self.autoscaler.applied(time.time())
+            record.update(state="applied", applied_at=time.time())
+            log.info("applied plan %d: %s", plan_id, plan.model_dump())
+            self.mirror_state(force=True)
+            return record
 
     def _maybe_checkpoint(self) -> None:
         interval = self.spec.recovery.checkpoint_interval_s

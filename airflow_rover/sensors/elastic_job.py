@@ -105,6 +105,7 @@ class ElasticJobSensor(BaseSensorOperator):
                 poll_interval=float(self.poke_interval),
                 milestone=self.milestone.model_dump(mode="json"),
                 stop_on_kill=False,  # never stop a job this task does not own
+                apply_plans=False,  # nor change its resources
             ),
             method_name="execute_complete",
             timeout=timedelta(seconds=float(self.timeout)),

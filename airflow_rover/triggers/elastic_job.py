@@ -32,7 +32,8 @@ def job_event(status: str, job: dict[str, Any], message: str | None = None) -> d
 
 
 class ElasticJobTrigger(BaseTrigger):
-    """Wait until the job in ``job_dir`` reaches ``milestone`` (default: it succeeded)."""
+    """Wait until the job in ``job_dir`` reaches ``milestone`` (default: it succeeded), applying
+    the resource plans the job's optimizer proposes on the way (``apply_plans``)."""
 
     def __init__(
         self,
@@ -40,12 +41,14 @@ class ElasticJobTrigger(BaseTrigger):
         poll_interval: float = 5.0,
         milestone: dict[str, Any] | None = None,
         stop_on_kill: bool = False,
+        apply_plans: bool = True,
     ) -> None:
         super().__init__()
         self.job_dir = job_dir
         self.poll_interval = poll_interval
         self.milestone = Milestone.model_validate(milestone or {})
         self.stop_on_kill = stop_on_kill
+        self.apply_plans = apply_plans
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -55,6 +58,7 @@ class ElasticJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "milestone": self.milestone.model_dump(mode="json"),
                 "stop_on_kill": self.stop_on_kill,
+                "apply_plans": self.apply_plans,
             },
         )
 
@@ -74,6 +78,8 @@ class ElasticJobTrigger(BaseTrigger):
                     status = _EVENT_STATUS.get(JobState(job["state"]), "failed")
                     yield TriggerEvent(job_event(status, job, f"{missed}: {job.get('message')}"))
                     return
+                if self.apply_plans:
+                    await self._apply_proposed(hook, job)
                 self.log.info(
                     "Job %s: %s, %s samples, %s samples/s",
                     job.get("job_id", self.job_dir),
@@ -85,6 +91,20 @@ class ElasticJobTrigger(BaseTrigger):
         except Exception as exc:  # report, never crash the triggerer
             self.log.exception("Polling job %s failed", self.job_dir)
             yield TriggerEvent(job_event("error", {"job_id": None}, f"{type(exc).__name__}: {exc}"))
+
+    async def _apply_proposed(self, hook: ElasticJobHook, job: dict[str, Any]) -> None:
+        """Apply the plan the job's optimizer proposed (applying twice is a no-op there)."""
+        for plan in job.get("plans") or []:
+            if plan.get("state") == "proposed":
+                record = await hook.async_apply_plan(int(plan["id"]))
+                self.log.info(
+                    "Plan %s (%s: %s): %s%s",
+                    plan["id"],
+                    plan.get("rule"),
+                    plan.get("reason"),
+                    record.get("state"),
+                    f" ({record['note']})" if record.get("note") else "",
+                )
 
     async def on_kill(self) -> None:
         """The user marked the task failed/success or cleared it: stop the job, orphan nothing."""

@@ -1,0 +1,242 @@
+"""The master's side of the resource optimizer: profile the nodes, propose plans with reasons.
+
+Every ``autoscale.interval_s`` the master samples each node's CPU and memory (psutil, through
+the launcher's pids) and the job's throughput and step times. Once a plan has run for
+``sampling_s``, the autoscaler asks the post-scaling rules (hot PS, idle PS, predicted OOM:
+``core.post_scaling``) and, when the job has run under at least two plans, the fitted
+throughput model and its Pareto candidates (``core.optimizer``) for a better plan. A proposal is
+only proposed: the trigger applies it (``POST /plans/{id}/apply``), so Airflow stays in charge.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from airflow_rover.core.optimizer import PlanBounds, best_plan, pareto_plans
+from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
+from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
+from airflow_rover.core.throughput import JobShape, ThroughputModel
+
+log = logging.getLogger(__name__)
+
+MEMORY_TREND_SAMPLES = 30
+MIN_MODEL_GAIN = 0.10  # a model-based plan must promise at least 10% more samples/s
+
+
+@dataclass
+class NodeSample:
+    role: str
+    cpu_used: float = 0.0
+    memory_mb: float = 0.0
+    peak_memory_mb: float = 0.0
+    trend: collections.deque[tuple[float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=MEMORY_TREND_SAMPLES)
+    )
+
+
+class Profiler:
+    """CPU (cores) and resident memory of each node process, sampled by pid."""
+
+    def __init__(self, pid_of: Callable[[str], int | None]) -> None:
+        self._pid_of = pid_of
+        self._procs: dict[str, psutil.Process] = {}
+        self.nodes: dict[str, NodeSample] = {}
+
+    def sample(self, roles: Mapping[str, str], now: float) -> None:
+        for node_id, role in roles.items():
+            pid = self._pid_of(node_id)
+            if pid is None:
+                continue
+            proc = self._procs.get(node_id)
+            if proc is None or proc.pid != pid:
+                try:
+                    proc = psutil.Process(pid)
+                    proc.cpu_percent(None)  # the first reading is meaningless: prime it
+                except psutil.Error:
+                    continue
+                self._procs[node_id] = proc
+                self.nodes[node_id] = NodeSample(role)
+                continue
+            try:
+                cpu = proc.cpu_percent(None) / 100.0
+                rss = proc.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            node = self.nodes[node_id]
+            node.cpu_used, node.memory_mb = cpu, rss
+            node.peak_memory_mb = max(node.peak_memory_mb, rss)
+            node.trend.append((now, rss))
+
+
+class Autoscaler:
+    """Proposals for one job, each with the rule or Pareto point behind it."""
+
+    def __init__(
+        self, config: AutoscaleConfig, shape: JobShape, capacity_cpu: float | None = None
+    ) -> None:
+        self.config = config
+        self.shape = shape
+        # the budget: the job's own, else what the launcher can host (a machine's cores)
+        self.cpu_budget = config.cpu_budget if config.cpu_budget is not None else capacity_cpu
+        self.plans: list[dict[str, Any]] = []
+        self.throughput: list[dict[str, Any]] = []
+        self._plan_since = time.time()
+        self._last_change = 0.0
+
+    def plan_changed(self, now: float) -> None:
+        """The plan's workers are (re)starting: sample it afresh from now."""
+        self._plan_since = now
+
+    def applied(self, now: float) -> None:
+        self._last_change = now
+        self.plan_changed(now)
+
+    def record(
+        self, now: float, plan: ResourcePlan, samples_per_second: float, step_times: list[float]
+    ) -> None:
+        """A throughput sample, kept only once the plan has run for its sampling period."""
+        if now - self._plan_since < self.config.sampling_s or not step_times:
+            return
+        self.throughput.append(
+            {
+                "at": now,
+                "plan": plan.model_dump(),
+                "samples_per_second": round(samples_per_second, 1),
+                "step_time_ms": round(statistics.mean(step_times), 3),
+            }
+        )
+
+    def pending(self) -> dict[str, Any] | None:
+        return next((p for p in self.plans if p["state"] == "proposed"), None)
+
+    def propose(
+        self,
+        now: float,
+        plan: ResourcePlan,
+        profiler: Profiler,
+        step_times: dict[str, float],
+        remaining_samples: float,
+    ) -> dict[str, Any] | None:
+        """A new proposal, or None (too early, one is already waiting, or nothing to gain)."""
+        cfg = self.config
+        if (
+            not cfg.enabled
+            or self.pending() is not None
+            or now - self._plan_since < cfg.sampling_s
+            or now - self._last_change < cfg.min_plan_interval_s
+        ):
+            return None
+        profile = JobProfile(
+            plan=plan,
+            nodes=tuple(
+                NodeProfile(
+                    node_id=node_id,
+                    role=sample.role,
+                    cpu_used=sample.cpu_used,
+                    memory_mb=sample.memory_mb,
+                    step_time_ms=step_times.get(node_id, 0.0),
+                    memory_trend=tuple(sample.trend),
+                )
+                for node_id, sample in profiler.nodes.items()
+                if sample.role in ("ps", "worker")
+            ),
+            max_workers=cfg.max_workers,
+        )
+        choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
+        if choice is None:
+            return None
+        record = {
+            "id": len(self.plans) + 1,
+            "at": now,
+            "plan": choice.plan.model_dump(),
+            "previous": plan.model_dump(),
+            "rule": choice.rule,
+            "reason": choice.reason,
+            "state": "proposed",
+        }
+        self.plans.append(record)
+        log.info("proposed plan %d (%s): %s", record["id"], choice.rule, choice.reason)
+        return record
+
+    def _fits(self, plan: ResourcePlan) -> bool:
+        cfg = self.config
+        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
+        return (
+            plan.num_workers <= cfg.max_workers
+            and plan.num_ps <= cfg.max_ps
+            and (self.cpu_budget is None or cores <= self.cpu_budget)
+        )
+
+    def _declined(self, plan: ResourcePlan) -> set[str]:
+        """Rules whose proposal for this very plan was declined: not proposed again."""
+        current = plan.model_dump()
+        return {
+            str(p["rule"])
+            for p in self.plans
+            if p["state"] == "declined" and p["previous"] == current
+        }
+
+    def _from_rules(self, profile: JobProfile) -> Proposal | None:
+        declined = self._declined(profile.plan)
+        for proposal in post_scaling(profile):
+            if proposal.rule in declined:
+                continue
+            plan = self._within_budget(proposal.plan, profile.plan)
+            if plan is not None:
+                reason = proposal.reason
+                if plan != proposal.plan:
+                    reason += f"; {plan.num_workers} workers fit autoscale.cpu_budget"
+                return Proposal(plan, proposal.rule, reason, proposal.nodes)
+        return None
+
+    def _within_budget(self, plan: ResourcePlan, current: ResourcePlan) -> ResourcePlan | None:
+        """``plan``, or as many more workers as the budget allows; None if nothing changes."""
+        while plan.num_workers > current.num_workers and not self._fits(plan):
+            plan = plan.model_copy(update={"num_workers": plan.num_workers - 1})
+        return plan if plan != current and self._fits(plan) else None
+
+    def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
+        """Fit the throughput model to the iteration times seen under each plan; it needs two
+        distinct plans before it can tell the terms apart."""
+        by_plan: dict[ResourcePlan, list[float]] = collections.defaultdict(list)
+        for sample in self.throughput:
+            by_plan[ResourcePlan.model_validate(sample["plan"])].append(sample["step_time_ms"])
+        if len(by_plan) < 2 or plan not in by_plan:
+            return None
+        observations = [(p, statistics.median(ms) / 1000.0) for p, ms in by_plan.items()]
+        model = ThroughputModel.fit(self.shape, observations)
+        if plan.worker_cpu != plan.ps_cpu:
+            return None  # node sizes are not resized here: counts only, at today's size
+        bounds = PlanBounds(
+            max_workers=self.config.max_workers,
+            max_ps=self.config.max_ps,
+            cpu_choices=(plan.worker_cpu,),
+        )
+        candidates = [
+            c for c in pareto_plans(model, plan, remaining_samples, bounds) if self._fits(c.plan)
+        ]
+        best = best_plan(candidates, plan, MIN_MODEL_GAIN * model.throughput(plan))
+        if best is None or "pareto" in self._declined(plan):
+            return None
+        return Proposal(
+            best.plan,
+            "pareto",
+            f"fitted model: {model.throughput(plan):.0f} -> "
+            f"{model.throughput(best.plan):.0f} samples/s for cost {best.cost:.1f} "
+            f"(Pareto point {candidates.index(best) + 1} of {len(candidates)})",
+        )
+
+    def report(self, profiler: Profiler) -> dict[str, Any]:
+        return {
+            "throughput": self.throughput[-200:],
+            "peak_memory_mb": {n: round(s.peak_memory_mb, 1) for n, s in profiler.nodes.items()},
+            "cpu_used": {n: round(s.cpu_used, 3) for n, s in profiler.nodes.items()},
+        }
