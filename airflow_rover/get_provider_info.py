@@ -23,7 +23,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "airflow-rover",
-                "python-modules": ["airflow_rover.operators.training"],
+                "python-modules": [
+                    "airflow_rover.operators.training",
+                    "airflow_rover.operators.warm_start",
+                ],
             }
         ],
         "sensors": [
@@ -35,7 +38,16 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "airflow-rover",
-                "python-modules": ["airflow_rover.hooks.elastic_job"],
+                "python-modules": [
+                    "airflow_rover.hooks.elastic_job",
+                    "airflow_rover.store.connection",
+                ],
+            }
+        ],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_rover.store.connection.HistoryStoreHook",
+                "connection-type": "rover_history",
             }
         ],
         "triggers": [

@@ -3,7 +3,13 @@
 Each logical date gets its own data and its own model folder, so a backfill of three dates
 trains three independent models and re-running a date replaces only that date's model.
 
-generate_day_data -> train -> quality_gate (held-out AUC >= params.min_auc) -> publish_metrics
+generate_day_data -> warm_start -> train -> quality_gate (held-out AUC >= params.min_auc)
+-> publish_metrics
+
+``warm_start`` picks the training plan from the most similar past runs recorded in the history
+store (``$AIRFLOW_HOME/rover/history.db``; every finished ``train`` job is recorded there) and
+falls back to ``params.num_workers`` / ``params.num_ps`` when there is none, or when the run
+is triggered with ``warm_start=false``.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from airflow_rover.operators.training import ElasticTrainingOperator
+from airflow_rover.operators.warm_start import WarmStartOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
 
 ROVER_HOME = Path(
@@ -41,6 +48,12 @@ MODEL_DIR = str(ROVER_HOME / "models" / "{{ ds }}")
         "num_ps": Param(2, type="integer", minimum=1),
         "epochs": Param(1, type="integer", minimum=1),
         "min_auc": Param(0.70, type="number", minimum=0.5, maximum=1.0),
+        "warm_start": Param(
+            True,
+            type="boolean",
+            description="start from the plans of similar past runs; "
+            "num_workers/num_ps are the plan when there is none (or when false)",
+        ),
     },
     tags=["airflow-rover", "example"],
 )
@@ -68,13 +81,25 @@ def rover_daily_retrain() -> None:
 
     day = generate_day_data()
 
+    warm_start = WarmStartOperator(
+        task_id="warm_start",
+        model="wide_deep",
+        train_data=f"{DATA_DIR}/train",
+        for_task_id="train",
+        cold_start_plan={
+            "num_workers": "{{ params.num_workers }}",
+            "num_ps": "{{ params.num_ps }}",
+        },
+        k="{{ 5 if params.warm_start else 0 }}",
+    )
+
     train = ElasticTrainingOperator(
         task_id="train",
         train_data=f"{DATA_DIR}/train",
         eval_data=f"{DATA_DIR}/eval",
         output_dir=MODEL_DIR,
         model="wide_deep",
-        plan={"num_workers": "{{ params.num_workers }}", "num_ps": "{{ params.num_ps }}"},
+        plan="{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}",
         training={"epochs": "{{ params.epochs }}", "batch_size": 512, "optimizer": "adam"},
         poll_interval=2.0,
     )
@@ -101,7 +126,7 @@ def rover_daily_retrain() -> None:
         )
         return str(path)
 
-    day >> train >> quality_gate
+    day >> warm_start >> train >> quality_gate
     publish_metrics(metrics=train.output, gate=quality_gate.output)
 
 

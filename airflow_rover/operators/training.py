@@ -18,6 +18,8 @@ from airflow.sdk import BaseOperator, Context, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from airflow_rover.core.features import resolve_features
+from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import (
     FeatureConfig,
     JobSpec,
@@ -26,7 +28,8 @@ from airflow_rover.core.spec import (
     TrainingConfig,
     check_model_ref,
 )
-from airflow_rover.core.states import ACTIVE_STATES, JobState
+from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
+from airflow_rover.core.warm_start import JobTraits
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.operators._validation import (
     check_static_entries,
@@ -34,7 +37,10 @@ from airflow_rover.operators._validation import (
     has_template,
     parse_param,
 )
+from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.preflight import PreflightError, preflight
+from airflow_rover.store.connection import HistoryStoreHook
+from airflow_rover.store.records import record_from_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
 LAUNCHERS = ("local",)
@@ -81,7 +87,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``. (templated)
     :param model: a reference model (``"wide_deep"``) or ``"package.module:factory"``. (templated)
     :param plan: initial resources: ``num_workers``, ``num_ps``, ``worker_cpu``,
-        ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``. (templated)
+        ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``; or a template rendering to such a
+        dict, e.g. a ``WarmStartOperator``'s ``"{{ ti.xcom_pull('warm_start')['plan'] }}"``.
+        With ``warm_start`` this is the cold-start plan. (templated)
     :param training: ``batch_size``, ``epochs``, ``learning_rate``, ``shard_size``, ``seed``.
         (templated)
     :param recovery: ``checkpoint_interval_s``, ``max_node_restarts``, ``max_shard_failures``,
@@ -92,6 +100,13 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host).
     :param poll_interval: seconds between the trigger's polls of the master.
     :param max_runtime: the job is failed if it runs longer than this.
+    :param warm_start: start from the smoothed final plans of the most similar past jobs in the
+        history store (as ``WarmStartOperator`` does; ``plan`` without history); the decision
+        is pushed to XCom under ``warm_start``.
+    :param history_conn_id: connection to the history database, where every ended job is
+        recorded; default SQLite in ``$AIRFLOW_HOME/rover/history.db``. (templated)
+
+    .. seealso:: ``docs/warm-start.md``
     """
 
     template_fields: Sequence[str] = (
@@ -102,6 +117,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         "plan",
         "training",
         "recovery",
+        "history_conn_id",
     )
     template_fields_renderers = {"plan": "json", "training": "json", "recovery": "json"}
     ui_color = "#d9f2e6"
@@ -114,7 +130,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         eval_data: str | None = None,
         output_dir: str | None = None,
         model: str = "wide_deep",
-        plan: dict[str, Any] | ResourcePlan | None = None,
+        plan: dict[str, Any] | ResourcePlan | str | None = None,
         training: dict[str, Any] | TrainingConfig | None = None,
         recovery: dict[str, Any] | RecoveryConfig | None = None,
         features: dict[str, Any] | FeatureConfig | None = None,
@@ -122,10 +138,14 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         launcher: str = "local",
         poll_interval: float = 5.0,
         max_runtime: timedelta = timedelta(hours=12),
+        warm_start: bool = False,
+        history_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        if not isinstance(warm_start, bool):
+            raise ValueError(f"{owner}: warm_start must be True or False, got {warm_start!r}")
         if not isinstance(train_data, str) or not train_data:
             raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
         if launcher not in LAUNCHERS:
@@ -152,9 +172,12 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.launcher = launcher
         self.poll_interval = float(poll_interval)
         self.max_runtime = max_runtime
+        self.warm_start = warm_start
+        self.history_conn_id = history_conn_id
         self._launched_job_dir: str | None = None
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
-        check_static_entries(owner, "plan", ResourcePlan, self.plan)
+        if not (isinstance(self.plan, str) and has_template(self.plan)):  # e.g. an XCom pull
+            check_static_entries(owner, "plan", ResourcePlan, self.plan)
         check_static_entries(owner, "training", TrainingConfig, self.training)
         check_static_entries(owner, "recovery", RecoveryConfig, self.recovery)
         if not has_template(model):
@@ -174,7 +197,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                     "model": self.model,
                     "features": self.features,
                     "embedding_dim": self.embedding_dim,
-                    "plan": self.plan,
+                    "plan": _as_dict(self.plan),
                     "training": self.training,
                     "recovery": self.recovery,
                 }
@@ -217,6 +240,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             preflight(spec)  # data, features and model checked before any process starts
         except PreflightError as exc:  # a retry cannot fix the spec
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+        if self.warm_start:
+            spec = self._warm_started(context, spec)
         self._launched_job_dir = str(job_dir)
         self.hook_for(job_dir).launch(spec)
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
@@ -237,6 +262,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         if job["state"] == JobState.SUCCEEDED:
             return
         if job["state"] in (JobState.FAILED, JobState.STOPPED):
+            self._record(context, job)
             raise AirflowException(f"Job {job.get('job_id')} {job['state']}: {job.get('message')}")
         self.defer(
             trigger=ElasticJobTrigger(
@@ -257,6 +283,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         """Resume after the trigger: raise with the master's message unless the job succeeded."""
         if not event or "status" not in event:
             raise AirflowException(f"Trigger for task {self.task_id} returned no event: {event!r}")
+        job = event.get("job")
+        if isinstance(job, dict) and job.get("state") in TERMINAL_STATES:
+            self._record(context, job)
         if event["status"] != "success":
             raise AirflowException(
                 f"Job {event.get('job_id')} {event['status']}: {event.get('message')}"
@@ -267,6 +296,67 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         """The task process is being killed: stop the job so nothing is orphaned."""
         if self._launched_job_dir is not None:
             self.hook_for(self._launched_job_dir).stop("the Airflow task was killed")
+
+    # -- history (warm start in, job record out) ---------------------------------------------
+    def history_hook(self) -> HistoryStoreHook:
+        return HistoryStoreHook(self.history_conn_id or None)
+
+    def _warm_started(self, context: Context, spec: JobSpec) -> JobSpec:
+        """The spec with the warm-start plan (its own plan is the cold start); the decision
+        goes to XCom under ``warm_start``."""
+        ti = context["ti"]
+        try:
+            traits = spec_traits(spec, ti.dag_id, ti.task_id)
+        except (OSError, ValueError):  # preflight read the data; only a race gets here
+            traits = JobTraits.of(spec.model, spec.features, None, ti.dag_id, ti.task_id)
+        decision = decide(self.history_hook(), traits, spec.plan)
+        self.log.info("Warm start (%s): %s", decision.source, decision.message)
+        self.log.info("Initial plan: %s", decision.plan.model_dump())
+        ti.xcom_push(key="warm_start", value=decision.to_xcom())
+        return spec.model_copy(update={"plan": decision.plan})
+
+    def _record(self, context: Context, job: dict[str, Any]) -> None:
+        """Record the ended job in the history store: an upsert by job id, so a retry or a
+        second ``execute_complete`` replaces the record. A history failure is only logged."""
+        try:
+            ti = context["ti"]
+            layout = self.hook_for(self.job_dir(context)).layout
+            spec = layout.read_spec()
+            record = record_from_status(
+                job,
+                spec,
+                features=_resolved_features(layout, spec),
+                dag_id=ti.dag_id,
+                task_id=ti.task_id,
+                run_id=ti.run_id,
+                map_index=ti.map_index if ti.map_index is not None else -1,
+                try_number=getattr(ti, "try_number", None),
+            )
+            self.history_hook().record_job(record)
+        except Exception as exc:  # the job's outcome matters more than its history entry
+            self.log.warning(
+                "Could not record job %s in the history store: %s", job.get("job_id"), exc
+            )
+
+
+def _as_dict(plan: Any) -> Any:
+    """A rendered ``plan`` template as a dict; anything else as is (validation names it)."""
+    try:
+        return rendered_dict(plan, "plan")
+    except ValueError:
+        return plan
+
+
+def _resolved_features(layout: JobLayout, spec: JobSpec) -> FeatureConfig | None:
+    """The feature config the job trained with: the spec's, else the saved model's, else the
+    default one derived from the dataset; None if none can be read."""
+    if spec.features is not None:
+        return spec.features
+    saved = (layout.read_json(layout.model_dir / "model.json") or {}).get("features")
+    try:
+        return FeatureConfig.model_validate(saved) if saved else resolve_features(spec)
+    except (OSError, ValueError):
+        return None
 
 
 def _status_of(job: dict[str, Any]) -> str:

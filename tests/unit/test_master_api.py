@@ -175,6 +175,8 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/shards/lease", {"node_id": "worker-0"}),
     ("POST", "/shards/0/done", {"node_id": "worker-0"}),
     ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
+    ("GET", "/plans", None),
+    ("POST", "/plans/1/apply", None),
     ("POST", "/stop", {"reason": "intruder"}),
 ]
 BAD_HEADERS = [
@@ -203,6 +205,7 @@ def test_route_list_covers_the_whole_api(make_job) -> None:
         for m, path, _ in ROUTES
     }
     tested = {(m, p.replace("/shards/0/", "/shards/{shard_id}/")) for m, p in tested}
+    tested = {(m, p.replace("/plans/1/", "/plans/{plan_id}/")) for m, p in tested}
     assert served == tested
 
 
@@ -255,6 +258,8 @@ def test_status_shape_through_start_up(make_job) -> None:
         "finished_at",
         "duration_s",
         "recovery",
+        "plans",
+        "profile",
         "result",
     }
     assert status["job_id"] == "unit-job.1"
@@ -751,3 +756,64 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         assert sorted(npz[f"table/{group.name}/ids"].tolist()) == list(range(10))
         assert sorted(npz["ledger/applied"].tolist()) == list(range(NUM_SHARDS * BATCHES_PER_SHARD))
     assert json.loads(job.layout.state_file.read_text())["state"] == "succeeded"
+
+
+def _propose(job: Job, **changes: object) -> int:
+    """Put a proposal in the autoscaler's list as the optimizer would."""
+    current = job.master.spec.plan
+    plans = job.master.autoscaler.plans
+    plans.append(
+        {
+            "id": len(plans) + 1,
+            "at": 0.0,
+            "plan": current.model_copy(update=changes).model_dump(),
+            "previous": current.model_dump(),
+            "rule": "idle_ps",
+            "reason": "test",
+            "state": "proposed",
+        }
+    )
+    return len(plans)
+
+
+def test_applying_a_plan_starts_workers_once_and_keeps_the_plan(make_job) -> None:
+    """More workers: the new ones start, job.json carries the plan, a second apply is a no-op."""
+    job = make_job()
+    _start_running(job)
+    plan_id = _propose(job, num_workers=3)
+    assert [p["state"] for p in job.get("/plans")] == ["proposed"]
+    record = job.post(f"/plans/{plan_id}/apply")
+    assert record["state"] == "applied"
+    assert job.launcher.started[-1] == ("worker-2", "worker")
+    assert job.layout.read_spec().plan.num_workers == 3
+    starts = len(job.launcher.started)
+    assert job.post(f"/plans/{plan_id}/apply")["state"] == "applied"
+    assert len(job.launcher.started) == starts
+
+
+def test_fewer_workers_stop_the_last_and_return_its_shards(make_job) -> None:
+    job = make_job()
+    _start_running(job)
+    assert job.lease("worker-1")["shard"]["shard_id"] == 0
+    plan_id = _propose(job, num_workers=1)
+    assert job.post(f"/plans/{plan_id}/apply")["state"] == "applied"
+    assert job.launcher.stopped == ["worker-1"]
+    assert job.status()["progress"]["shards"]["doing"] == 0
+    assert job.lease("worker-0")["shard"]["shard_id"] == 0  # back at the front, not a failure
+    assert job.master.queue.failures[0] == 0
+
+
+def test_ps_changes_are_declined_with_the_reason(make_job) -> None:
+    job = make_job()
+    _start_running(job)
+    plan_id = _propose(job, num_ps=2)
+    record = job.post(f"/plans/{plan_id}/apply")
+    assert record["state"] == "declined"
+    assert "live migration" in record["note"]
+    assert job.launcher.started.count(("ps-1", "ps")) == 0
+
+
+def test_applying_an_unknown_plan_is_404(make_job) -> None:
+    job = make_job()
+    _start_running(job)
+    assert job.api.post(P + "/plans/9/apply", headers=AUTH).status_code == 404

@@ -3,6 +3,7 @@ which parameter is wrong and what it accepts; job ids and default paths are well
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -72,6 +73,7 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ({"poll_interval": -1.5}, ["poll_interval", "> 0 seconds"]),
     ({"max_runtime": timedelta(minutes=-5)}, ["max_runtime", "positive timedelta"]),
     ({"max_runtime": 3600}, ["max_runtime", "positive timedelta"]),
+    ({"warm_start": "yes"}, ["warm_start", "True or False"]),
     (
         {"features": {"num_dense": 13, "tables": [TABLE, {**TABLE, "column": "C2"}]}},
         ["features", "duplicate table names ['site']"],
@@ -175,6 +177,38 @@ def test_template_fields_cover_every_path_and_setting() -> None:
     assert fields >= {"train_data", "eval_data", "output_dir", "model", "plan", "training"}
     for name in fields:
         assert hasattr(build(), name)
+
+
+# -- warm start and the history store -------------------------------------------------------
+def test_warm_start_is_off_by_default_and_the_history_connection_is_templated() -> None:
+    """``warm_start`` defaults to False; ``history_conn_id`` (default: SQLite in
+    ``$AIRFLOW_HOME``) is a template field, like every connection id."""
+    default = build()
+    assert (default.warm_start, default.history_conn_id) == (False, None)
+    assert "history_conn_id" in ElasticTrainingOperator.template_fields
+    operator = build(warm_start=True, history_conn_id="{{ params.history }}")
+    assert (operator.warm_start, operator.history_conn_id) == (True, "{{ params.history }}")
+
+
+WARM_PLAN = {"num_workers": 3, "num_ps": 2, "worker_cpu": 1.5}
+RENDERED_PLANS = [WARM_PLAN, str(WARM_PLAN), json.dumps(WARM_PLAN)]
+
+
+@pytest.mark.parametrize("rendered", RENDERED_PLANS, ids=["dict", "python-repr", "json"])
+def test_a_plan_template_from_xcom_is_accepted_and_reaches_the_spec(rendered: Any) -> None:
+    """``plan`` may be one template (a WarmStartOperator's XCom); it renders to a dict (native
+    rendering) or to its text (JSON or Python literal), and either reaches the spec."""
+    operator = build(plan="{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}")
+    assert operator.plan == "{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}"
+    operator.plan = rendered  # as rendered at run time
+    assert operator.build_spec(run_context()).plan == ResourcePlan(**WARM_PLAN)
+
+
+def test_a_plan_template_that_renders_to_no_plan_fails_without_retries() -> None:
+    operator = build(plan="{{ params.plan }}")
+    operator.plan = "four workers please"
+    with pytest.raises(AirflowFailException, match="plan"):
+        operator.build_spec(run_context())
 
 
 # -- recovery --------------------------------------------------------------------------------

@@ -118,15 +118,20 @@ def test_serialize_recreates_an_equal_trigger(kwargs: dict[str, Any]) -> None:
 
 
 def test_serialized_kwargs_keep_every_setting() -> None:
-    """Nothing is lost: job dir, poll interval, milestone and stop_on_kill are all carried."""
+    """Nothing is lost: job dir, poll interval, milestone, stop_on_kill and apply_plans."""
     _, kwargs = ElasticJobTrigger(
-        "/jobs/b", poll_interval=2.5, milestone={"min_auc": 0.8}, stop_on_kill=True
+        "/jobs/b",
+        poll_interval=2.5,
+        milestone={"min_auc": 0.8},
+        stop_on_kill=True,
+        apply_plans=False,
     ).serialize()
     assert kwargs == {
         "job_dir": "/jobs/b",
         "poll_interval": 2.5,
         "milestone": {"states": ["succeeded"], "min_samples": None, "min_auc": 0.8},
         "stop_on_kill": True,
+        "apply_plans": False,
     }
 
 

@@ -1,0 +1,372 @@
+"""The job history store (the paper's "config DB"): every ended job, its plans and its profile.
+
+SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``store.connection``). The schema
+is created on first use (``CREATE TABLE IF NOT EXISTS``; safe to repeat and to race). Tables:
+
+- ``rover_jobs``: one row per job id: dag/task/run/try, model, feature config (tables and a
+  signature), dataset size, training settings, initial and final plan, metrics, outcome.
+- ``rover_job_plans``: the job's plan history: the initial plan, then every proposal
+  (``at``, ``plan``, ``rule``, ``reason``, ``state``, ``applied``).
+- ``rover_job_throughput``: throughput samples (``at``, ``plan``, samples/s, step time).
+- ``rover_job_nodes``: per node: role, steps, samples, step time, restarts, peak memory (MB),
+  CPU used.
+
+``record_job`` is an upsert keyed by job id: a retry, or ``execute_complete`` run again, rewrites
+the job's rows instead of adding a second record. Nothing secret is stored (``records.scrub``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    delete,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
+
+from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.warm_start import (
+    DEFAULT_K,
+    DEFAULT_MIN_SIMILARITY,
+    DEFAULT_MU,
+    JobTraits,
+    Match,
+    PastJob,
+    WarmStart,
+    top_k_similar,
+    warm_start,
+)
+from airflow_rover.store.records import JobRecord
+
+log = logging.getLogger(__name__)
+
+MAX_CANDIDATES = 1000  # most recent successful jobs that warm start scores
+metadata = MetaData()
+
+jobs = Table(
+    "rover_jobs",
+    metadata,
+    Column("job_id", String(200), primary_key=True),
+    Column("dag_id", String(250)),
+    Column("task_id", String(250)),
+    Column("run_id", String(250)),
+    Column("map_index", Integer, nullable=False, default=-1),
+    Column("try_number", Integer),
+    Column("model", String(500), nullable=False),
+    Column("feature_signature", String(32)),
+    Column("features", JSON),  # the FeatureConfig, as a dict
+    Column("tables", JSON),  # [[name, dim, vocab_size], ...], sorted: what similarity reads
+    Column("num_dense", Integer),
+    Column("embedding_params", BigInteger),
+    Column("dataset_samples", BigInteger),  # training samples per epoch
+    Column("train_data", Text),
+    Column("training", JSON),
+    Column("outcome", String(20), nullable=False),  # succeeded | failed | stopped
+    Column("message", Text),
+    Column("initial_plan", JSON, nullable=False),
+    Column("final_plan", JSON, nullable=False),
+    Column("samples_trained", BigInteger),
+    Column("samples_per_second", Float),
+    Column("train_seconds", Float),
+    Column("duration_s", Float),
+    Column("auc", Float),
+    Column("logloss", Float),
+    Column("result", JSON),
+    Column("started_at", Float),  # seconds since the epoch, like the master's status
+    Column("finished_at", Float),
+    Column("recorded_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Index("ix_rover_jobs_model", "model"),
+    Index("ix_rover_jobs_dag_task", "dag_id", "task_id"),
+    Index("ix_rover_jobs_outcome_finished", "outcome", "finished_at"),
+)
+
+plans = Table(
+    "rover_job_plans",
+    metadata,
+    Column("job_id", String(200), ForeignKey("rover_jobs.job_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("at", Float),
+    Column("plan", JSON, nullable=False),
+    Column("rule", String(50)),
+    Column("reason", Text),
+    Column("state", String(20)),  # initial | proposed | declined | applied
+    Column("applied", Boolean, nullable=False),
+)
+
+throughput = Table(
+    "rover_job_throughput",
+    metadata,
+    Column("job_id", String(200), ForeignKey("rover_jobs.job_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("at", Float),
+    Column("plan", JSON),
+    Column("samples_per_second", Float),
+    Column("step_time_ms", Float),
+)
+
+nodes = Table(
+    "rover_job_nodes",
+    metadata,
+    Column("job_id", String(200), ForeignKey("rover_jobs.job_id"), primary_key=True),
+    Column("node_id", String(100), primary_key=True),
+    Column("role", String(30)),
+    Column("steps", BigInteger),
+    Column("samples", BigInteger),
+    Column("step_time_ms", Float),
+    Column("restarts", Integer),
+    Column("exit_code", Integer),
+    Column("peak_memory_mb", Float),
+    Column("cpu_used", Float),  # cores, as last sampled
+)
+
+CHILD_TABLES = (plans, throughput, nodes)
+
+
+def safe_url(url: str | URL) -> str:
+    """The URL as text with its password hidden: the only form that may be logged."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class HistoryStore:
+    """Read and write the job history at ``url`` (any SQLAlchemy URL)."""
+
+    def __init__(self, url: str | URL) -> None:
+        self.url = make_url(url)
+        connect_args: dict[str, Any] = {}
+        if self.url.get_backend_name() == "sqlite":
+            connect_args["timeout"] = 30  # concurrent writers wait for the file lock
+            database = self.url.database
+            if database and database != ":memory:" and not database.startswith("file:"):
+                Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(self.url, connect_args=connect_args)
+        self._schema_ready = False
+
+    def __repr__(self) -> str:
+        return f"HistoryStore({safe_url(self.url)!r})"
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # -- schema ------------------------------------------------------------------------------
+    def ensure_schema(self) -> None:
+        """Create the tables that do not exist yet (idempotent; a concurrent creator wins)."""
+        if self._schema_ready:
+            return
+        try:
+            metadata.create_all(self.engine, checkfirst=True)
+        except DBAPIError:  # another process created them between our check and create
+            metadata.create_all(self.engine, checkfirst=True)
+        self._schema_ready = True
+
+    # -- writing -----------------------------------------------------------------------------
+    def record_job(self, record: JobRecord) -> None:
+        """Insert or replace the record of ``record.job_id`` (with its plans, throughput samples
+        and nodes) in one transaction."""
+        self.ensure_schema()
+        try:
+            with self.engine.begin() as conn:
+                self._upsert(conn, record)
+        except IntegrityError:  # a concurrent first insert of the same job: now it exists
+            with self.engine.begin() as conn:
+                self._upsert(conn, record)
+
+    def _upsert(self, conn: Connection, record: JobRecord) -> None:
+        now = time.time()
+        traits = record.traits
+        row = {
+            "dag_id": record.dag_id,
+            "task_id": record.task_id,
+            "run_id": record.run_id,
+            "map_index": record.map_index,
+            "try_number": record.try_number,
+            "model": record.model,
+            "feature_signature": traits.feature_signature,
+            "features": record.features.model_dump(mode="json") if record.features else None,
+            "tables": [list(t) for t in traits.tables] or None,
+            "num_dense": traits.num_dense,
+            "embedding_params": traits.embedding_params if traits.tables else None,
+            "dataset_samples": record.dataset_samples,
+            "train_data": record.train_data,
+            "training": record.training,
+            "outcome": record.outcome,
+            "message": record.message,
+            "initial_plan": record.initial_plan,
+            "final_plan": record.final_plan,
+            "samples_trained": record.samples_trained,
+            "samples_per_second": record.samples_per_second,
+            "train_seconds": record.train_seconds,
+            "duration_s": record.duration_s,
+            "auc": record.auc,
+            "logloss": record.logloss,
+            "result": record.result,
+            "started_at": record.started_at,
+            "finished_at": record.finished_at,
+            "updated_at": now,
+        }
+        exists = conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == record.job_id)).first()
+        for table in CHILD_TABLES:
+            conn.execute(delete(table).where(table.c.job_id == record.job_id))
+        if exists:
+            conn.execute(update(jobs).where(jobs.c.job_id == record.job_id).values(**row))
+        else:
+            conn.execute(insert(jobs).values(job_id=record.job_id, recorded_at=now, **row))
+        if record.plans:
+            conn.execute(
+                insert(plans),
+                [{"job_id": record.job_id, "seq": i, **p} for i, p in enumerate(record.plans)],
+            )
+        if record.throughput:
+            conn.execute(
+                insert(throughput),
+                [{"job_id": record.job_id, "seq": i, **s} for i, s in enumerate(record.throughput)],
+            )
+        if record.nodes:
+            columns = set(nodes.c.keys())
+            conn.execute(
+                insert(nodes),
+                [
+                    {
+                        "job_id": record.job_id,
+                        **{k: n.get(k) for k in columns if k != "job_id"},
+                    }
+                    for n in record.nodes
+                ],
+            )
+
+    # -- reading -----------------------------------------------------------------------------
+    def get_job(self, job_id: str) -> dict[str, Any] | None:
+        """The job's row with ``plans``, ``throughput`` and ``nodes`` lists; None if unknown."""
+        self.ensure_schema()
+        with self.engine.connect() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.job_id == job_id)).mappings().first()
+            if row is None:
+                return None
+            job = dict(row)
+            for name, table in (("plans", plans), ("throughput", throughput)):
+                rows = conn.execute(
+                    select(table).where(table.c.job_id == job_id).order_by(table.c.seq)
+                ).mappings()
+                job[name] = [_without(r, "job_id", "seq") for r in rows]
+            rows = conn.execute(
+                select(nodes).where(nodes.c.job_id == job_id).order_by(nodes.c.node_id)
+            ).mappings()
+            job["nodes"] = [_without(r, "job_id") for r in rows]
+        return job
+
+    def list_jobs(
+        self,
+        dag_id: str | None = None,
+        task_id: str | None = None,
+        outcome: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, Any]]:
+        """Job rows, most recently finished first, optionally of one DAG / task / outcome."""
+        self.ensure_schema()
+        query = select(jobs)
+        if dag_id is not None:
+            query = query.where(jobs.c.dag_id == dag_id)
+        if task_id is not None:
+            query = query.where(jobs.c.task_id == task_id)
+        if outcome is not None:
+            query = query.where(jobs.c.outcome == outcome)
+        query = query.order_by(jobs.c.finished_at.desc(), jobs.c.job_id).limit(limit)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def candidates(self, limit: int = MAX_CANDIDATES) -> list[PastJob]:
+        """The most recent successful jobs, as warm start compares them."""
+        self.ensure_schema()
+        query = (
+            select(
+                jobs.c.job_id,
+                jobs.c.model,
+                jobs.c.tables,
+                jobs.c.num_dense,
+                jobs.c.dataset_samples,
+                jobs.c.dag_id,
+                jobs.c.task_id,
+                jobs.c.final_plan,
+                jobs.c.finished_at,
+            )
+            .where(jobs.c.outcome == "succeeded")
+            .order_by(jobs.c.finished_at.desc(), jobs.c.job_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+        return [
+            PastJob(
+                job_id=r["job_id"],
+                traits=JobTraits(
+                    model=r["model"],
+                    tables=tuple((str(n), int(d), int(v)) for n, d, v in r["tables"] or ()),
+                    num_dense=r["num_dense"],
+                    dataset_samples=r["dataset_samples"],
+                    dag_id=r["dag_id"],
+                    task_id=r["task_id"],
+                ),
+                plan=r["final_plan"] or {},
+                finished_at=r["finished_at"] or 0.0,
+            )
+            for r in rows
+        ]
+
+    def similar_jobs(
+        self,
+        traits: JobTraits,
+        k: int = DEFAULT_K,
+        min_similarity: float = DEFAULT_MIN_SIMILARITY,
+        max_candidates: int = MAX_CANDIDATES,
+    ) -> list[Match]:
+        """The top ``k`` successful jobs most similar to ``traits`` (``core.warm_start``)."""
+        return top_k_similar(traits, self.candidates(max_candidates), k, min_similarity)
+
+    def warm_start(
+        self,
+        traits: JobTraits,
+        cold_start: ResourcePlan | None = None,
+        k: int = DEFAULT_K,
+        mu: float = DEFAULT_MU,
+        min_similarity: float = DEFAULT_MIN_SIMILARITY,
+        max_candidates: int = MAX_CANDIDATES,
+    ) -> WarmStart:
+        """Algorithm 1 over this history: the smoothed plan, or ``cold_start`` without history."""
+        past = self.candidates(max_candidates) if k > 0 else []
+        return warm_start(traits, past, cold_start, k, mu, min_similarity)
+
+
+def _without(row: Any, *keys: str) -> dict[str, Any]:
+    return {k: v for k, v in dict(row).items() if k not in keys}

@@ -1,0 +1,250 @@
+"""What the history store keeps of one job, built from the job's final status (no database here).
+
+The master's status (``airflow_rover.master.service.JobMaster.status``) carries the job's state,
+result, nodes and, when the master records them, ``plans`` (every proposed or applied plan) and
+``profile`` (throughput samples and peak memory per node). Both are optional: a status without
+them gives a record whose plan history is the initial plan alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_rover.core.spec import FeatureConfig, JobSpec
+from airflow_rover.core.warm_start import JobTraits
+
+#: Keys never stored, at any depth of a stored JSON value (the job token above all).
+SECRET_KEYS = ("token", "password", "secret", "authorization")
+OUTCOMES = ("succeeded", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """One finished (or ended) job as the history store keeps it."""
+
+    job_id: str
+    model: str
+    outcome: str
+    initial_plan: dict[str, Any]
+    final_plan: dict[str, Any]
+    dag_id: str | None = None
+    task_id: str | None = None
+    run_id: str | None = None
+    map_index: int = -1
+    try_number: int | None = None
+    features: FeatureConfig | None = None
+    dataset_samples: int | None = None
+    train_data: str | None = None
+    training: dict[str, Any] = field(default_factory=dict)
+    message: str = ""
+    started_at: float | None = None
+    finished_at: float | None = None
+    duration_s: float | None = None
+    samples_trained: int | None = None
+    samples_per_second: float | None = None
+    train_seconds: float | None = None
+    auc: float | None = None
+    logloss: float | None = None
+    result: dict[str, Any] = field(default_factory=dict)
+    plans: list[dict[str, Any]] = field(default_factory=list)  # at, plan, rule, reason, ...
+    throughput: list[dict[str, Any]] = field(default_factory=list)  # at, plan, sps, step ms
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # id, role, ..., peak memory
+
+    @property
+    def traits(self) -> JobTraits:
+        return JobTraits.of(
+            self.model, self.features, self.dataset_samples, self.dag_id, self.task_id
+        )
+
+
+def scrub(value: Any) -> Any:
+    """A copy of a JSON value without any key that names a secret (``SECRET_KEYS``)."""
+    if isinstance(value, Mapping):
+        return {
+            str(k): scrub(v)
+            for k, v in value.items()
+            if not any(word in str(k).lower() for word in SECRET_KEYS)
+        }
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _int(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None else int(number)
+
+
+def _applied(entry: Mapping[str, Any]) -> bool:
+    """An entry's ``applied`` flag, or its ``state`` (proposed / declined / applied)."""
+    if isinstance(entry.get("applied"), bool):
+        return bool(entry["applied"])
+    return str(entry.get("state", "applied")) == "applied"
+
+
+def _proposals(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    entries = job.get("plans")
+    if not isinstance(entries, list):
+        return []
+    return [e for e in entries if isinstance(e, Mapping) and isinstance(e.get("plan"), Mapping)]
+
+
+def initial_plan(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
+    """The plan the job was launched with: the plan its first proposal started from, else the
+    spec's (the master rewrites ``job.json`` when it applies a plan)."""
+    proposals = _proposals(job)
+    if proposals and isinstance(proposals[0].get("previous"), Mapping):
+        return dict(scrub(proposals[0]["previous"]))
+    return spec.plan.model_dump()
+
+
+def _plan_history(job: Mapping[str, Any], initial: dict[str, Any]) -> list[dict[str, Any]]:
+    """The initial plan, then every plan the master proposed (applied or not)."""
+    history = [
+        {
+            "at": _number(job.get("started_at")),
+            "plan": initial,
+            "rule": None,
+            "reason": "initial plan",
+            "state": "initial",
+            "applied": True,
+        }
+    ]
+    for i, entry in enumerate(_proposals(job)):
+        plan = dict(scrub(entry["plan"]))
+        if i == 0 and plan == initial and _applied(entry):
+            history.clear()  # the status lists the initial plan itself
+        history.append(
+            {
+                "at": _number(entry.get("at")),
+                "plan": plan,
+                "rule": str(entry["rule"]) if entry.get("rule") is not None else None,
+                "reason": str(entry.get("reason") or ""),
+                "state": str(entry.get("state") or ("applied" if _applied(entry) else "")),
+                "applied": _applied(entry),
+            }
+        )
+    return history
+
+
+def _throughput(profile: Mapping[str, Any]) -> list[dict[str, Any]]:
+    samples = profile.get("throughput")
+    if not isinstance(samples, list):
+        return []
+    return [
+        {
+            "at": _number(s.get("at")),
+            "plan": scrub(dict(s["plan"])) if isinstance(s.get("plan"), Mapping) else None,
+            "samples_per_second": _number(s.get("samples_per_second")),
+            "step_time_ms": _number(s.get("step_time_ms")),
+        }
+        for s in samples
+        if isinstance(s, Mapping)
+    ]
+
+
+def _nodes(job: Mapping[str, Any], profile: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One entry per node seen in the status or the memory profile, with its peak memory."""
+    peaks = _mapping(profile.get("peak_memory_mb"))
+    cpu = _mapping(profile.get("cpu_used"))
+    nodes: dict[str, dict[str, Any]] = {}
+    for node in job.get("nodes") or []:
+        if isinstance(node, Mapping) and node.get("id"):
+            nodes[str(node["id"])] = {
+                "node_id": str(node["id"]),
+                "role": node.get("role"),
+                "steps": _int(node.get("steps")),
+                "samples": _int(node.get("samples")),
+                "step_time_ms": _number(node.get("step_time_ms")),
+                "restarts": _int(node.get("restarts")),
+                "exit_code": _int(node.get("exit_code")),
+            }
+    for node_id in sorted({*peaks, *cpu}, key=str):
+        entry = nodes.setdefault(
+            str(node_id), {"node_id": str(node_id), "role": str(node_id).split("-")[0]}
+        )
+        entry["peak_memory_mb"] = _number(peaks.get(node_id))
+        entry["cpu_used"] = _number(cpu.get(node_id))
+    return list(nodes.values())
+
+
+def final_plan(
+    job: Mapping[str, Any], spec: JobSpec, plans: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The plan the job ended with: the last plan the master applied, else the result's
+    plan, else the status's, else the spec's."""
+    applied = [p["plan"] for p in plans if p["applied"] and p["state"] != "initial"]
+    if applied:
+        return dict(applied[-1])
+    result = _mapping(job.get("result"))
+    for plan in (result.get("plan"), job.get("plan")):
+        if isinstance(plan, Mapping):
+            return dict(scrub(plan))
+    return spec.plan.model_dump()
+
+
+def outcome_of(state: Any) -> str:
+    state = str(state or "").lower()
+    return state if state in OUTCOMES else "failed"
+
+
+def record_from_status(
+    job: Mapping[str, Any],
+    spec: JobSpec,
+    *,
+    features: FeatureConfig | None = None,
+    dag_id: str | None = None,
+    task_id: str | None = None,
+    run_id: str | None = None,
+    map_index: int = -1,
+    try_number: int | None = None,
+) -> JobRecord:
+    """Build the record of a job from its final status and its spec (``features``: the
+    resolved feature config; default the spec's)."""
+    result, profile, progress = (_mapping(job.get(k)) for k in ("result", "profile", "progress"))
+    initial = initial_plan(job, spec)
+    plans = _plan_history(job, initial)
+    total = _int(progress.get("samples_total"))
+    epochs = spec.training.epochs
+    dataset = total // epochs if total else None
+    return JobRecord(
+        job_id=str(job.get("job_id") or spec.job_id),
+        model=spec.model,
+        outcome=outcome_of(job.get("state")),
+        initial_plan=initial,
+        final_plan=final_plan(job, spec, plans),
+        dag_id=dag_id,
+        task_id=task_id,
+        run_id=run_id,
+        map_index=map_index,
+        try_number=try_number,
+        features=features or spec.features,
+        dataset_samples=dataset,
+        train_data=spec.train_data,
+        training=spec.training.model_dump(),
+        message=str(job.get("message") or "")[:4000],
+        started_at=_number(job.get("started_at")),
+        finished_at=_number(job.get("finished_at")),
+        duration_s=_number(job.get("duration_s")),
+        samples_trained=_int(result.get("samples_trained")),
+        samples_per_second=_number(result.get("samples_per_second")),
+        train_seconds=_number(result.get("train_seconds")),
+        auc=_number(result.get("auc")),
+        logloss=_number(result.get("logloss")),
+        result=scrub(dict(result)),
+        plans=plans,
+        throughput=_throughput(profile),
+        nodes=_nodes(job, profile),
+    )
