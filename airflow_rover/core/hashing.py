@@ -29,15 +29,39 @@ def name_salt(name: str) -> np.uint64:
     return np.uint64(int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "big"))
 
 
+_JUMP = np.uint64(2862933555777941757)
+
+
+def jump_hash(keys: np.ndarray, num_buckets: int) -> np.ndarray:
+    """Jump consistent hash (Lamping and Veach, 2014), vectorised: a bucket per 64-bit key such
+    that going from n to n+1 buckets moves only 1/(n+1) of the keys, all into the new bucket.
+    So resizing the PS from p to p' moves the fewest rows any placement could."""
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    key = keys.astype(np.uint64, copy=True)
+    bucket = np.zeros(key.shape, dtype=np.int64)
+    nxt = np.zeros(key.shape, dtype=np.int64)
+    active = np.ones(key.shape, dtype=bool)
+    with np.errstate(over="ignore"):
+        while active.any():
+            bucket[active] = nxt[active]
+            key[active] = key[active] * _JUMP + np.uint64(1)
+            step = (bucket[active] + 1) * (float(1 << 31) / ((key[active] >> np.uint64(33)) + 1.0))
+            nxt[active] = step.astype(np.int64)
+            active &= nxt < num_buckets
+    return bucket
+
+
 def partition_of(table: str, ids: np.ndarray, num_ps: int) -> np.ndarray:
-    """Index of the PS that owns each ``(table, id)`` row."""
-    keys = ids.astype(np.uint64) ^ name_salt(table)
-    return (splitmix64(keys) % np.uint64(num_ps)).astype(np.int64)
+    """Index of the PS that owns each ``(table, id)`` row (consistent under a PS resize)."""
+    if num_ps == 1:
+        return np.zeros(ids.shape, dtype=np.int64)
+    return jump_hash(splitmix64(ids.astype(np.uint64) ^ name_salt(table)), num_ps)
 
 
 def owner_of(name: str, num_ps: int) -> int:
     """Index of the PS that holds the dense variable ``name``."""
-    return int(splitmix64(np.array([name_salt(name)]))[0] % np.uint64(num_ps))
+    return int(jump_hash(splitmix64(np.array([name_salt(name)])), num_ps)[0])
 
 
 def initial_rows(table: str, ids: np.ndarray, dim: int, seed: int, scale: float) -> np.ndarray:

@@ -152,3 +152,32 @@ def test_initial_rows_accept_large_and_negative_seeds() -> None:
     b = initial_rows("C1", ids, 2, 2**64 - 1, 0.05)
     np.testing.assert_array_equal(a, b)  # -1 and 2**64-1 are the same 64-bit seed
     assert not np.array_equal(a, initial_rows("C1", ids, 2, 0, 0.05))
+
+
+def _jump_reference(key: int, n: int) -> int:
+    """Lamping and Veach's loop, in Python integers."""
+    bucket, nxt = -1, 0
+    while nxt < n:
+        bucket = nxt
+        key = (key * 2862933555777941757 + 1) % 2**64
+        nxt = int((bucket + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return bucket
+
+
+def test_jump_hash_matches_the_reference_algorithm() -> None:
+    from airflow_rover.core.hashing import jump_hash, splitmix64
+
+    keys = splitmix64(np.arange(500, dtype=np.uint64))
+    for n in (1, 2, 3, 7, 16, 100):
+        expected = [_jump_reference(int(k), n) for k in keys]
+        assert jump_hash(keys, n).tolist() == expected
+
+
+@pytest.mark.parametrize("num_ps", [1, 2, 3, 5, 8])
+def test_adding_a_ps_moves_only_the_rows_the_new_ps_takes(num_ps: int) -> None:
+    """Consistent placement: p -> p+1 moves about 1/(p+1) of the rows, all to the new PS."""
+    ids = np.arange(200_000, dtype=np.int64)
+    before, after = partition_of("C1", ids, num_ps), partition_of("C1", ids, num_ps + 1)
+    moved = before != after
+    assert set(after[moved].tolist()) == {num_ps}
+    assert abs(moved.mean() - 1 / (num_ps + 1)) < 0.01
