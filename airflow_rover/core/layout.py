@@ -8,19 +8,27 @@ trained model lands in ``model/``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import secrets
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from airflow_rover.core.checkpoint_files import fsync_dir, verify_checkpoint
 from airflow_rover.core.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 ENV_JOB_DIR = "ROVER_JOB_DIR"
 ENV_NODE_ID = "ROVER_NODE_ID"
 ENV_MASTER_ADDR = "ROVER_MASTER_ADDR"
 ENV_TOKEN_FILE = "ROVER_TOKEN_FILE"
+ENV_FLASH_DIR = "ROVER_FLASH_DIR"
+CHECKPOINT_PREFIX = "ckpt-"
 
 
 @dataclass(frozen=True)
@@ -59,19 +67,55 @@ class JobLayout:
         return self.root / "checkpoints"
 
     def checkpoint_dir(self, number: int) -> Path:
-        return self.checkpoints / f"ckpt-{number:06d}"
+        return self.checkpoints / f"{CHECKPOINT_PREFIX}{number:06d}"
 
     def latest_checkpoint(self) -> Path | None:
-        """The last complete checkpoint: ``checkpoints/LATEST`` names it, and it is written
-        only after every part of the checkpoint is on disk."""
+        """The checkpoint to resume from: the newest committed one whose every part verifies.
+
+        ``checkpoints/LATEST`` names the last committed checkpoint; it and the ones before it
+        are tried newest first, and one with a part missing, incomplete or failing its checksum
+        (``core.checkpoint_files.verify_checkpoint``) is skipped with the reason logged. The
+        master (its queue) and every PS (its partition) call this, so they pick the same one.
+        """
         try:
-            name = (self.checkpoints / "LATEST").read_text().strip()
+            named = (self.checkpoints / "LATEST").read_text().strip()
         except FileNotFoundError:
             return None
-        return self.checkpoints / name
+        limit = checkpoint_number(named)
+        candidates = [
+            d
+            for d in self.checkpoint_dirs()
+            if limit is None or (checkpoint_number(d.name) or 0) <= limit
+        ]
+        for directory in reversed(candidates):
+            reason = verify_checkpoint(directory)
+            if reason is None:
+                if directory.name != named:
+                    log.warning("resuming from %s instead of %s (LATEST)", directory.name, named)
+                return directory
+            log.warning("checkpoint %s skipped: %s", directory.name, reason)
+        return None
+
+    def checkpoint_dirs(self) -> list[Path]:
+        """Every ``ckpt-<n>`` directory, committed or not, oldest first."""
+        found = [
+            p
+            for p in self.checkpoints.glob("ckpt-*")
+            if p.is_dir() and checkpoint_number(p.name) is not None
+        ]
+        return sorted(found, key=lambda p: checkpoint_number(p.name) or 0)
 
     def commit_checkpoint(self, directory: Path) -> None:
+        """Name ``directory`` in ``LATEST`` (atomically, durably): call it only once every
+        part and ``queue.json`` are on disk."""
+        fsync_dir(directory)
         atomic_write_text(self.checkpoints / "LATEST", directory.name)
+        fsync_dir(self.checkpoints)
+
+    @property
+    def flash_dir(self) -> Path:
+        """Where this job's PS keep their flash (shared-memory) snapshots."""
+        return flash_dir_for(self.checkpoints)
 
     # -- reading and writing -----------------------------------------------------------------
     def write_spec(self, spec: JobSpec) -> None:
@@ -104,6 +148,26 @@ class JobLayout:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def checkpoint_number(name: str) -> int | None:
+    """``ckpt-000012`` -> 12; None for anything else."""
+    digits = name[len(CHECKPOINT_PREFIX) :]
+    if not name.startswith(CHECKPOINT_PREFIX) or not digits.isdigit():
+        return None
+    return int(digits)
+
+
+def flash_dir_for(checkpoints: Path) -> Path:
+    """The shared-memory folder of the job whose checkpoints live in ``checkpoints``:
+    ``$ROVER_FLASH_DIR`` or ``/dev/shm`` (the temp dir where there is none), one subfolder per
+    job, named by a hash of the job's checkpoint path."""
+    root = os.environ.get(ENV_FLASH_DIR)
+    if not root:
+        shm = Path("/dev/shm")
+        root = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    key = hashlib.sha256(str(checkpoints.resolve()).encode()).hexdigest()[:16]
+    return Path(root) / f"airflow-rover-{key}"
 
 
 def atomic_write_text(path: Path, text: str) -> None:

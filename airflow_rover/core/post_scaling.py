@@ -2,8 +2,9 @@
 idle PS CPU, a straggling worker, a PS about to run out of memory.
 
 Each rule reads a ``JobProfile`` (what the master's profiler measured) and either proposes a
-plan with its reason or stays silent; ``post_scaling`` runs them in order and returns the first
-proposal. Worker changes come before PS changes (cheaper: nothing reloads).
+plan with its reason or stays silent; ``post_scaling`` runs them in order and returns every
+proposal, most urgent first: a predicted OOM (it would end the job), a hot PS (it slows every
+worker), then the worker-side rules.
 """
 
 from __future__ import annotations
@@ -74,11 +75,13 @@ def hot_ps(profile: JobProfile) -> Proposal | None:
     cores = min(float(math.ceil(cores)), profile.max_cpu)
     if cores <= profile.plan.ps_cpu:
         return None
+    # The median PS may use no CPU at all (idle PS): say so rather than divide by zero.
+    versus = f"{hot.cpu_used / median:.1f}x the median PS" if median > 0 else "the others idle"
     return Proposal(
         profile.plan.model_copy(update={"ps_cpu": cores}),
         "hot_ps",
-        f"{hot.node_id} uses {hot.cpu_used:.2f} cores, {hot.cpu_used / median:.1f}x the median "
-        f"PS; PS cores {profile.plan.ps_cpu:g} -> {cores:g}",
+        f"{hot.node_id} uses {hot.cpu_used:.2f} cores, {versus}; "
+        f"PS cores {profile.plan.ps_cpu:g} -> {cores:g}",
         (hot.node_id,),
     )
 

@@ -134,6 +134,26 @@ class AutoscaleConfig(_Strict):
     )
 
 
+class ClusterBudget(_Strict):
+    """Resources that running jobs of any DAG share: a scale-up of a job is applied only when
+    the cluster arbiter (``core.cluster_budget``) selects it within this budget. Jobs with the
+    same ``name`` share one budget; a limit left out is not limited (give at least one)."""
+
+    name: str = Field(
+        default="default",
+        min_length=1,
+        max_length=100,
+        pattern=r"^[\w.:-]+$",
+        description="jobs naming the same budget share it",
+    )
+    cpu: float | None = Field(
+        default=None, gt=0, description="cores the nodes of all these jobs may hold together"
+    )
+    memory_mb: int | None = Field(
+        default=None, gt=0, description="memory (MB) the nodes of all these jobs may hold together"
+    )
+
+
 class JobSpec(_Strict):
     """Everything a job's processes need to run; written to ``job.json`` by the launcher."""
 

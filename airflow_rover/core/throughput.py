@@ -5,6 +5,9 @@ bandwidth ``B`` and embedding width ``D``, one iteration of one worker takes
 
     T = a_grad * m/lw + a_upd * w/(p*lp) + a_sync * (M/p)/(B/w) + a_emb * m*D/p + b
 
+(with ``1/p`` generalised to the busiest PS's share ``h + (1-h)/p`` when a hot share ``h`` of
+the PS load cannot be spread: ``JobShape.hot_share``, estimated from per-PS CPU)
+
 (``b``: the sum of the paper's four constant terms, which the data cannot tell apart), and the
 job trains ``w * m / T`` samples per second. All coefficients are >= 0. ``fit`` finds them from
 observed iteration times with non-negative least squares on relative errors (each row divided
@@ -32,6 +35,21 @@ class JobShape:
     model_size: float  # dense parameters, in the unit the coefficients were fitted with (MB)
     bandwidth: float  # per node (MB/s)
     embedding_dim: int
+    hot_share: float = 0.0  # load that stays on one PS however many there are (hot rows)
+
+    def ps_share(self, num_ps: int) -> float:
+        """Share of the PS load on the busiest PS: ``h + (1 - h) / p``. Hot rows (a Zipf head,
+        one huge tensor) are indivisible, so adding PS spreads only the rest; with ``h = 0``
+        this is the paper's even ``1 / p``."""
+        return self.hot_share + (1.0 - self.hot_share) / num_ps
+
+    @staticmethod
+    def hot_share_from(ps_load: Sequence[float]) -> float:
+        """Estimate ``h`` from the load (e.g. CPU used) of each of ``p >= 2`` PS."""
+        p, total = len(ps_load), float(sum(ps_load))
+        if p < 2 or total <= 0:
+            return 0.0
+        return min(1.0, max(0.0, (max(ps_load) / total * p - 1.0) / (p - 1.0)))
 
 
 @dataclass(frozen=True)
@@ -52,15 +70,16 @@ class Coefficients:
 
 
 def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
-    """The four load terms of an iteration under ``plan`` (without coefficients), plus 1."""
-    w, p = plan.num_workers, plan.num_ps
+    """The four load terms of an iteration under ``plan`` (without coefficients), plus 1. The
+    PS terms follow the busiest PS (``JobShape.ps_share``): the iteration waits for it."""
+    w, share = plan.num_workers, shape.ps_share(plan.num_ps)
     m, d = shape.batch_size, shape.embedding_dim
     return np.array(
         [
             m / plan.worker_cpu,
-            w / (p * plan.ps_cpu),
-            (shape.model_size / p) / (shape.bandwidth / w),
-            m * d / p,
+            w * share / plan.ps_cpu,
+            (shape.model_size * share) / (shape.bandwidth / w),
+            m * d * share,
             1.0,
         ]
     )

@@ -15,7 +15,7 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -90,6 +90,7 @@ class Autoscaler:
         self.throughput: list[dict[str, Any]] = []
         self._plan_since = time.time()
         self._last_change = 0.0
+        self.profiler_nodes: dict[str, NodeSample] = {}
 
     def plan_changed(self, now: float) -> None:
         """The plan's workers are (re)starting: sample it afresh from now."""
@@ -150,6 +151,7 @@ class Autoscaler:
             ),
             max_workers=cfg.max_workers,
         )
+        self.profiler_nodes = profiler.nodes
         choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
         if choice is None:
             return None
@@ -212,6 +214,7 @@ class Autoscaler:
         if len(by_plan) < 2 or plan not in by_plan:
             return None
         observations = [(p, statistics.median(ms) / 1000.0) for p, ms in by_plan.items()]
+        self._learn_hot_share()
         model = ThroughputModel.fit(self.shape, observations)
         if plan.worker_cpu != plan.ps_cpu:
             return None  # node sizes are not resized here: counts only, at today's size
@@ -233,6 +236,11 @@ class Autoscaler:
             f"{model.throughput(best.plan):.0f} samples/s for cost {best.cost:.1f} "
             f"(Pareto point {candidates.index(best) + 1} of {len(candidates)})",
         )
+
+    def _learn_hot_share(self) -> None:
+        """How much PS load one PS keeps however many there are, from the PS CPU profile."""
+        loads = [s.cpu_used for s in self.profiler_nodes.values() if s.role == "ps"]
+        self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
 
     def report(self, profiler: Profiler) -> dict[str, Any]:
         return {

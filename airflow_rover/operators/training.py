@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import (
+    ClusterBudget,
     FeatureConfig,
     JobSpec,
     RecoveryConfig,
@@ -105,8 +106,13 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         is pushed to XCom under ``warm_start``.
     :param history_conn_id: connection to the history database, where every ended job is
         recorded; default SQLite in ``$AIRFLOW_HOME/rover/history.db``. (templated)
+    :param cluster_budget: share a resource budget with the jobs of other tasks and DAGs that
+        name the same budget: ``{"name": "default", "cpu": 64, "memory_mb": 262144}`` (give
+        ``cpu``, ``memory_mb`` or both). The job is registered in the history database and its
+        optimizer's scale-ups are applied only when the cluster arbiter selects them; default
+        ``None``: every proposal is applied. (templated)
 
-    .. seealso:: ``docs/warm-start.md``
+    .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget)
     """
 
     template_fields: Sequence[str] = (
@@ -118,8 +124,14 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         "training",
         "recovery",
         "history_conn_id",
+        "cluster_budget",
     )
-    template_fields_renderers = {"plan": "json", "training": "json", "recovery": "json"}
+    template_fields_renderers = {
+        "plan": "json",
+        "training": "json",
+        "recovery": "json",
+        "cluster_budget": "json",
+    }
     ui_color = "#d9f2e6"
     external_id_key = "rover_job_dir"
 
@@ -140,6 +152,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         max_runtime: timedelta = timedelta(hours=12),
         warm_start: bool = False,
         history_conn_id: str | None = None,
+        cluster_budget: dict[str, Any] | ClusterBudget | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -174,6 +187,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.max_runtime = max_runtime
         self.warm_start = warm_start
         self.history_conn_id = history_conn_id
+        self.cluster_budget = _static_cluster_budget(owner, cluster_budget)
         self._launched_job_dir: str | None = None
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         if not (isinstance(self.plan, str) and has_template(self.plan)):  # e.g. an XCom pull
@@ -225,6 +239,19 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         except ValueError as exc:  # a rendered template is invalid: retrying cannot fix it
             raise AirflowFailException(str(exc)) from exc
 
+    def rendered_cluster_budget(self) -> dict[str, Any] | None:
+        """The rendered ``cluster_budget`` as the trigger takes it; a bad one fails the task
+        without retries."""
+        if self.cluster_budget is None:
+            return None
+        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        try:
+            budget = cluster_budget_of(owner, rendered_dict(self.cluster_budget, "cluster_budget"))
+        except ValueError as exc:
+            message = str(exc) if owner in str(exc) else f"{owner}: {exc}"
+            raise AirflowFailException(message) from None
+        return budget.model_dump(mode="json")
+
     def hook_for(self, job_dir: str | Path) -> ElasticJobHook:
         return ElasticJobHook(job_dir)
 
@@ -236,6 +263,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Context) -> str:
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
+        self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:
             preflight(spec)  # data, features and model checked before any process starts
         except PreflightError as exc:  # a retry cannot fix the spec
@@ -264,9 +292,14 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         if job["state"] in (JobState.FAILED, JobState.STOPPED):
             self._record(context, job)
             raise AirflowException(f"Job {job.get('job_id')} {job['state']}: {job.get('message')}")
+        budget = self.rendered_cluster_budget()
         self.defer(
             trigger=ElasticJobTrigger(
-                job_dir=str(external_id), poll_interval=self.poll_interval, stop_on_kill=True
+                job_dir=str(external_id),
+                poll_interval=self.poll_interval,
+                stop_on_kill=True,
+                cluster_budget=budget,
+                history_conn_id=(self.history_conn_id or None) if budget else None,
             ),
             method_name="execute_complete",
             timeout=self.max_runtime,
@@ -337,6 +370,27 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             self.log.warning(
                 "Could not record job %s in the history store: %s", job.get("job_id"), exc
             )
+
+
+def cluster_budget_of(owner: str, value: Any) -> ClusterBudget:
+    """``value`` as a ``ClusterBudget`` that limits something (cpu, memory_mb or both)."""
+    budget = parse_param(owner, "cluster_budget", ClusterBudget, value)
+    if budget.cpu is None and budget.memory_mb is None:
+        raise ValueError(f"{owner}: cluster_budget needs a limit: cpu, memory_mb or both")
+    return budget
+
+
+def _static_cluster_budget(owner: str, value: Any) -> dict[str, Any] | str | None:
+    """``cluster_budget`` checked at parse time as far as it is not a template."""
+    if value is None:
+        return None
+    if isinstance(value, str) and has_template(value):  # one template: judged once rendered
+        return value
+    if isinstance(value, dict) and has_template(value):
+        check_static_entries(owner, "cluster_budget", ClusterBudget, value)
+        return value
+    budget = cluster_budget_of(owner, value)
+    return value if isinstance(value, dict) else budget.model_dump(mode="json")
 
 
 def _as_dict(plan: Any) -> Any:

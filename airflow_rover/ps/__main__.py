@@ -6,17 +6,60 @@ import argparse
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import NodeContext
+from airflow_rover.core.layout import JobLayout, NodeContext
 from airflow_rover.master.client import MasterClient
+from airflow_rover.ps.flash import FlashCheckpointer, choose_restore
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 
 log = logging.getLogger("airflow_rover.ps")
+
+
+def restore(
+    new_ps: Callable[[], ParameterServer], layout: JobLayout, node_id: str, index: int
+) -> ParameterServer:
+    """A PS with its partition loaded from the newest verified checkpoint, or from its snapshot
+    in shared memory where ``choose_restore`` says so (the checkpoint if that fails)."""
+    flash = FlashCheckpointer.for_job(layout.checkpoints, index)
+    choice = choose_restore(layout, index)
+    ps = None
+    if choice.slot is not None and choice.slot_meta is not None:
+        ps = new_ps()
+        try:
+            arrays = choice.slot.arrays(choice.slot_meta)
+            try:
+                ps.restore(arrays)
+            finally:
+                del arrays
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: restoring from shared memory failed (%s); using disk", node_id, exc)
+            ps = None
+        else:
+            flash.adopt(choice.slot, choice.slot_meta)
+            log.info(
+                "%s restored from shared memory: %s (%d batches applied)",
+                node_id,
+                choice.why,
+                len(ps.ledger.applied),
+            )
+    for orphan in choice.orphans:  # a crashed predecessor's memory: given back
+        if ps is None or orphan is not choice.slot:
+            orphan.remove()
+    if ps is None:
+        ps = new_ps()
+        if choice.checkpoint is not None:
+            part = choice.checkpoint / f"ps-{index}.npz"
+            with np.load(part) as saved:
+                ps.restore(dict(saved))
+            log.info("%s restored %s (%d batches applied)", node_id, part, len(ps.ledger.applied))
+    ps.flash = flash
+    return ps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,19 +70,18 @@ def main(argv: list[str] | None = None) -> None:
     ctx = NodeContext.from_env()
     spec = ctx.layout.read_spec()
     index = int(ctx.node_id.rsplit("-", 1)[1])
-    ps = ParameterServer(
+    ps = restore(
+        lambda: ParameterServer(
+            index,
+            spec.plan.num_ps,
+            EmbeddingLayout.from_features(resolve_features(spec)),
+            Optimizer(spec.training.optimizer, spec.training.learning_rate),
+            spec.training.seed,
+        ),
+        ctx.layout,
+        ctx.node_id,
         index,
-        spec.plan.num_ps,
-        EmbeddingLayout.from_features(resolve_features(spec)),
-        Optimizer(spec.training.optimizer, spec.training.learning_rate),
-        spec.training.seed,
     )
-    checkpoint = ctx.layout.latest_checkpoint()
-    part = checkpoint / f"ps-{index}.npz" if checkpoint else None
-    if part is not None and part.exists():
-        with np.load(part) as saved:
-            ps.restore(dict(saved))
-        log.info("%s restored %s (%d batches applied)", ctx.node_id, part, len(ps.ledger.applied))
     server, port = start_server(ps, ctx.token)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from airflow_rover.core.checkpoint_files import PartDigest
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.ps import codec, rpc
@@ -256,9 +257,73 @@ class PSClient:
         self._call_all("InitDense", requests)
 
     def save(self, directory: Path) -> int:
-        """Every PS writes its partition to ``directory/ps-<i>.npz``; returns total rows saved."""
-        requests = [
-            {"path": np.frombuffer(str(directory / f"ps-{i}.npz").encode(), dtype=np.uint8)}
+        """Every PS writes its partition to ``directory/ps-<i>.npz`` durably (checksummed)
+        before replying; returns total rows saved."""
+        return sum(
+            int(r["rows"][0]) for r in self._call_all("Save", self._save_requests(directory))
+        )
+
+    def flash_save(self, directory: Path, owner: int = 0) -> list[FlashSnapshot]:
+        """Every PS snapshots its partition into shared memory, replies, and persists it to
+        ``directory/ps-<i>.npz`` in the background (``persist_status``). ``owner``: the pid
+        of the master asking (a relaunched PS restores a newer snapshot only for it)."""
+        extra = {"mode": _text("flash"), "owner": np.array([owner], dtype=np.int64)}
+        replies = self._call_all("Save", self._save_requests(directory, extra))
+        return [
+            FlashSnapshot(
+                rows=int(r["rows"][0]),
+                bytes=int(r["bytes"][0]),
+                pause_s=float(r["pause_s"][0]),
+                save_s=float(r["save_s"][0]),
+            )
+            for r in replies
+        ]
+
+    def persist_status(self, directory: Path) -> list[PartStatus]:
+        """Per PS: how the background write of its part of ``directory`` stands."""
+        replies = self._call_all("Save", self._save_requests(directory, {"mode": _text("status")}))
+        out = []
+        for r in replies:
+            digest = None
+            if "sha256" in r:
+                digest = PartDigest(r["sha256"].tobytes().decode(), int(r["bytes"][0]))
+            error = r["error"].tobytes().decode() if "error" in r else ""
+            out.append(
+                PartStatus(_PERSIST_STATES.get(int(r["state"][0]), "unknown"), digest, error)
+            )
+        return out
+
+    def _save_requests(
+        self, directory: Path, extra: dict[str, np.ndarray] | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        return [
+            {"path": _text(str(directory / f"ps-{i}.npz")), **(extra or {})}
             for i in range(self.num_ps)
         ]
-        return sum(int(r["rows"][0]) for r in self._call_all("Save", requests))
+
+
+_PERSIST_STATES = {0: "unknown", 1: "persisting", 2: "done", 3: "failed"}
+
+
+def _text(value: str) -> np.ndarray:
+    return np.frombuffer(value.encode(), dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class FlashSnapshot:
+    """One PS's reply to a flash save: what it copied and how long pushes waited for it."""
+
+    rows: int
+    bytes: int
+    pause_s: float
+    save_s: float
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    """One PS's part of a checkpoint: ``unknown`` (not this PS's: it was relaunched),
+    ``persisting``, ``done`` (with its digest) or ``failed`` (with the error)."""
+
+    state: str
+    digest: PartDigest | None
+    error: str

@@ -6,26 +6,69 @@ non-finite update is rejected whole (nothing of it is applied) with INVALID_ARGU
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hmac
 import logging
-import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 import numpy as np
 
+from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+_PERSIST_CODES = {PERSISTING: 1, DONE: 2, FAILED: 3}
+
+
+@dataclass
+class _Frozen:
+    """What ``ParameterServer._frozen`` hands out: live views, the ledger, the pause."""
+
+    views: list[tuple[str, np.ndarray]]
+    applied: np.ndarray  # the ledger's applied keys, unsorted
+    rejected: collections.Counter[int]
+    pause_s: float = field(default=0.0)
+
+
+def _live_views(
+    tables: Iterable[EmbeddingTable], dense: DenseStore
+) -> list[tuple[str, np.ndarray]]:
+    """Every array of a snapshot, as views of the live state (valid under the locks)."""
+    out: list[tuple[str, np.ndarray]] = []
+    for table in tables:
+        n, prefix = table.size, f"table/{table.name}/"
+        out += [(f"{prefix}ids", table._ids[:n]), (f"{prefix}rows", table.rows[:n])]
+        out.append((f"{prefix}counts", table.counts[:n]))
+        out += [(f"{prefix}state/{k}", v[:n]) for k, v in table.state.items()]
+    out += [(f"dense/{name}", value) for name, value in dense.values.items()]
+    for name, slots in dense.state.items():
+        out += [(f"dstate/{name}/{k}", v) for k, v in slots.items()]
+    out.append(("dense_version", np.array([dense.version], dtype=np.int64)))
+    return out
+
+
+def _persist_reply(job: Persist | None) -> dict[str, np.ndarray]:
+    reply = {"state": np.array([_PERSIST_CODES.get(job.state, 0) if job else 0], np.int64)}
+    if job is not None and job.digest is not None:
+        reply["sha256"] = np.frombuffer(job.digest.sha256.encode(), dtype=np.uint8)
+        reply["bytes"] = np.array([job.digest.bytes], dtype=np.int64)
+    if job is not None and job.error:
+        reply["error"] = np.frombuffer(job.error.encode(), dtype=np.uint8)
+    return reply
 
 
 class ParameterServer:
@@ -112,15 +155,40 @@ class ParameterServer:
 
     def snapshot(self) -> dict[str, np.ndarray]:
         """Rows, optimizer state, dense weights and the batch ledger, at one point in time."""
+        with self._frozen() as frozen:
+            arrays = {name: np.array(view) for name, view in frozen.views}
+        arrays.update(self._tail_arrays(frozen))
+        return arrays
+
+    @contextlib.contextmanager
+    def _frozen(self) -> Iterator[_Frozen]:
+        """Views of the live state (and a copy of the ledger) that no push, pull or dense
+        update changes while the block runs: pushes wait for it, so keep it to a copy."""
         with self._apply_lock:
-            arrays: dict[str, np.ndarray] = {}
-            for name, table in self.tables.items():
-                arrays.update({f"table/{name}/{k}": v for k, v in table.snapshot().items()})
-            arrays.update(self.dense.snapshot())
-            arrays.update(self.ledger.to_arrays())
-            arrays["num_ps"] = np.array([self.num_ps], dtype=np.int64)
-            arrays["ps_index"] = np.array([self.index], dtype=np.int64)
-            return arrays
+            start = time.perf_counter()
+            with contextlib.ExitStack() as stack:
+                for table in self.tables.values():
+                    stack.enter_context(table._lock)
+                stack.enter_context(self.dense._lock)
+                # The ledger as an array (its fastest copy); sorted after the pause.
+                applied = np.fromiter(self.ledger.applied, np.int64, len(self.ledger.applied))
+                rejected = collections.Counter(self.ledger.rejected)
+                frozen = _Frozen(_live_views(self.tables.values(), self.dense), applied, rejected)
+                try:
+                    yield frozen
+                finally:
+                    frozen.views = []
+            frozen.pause_s = time.perf_counter() - start
+
+    def _tail_arrays(self, frozen: _Frozen) -> dict[str, np.ndarray]:
+        """The ledger (as ``BatchLedger.to_arrays`` writes it) and the partition's identity."""
+        ledger = BatchLedger()
+        ledger.rejected = frozen.rejected
+        arrays = ledger.to_arrays()
+        arrays["ledger/applied"] = np.sort(frozen.applied)
+        arrays["num_ps"] = np.array([self.num_ps], dtype=np.int64)
+        arrays["ps_index"] = np.array([self.index], dtype=np.int64)
+        return arrays
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Load a ``snapshot`` of the same partition (same PS index and count)."""
@@ -147,18 +215,48 @@ class ParameterServer:
             "rejected": np.array([int(arrays["ledger/rejected_counts"].sum())], dtype=np.int64),
         }
 
+    flash: FlashCheckpointer | None = None
+    """This PS's shared-memory slot and persister (``ps.flash``); made on first use."""
+
     def save(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Write this PS's partition to ``path`` (an .npz), atomically."""
+        """Save this PS's partition to ``path`` (a checksummed .npz), by ``mode``:
+
+        - ``sync`` (default; the trained model): write it durably, then reply;
+        - ``flash`` (checkpoints): copy the state into shared memory (pushes wait only for
+          that copy), reply, and persist it in the background;
+        - ``status``: how the background persist of ``path`` stands (``state``: 0 unknown,
+          1 persisting, 2 done with ``sha256`` and ``bytes``, 3 failed with ``error``).
+        """
         path = Path(req["path"].tobytes().decode())
-        arrays = self.snapshot()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)  # type: ignore[arg-type]
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        return {"rows": np.array([sum(t.size for t in self.tables.values())], dtype=np.int64)}
+        mode = req["mode"].tobytes().decode() if "mode" in req else "sync"
+        rows = np.array([sum(t.size for t in self.tables.values())], dtype=np.int64)
+        if mode == "sync":
+            write_npz(path, self.snapshot().items())
+            return {"rows": rows}
+        if mode == "status":
+            return _persist_reply(self.flash.status(path) if self.flash else None)
+        if mode != "flash":
+            raise ValueError(f"save mode {mode!r}: expected sync, flash or status")
+        if self.flash is None:  # a PS started outside ``ps.__main__``: same slot it would use
+            self.flash = FlashCheckpointer.for_job(path.parent.parent, self.index)
+        flash = self.flash
+        flash.begin(self._state_bytes())
+        with self._frozen() as frozen:
+            flash.copy(frozen.views)
+        flash.copy(self._tail_arrays(frozen).items())
+        owner = int(req["owner"][0]) if "owner" in req else 0
+        times = flash.finish(path, owner, frozen.pause_s)
+        return {
+            "rows": rows,
+            "bytes": np.array([times.bytes], dtype=np.int64),
+            "pause_s": np.array([times.pause_s], dtype=np.float64),
+            "save_s": np.array([times.save_s], dtype=np.float64),
+        }
+
+    def _state_bytes(self) -> int:
+        """About what a snapshot takes now (read without locks: an estimate)."""
+        total = sum(v.nbytes for _, v in _live_views(self.tables.values(), self.dense))
+        return total + 8 * (len(self.ledger.applied) + 2 * len(self.ledger.rejected)) + 4096
 
     def stats(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {

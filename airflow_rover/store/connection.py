@@ -108,6 +108,12 @@ class HistoryStoreHook(BaseHook):
             return default_history_url()
         return url_from_connection(self.get_connection(self.history_conn_id))
 
+    async def async_get_url(self) -> str:
+        """``get_url`` for triggers: the connection is read without blocking the event loop."""
+        if not self.history_conn_id:
+            return default_history_url()
+        return url_from_connection(await self.aget_connection(self.history_conn_id))
+
     def get_conn(self) -> HistoryStore:
         """A ``HistoryStore`` on the connection's database; close it when done (``with``)."""
         url = self.get_url()

@@ -43,7 +43,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.exc import IntegrityError
 
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.warm_start import (
@@ -58,6 +58,7 @@ from airflow_rover.core.warm_start import (
     warm_start,
 )
 from airflow_rover.store.records import JobRecord
+from airflow_rover.store.schema import create_tables
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +186,7 @@ class HistoryStore:
         """Create the tables that do not exist yet (idempotent; a concurrent creator wins)."""
         if self._schema_ready:
             return
-        try:
-            metadata.create_all(self.engine, checkfirst=True)
-        except DBAPIError:  # another process created them between our check and create
-            metadata.create_all(self.engine, checkfirst=True)
+        create_tables(self.engine, metadata)
         self._schema_ready = True
 
     # -- writing -----------------------------------------------------------------------------

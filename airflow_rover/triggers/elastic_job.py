@@ -4,19 +4,31 @@ It carries only a pointer to the job (its directory) and polling settings; every
 with the master. Re-created after a triggerer restart, it simply polls the same job again.
 Every ending is an event with the keys ``status`` (success / failed / stopped / error),
 ``job_id``, ``message`` and ``job`` (the last status); unexpected errors become ``error`` events.
+
+With a ``cluster_budget`` the trigger shares that budget with the jobs of other tasks and DAGs:
+on each poll it registers its job in the registry (``store.registry``, in the history store's
+database) and applies its master's proposal only when the cluster arbiter
+(``core.cluster_budget``) selects it; otherwise the proposal stays proposed, waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_rover.core.cluster_budget import running_job, ttl_for
 from airflow_rover.core.milestones import Milestone
+from airflow_rover.core.spec import ClusterBudget
 from airflow_rover.core.states import JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.store.connection import HistoryStoreHook
+from airflow_rover.store.history import HistoryStore
+from airflow_rover.store.registry import RunningJobRegistry
 
 _EVENT_STATUS = {JobState.FAILED: "failed", JobState.STOPPED: "stopped"}
 
@@ -33,7 +45,9 @@ def job_event(status: str, job: dict[str, Any], message: str | None = None) -> d
 
 class ElasticJobTrigger(BaseTrigger):
     """Wait until the job in ``job_dir`` reaches ``milestone`` (default: it succeeded), applying
-    the resource plans the job's optimizer proposes on the way (``apply_plans``)."""
+    the resource plans the job's optimizer proposes on the way (``apply_plans``), within
+    ``cluster_budget`` when one is given (shared through the history store of
+    ``history_conn_id``)."""
 
     def __init__(
         self,
@@ -42,6 +56,8 @@ class ElasticJobTrigger(BaseTrigger):
         milestone: dict[str, Any] | None = None,
         stop_on_kill: bool = False,
         apply_plans: bool = True,
+        cluster_budget: dict[str, Any] | None = None,
+        history_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.job_dir = job_dir
@@ -49,18 +65,27 @@ class ElasticJobTrigger(BaseTrigger):
         self.milestone = Milestone.model_validate(milestone or {})
         self.stop_on_kill = stop_on_kill
         self.apply_plans = apply_plans
+        self.cluster_budget = (
+            ClusterBudget.model_validate(cluster_budget) if cluster_budget is not None else None
+        )
+        self.history_conn_id = history_conn_id
+        self._registry: RunningJobRegistry | None = None
+        self._registered: str | None = None  # the job id this trigger registered
+        self._announced: int | None = None  # the proposal registered on an earlier poll
+        self._waiting: int | None = None  # the proposal last reported as waiting
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {
-                "job_dir": self.job_dir,
-                "poll_interval": self.poll_interval,
-                "milestone": self.milestone.model_dump(mode="json"),
-                "stop_on_kill": self.stop_on_kill,
-                "apply_plans": self.apply_plans,
-            },
-        )
+        kwargs: dict[str, Any] = {
+            "job_dir": self.job_dir,
+            "poll_interval": self.poll_interval,
+            "milestone": self.milestone.model_dump(mode="json"),
+            "stop_on_kill": self.stop_on_kill,
+            "apply_plans": self.apply_plans,
+        }
+        if self.cluster_budget is not None:  # only then: older triggers re-create unchanged
+            kwargs["cluster_budget"] = self.cluster_budget.model_dump(mode="json")
+            kwargs["history_conn_id"] = self.history_conn_id
+        return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     def _hook(self) -> ElasticJobHook:
         return ElasticJobHook(self.job_dir)
@@ -71,14 +96,18 @@ class ElasticJobTrigger(BaseTrigger):
             while True:
                 job = await hook.async_get_status()
                 if self.milestone.reached(job):
+                    await self._unregister(job.get("job_id"))
                     yield TriggerEvent(job_event("success", job))
                     return
                 missed = self.milestone.missed(job)
                 if missed is not None:
+                    await self._unregister(job.get("job_id"))
                     status = _EVENT_STATUS.get(JobState(job["state"]), "failed")
                     yield TriggerEvent(job_event(status, job, f"{missed}: {job.get('message')}"))
                     return
-                if self.apply_plans:
+                if self.apply_plans and self.cluster_budget is not None:
+                    await self._apply_within_budget(hook, job, self.cluster_budget)
+                elif self.apply_plans:
                     await self._apply_proposed(hook, job)
                 self.log.info(
                     "Job %s: %s, %s samples, %s samples/s",
@@ -91,6 +120,10 @@ class ElasticJobTrigger(BaseTrigger):
         except Exception as exc:  # report, never crash the triggerer
             self.log.exception("Polling job %s failed", self.job_dir)
             yield TriggerEvent(job_event("error", {"job_id": None}, f"{type(exc).__name__}: {exc}"))
+        finally:  # a registered job that did not end stays until its row's TTL runs out
+            if self._registry is not None:
+                self._registry.close()
+                self._registry = None
 
     async def _apply_proposed(self, hook: ElasticJobHook, job: dict[str, Any]) -> None:
         """Apply the plan the job's optimizer proposed (applying twice is a no-op there)."""
@@ -106,7 +139,98 @@ class ElasticJobTrigger(BaseTrigger):
                     f" ({record['note']})" if record.get("note") else "",
                 )
 
+    # -- the cluster budget ------------------------------------------------------------------
+    async def _registry_for(self) -> RunningJobRegistry:
+        if self._registry is None:
+            url = await HistoryStoreHook(self.history_conn_id or None).async_get_url()
+            self._registry = RunningJobRegistry(HistoryStore(url))
+        return self._registry
+
+    async def _apply_within_budget(
+        self, hook: ElasticJobHook, job: dict[str, Any], budget: ClusterBudget
+    ) -> None:
+        """Register the job; apply its proposal only if the cluster arbiter selects it. A
+        registry that cannot be reached applies nothing (the proposal waits), it never fails
+        the task."""
+        now = time.time()
+        row = running_job(job, budget.name, now, ttl_for(self.poll_interval))
+        if row is None:
+            return
+        proposal = row.proposal
+        try:
+            registry = await self._registry_for()
+            if proposal is None or proposal.id != self._announced:
+                # A new proposal is registered first and decided from the next poll on: the
+                # other jobs' triggers see it before anyone decides (whoever polls first
+                # does not win the budget by that alone).
+                await asyncio.to_thread(registry.register, row)
+                self._registered = row.job_id
+                self._announced = proposal.id if proposal is not None else None
+                return
+            decision = await asyncio.to_thread(registry.decide, row, budget, now)
+            self._registered = row.job_id
+        except Exception as exc:
+            self.log.warning(
+                "Cluster budget %r: the job registry is unavailable (%s: %s); proposals wait",
+                budget.name,
+                type(exc).__name__,
+                exc,
+            )
+            return
+        verdict = decision.verdicts.get(row.job_id)
+        if verdict is None or not verdict.allowed:
+            if self._waiting != proposal.id:  # once per proposal, not on every poll
+                self.log.info(
+                    "Plan %s (%s: %s): waiting for the cluster budget %r: %s",
+                    proposal.id,
+                    proposal.rule,
+                    _reason_of(job, proposal.id),
+                    budget.name,
+                    verdict.reason if verdict else "not decided",
+                )
+            self._waiting = proposal.id
+            return
+        record = await hook.async_apply_plan(proposal.id)
+        self.log.info(
+            "Plan %s (%s: %s): %s%s [cluster budget %r: %s]",
+            proposal.id,
+            proposal.rule,
+            _reason_of(job, proposal.id),
+            record.get("state"),
+            f" ({record['note']})" if record.get("note") else "",
+            budget.name,
+            verdict.reason,
+        )
+        if record.get("state") != "applied":  # give the reservation back at once
+            try:
+                await asyncio.to_thread(registry.register, replace(row, proposal=None))
+            except Exception as exc:
+                self.log.warning("Cluster budget %r: %s", budget.name, exc)
+
+    async def _unregister(self, job_id: str | None) -> None:
+        """The job ended (or reached its milestone): its row leaves the registry."""
+        self._registered = None
+        if self.cluster_budget is None or not job_id:
+            return
+        try:
+            registry = await self._registry_for()
+            await asyncio.to_thread(registry.remove, job_id)
+        except Exception as exc:  # its TTL removes it anyway
+            self.log.warning("Could not remove job %s from the cluster registry: %s", job_id, exc)
+
     async def on_kill(self) -> None:
         """The user marked the task failed/success or cleared it: stop the job, orphan nothing."""
         if self.stop_on_kill:
             await self._hook().async_stop("the Airflow task was killed by a user")
+            await self._unregister(self._registered)
+            if self._registry is not None:
+                self._registry.close()
+                self._registry = None
+
+
+def _reason_of(job: dict[str, Any], plan_id: int) -> str:
+    """The master's reason for its proposal ``plan_id``."""
+    for entry in job.get("plans") or []:
+        if isinstance(entry, dict) and entry.get("id") == plan_id:
+            return str(entry.get("reason") or "")
+    return ""

@@ -1,0 +1,240 @@
+"""Checkpoint files that prove they are whole: checksummed ``.npz`` parts and the manifest.
+
+A PS partition is a standard ``.npz`` (``np.load`` reads it) whose zip archive comment is
+``rover-sha256:<64 hex>``: the SHA-256 of every byte of the file before those 64 hex digits.
+A file is therefore checked without unpacking it (one streaming hash), and a part written
+half-way, truncated or with any byte changed fails the check. Parts are written to a hidden
+temporary sibling, fsynced, then renamed, so the name only ever holds a complete file.
+
+The master commits a checkpoint by writing ``queue.json``: the shard queue at the snapshot, plus
+under ``"checkpoint"`` every part's size and SHA-256 and one SHA-256 over the queue and that
+list. ``verify_checkpoint`` checks all of it; ``JobLayout.latest_checkpoint`` uses it to pick
+the newest checkpoint whose every part verifies.
+
+Why SHA-256 and not a cheaper sum: with SHA-NI it hashes at ~1.8 GB/s on one core, faster than
+a durable write (write + fsync ~1 GB/s here), and it runs off the training path (the persister
+thread, and a restore's check); see ``bench/flash_checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import zipfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DIGEST_TAG = b"rover-sha256:"
+_HEX = 64
+_PLACEHOLDER = b"0" * _HEX
+CHUNK = 8 << 20
+QUEUE_FILE = "queue.json"
+RECORD_KEY = "checkpoint"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint file that is missing, incomplete or fails its checksum."""
+
+
+@dataclass(frozen=True)
+class PartDigest:
+    sha256: str
+    bytes: int
+
+
+class _DigestSink:
+    """A write-only, non-seekable stream for ``zipfile``: passes bytes through to ``fh`` and
+    hashes all of them except the last ``_HEX`` (the digest's place in the archive comment)."""
+
+    def __init__(self, fh: Any) -> None:
+        self._fh = fh
+        self._hash = hashlib.sha256()
+        self._tail = b""
+        self._pos = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        self._fh.write(view)
+        self._pos += n
+        if n >= _HEX:
+            self._hash.update(self._tail)
+            self._hash.update(view[: n - _HEX])
+            self._tail = bytes(view[n - _HEX :])
+        else:
+            joined = self._tail + bytes(view)
+            self._hash.update(joined[:-_HEX])
+            self._tail = joined[-_HEX:]
+        return n
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def finish(self) -> str:
+        if self._tail != _PLACEHOLDER:
+            raise RuntimeError("the archive did not end with its digest placeholder")
+        return self._hash.hexdigest()
+
+
+def _raw_bytes(array: np.ndarray) -> memoryview:
+    return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make renames and new entries in ``directory`` durable (a no-op where unsupported)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_npz(path: Path, arrays: Iterable[tuple[str, np.ndarray]]) -> PartDigest:
+    """Write ``arrays`` as a checksummed ``.npz`` at ``path``: temporary sibling, fsync,
+    rename, fsync of the directory. Returns the file's digest and size."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        sink = _DigestSink(fh)
+        with zipfile.ZipFile(sink, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:  # type: ignore[call-overload]
+            archive.comment = DIGEST_TAG + _PLACEHOLDER
+            for name, array in arrays:
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                    header = np.lib.format.header_data_from_array_1_0(array)
+                    np.lib.format.write_array_header_1_0(entry, header)
+                    raw = _raw_bytes(array)
+                    for start in range(0, len(raw), CHUNK):
+                        entry.write(raw[start : start + CHUNK])
+        digest = sink.finish()
+        fh.seek(-_HEX, os.SEEK_END)
+        fh.write(digest.encode())
+        fh.flush()
+        os.fsync(fh.fileno())
+        size = fh.tell()
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+    return PartDigest(digest, size)
+
+
+def read_digest(path: Path) -> PartDigest:
+    """Hash ``path`` and check it against the digest it carries; raises ``CorruptCheckpoint``
+    with the reason when it is missing, truncated or changed."""
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{path.name}: missing") from None
+    except OSError as exc:
+        raise CorruptCheckpoint(f"{path.name}: unreadable ({exc})") from None
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        trailer = len(DIGEST_TAG) + _HEX
+        if size < trailer:
+            raise CorruptCheckpoint(f"{path.name}: truncated ({size} bytes)")
+        fh.seek(size - trailer)
+        tail = fh.read(trailer)
+        if not tail.startswith(DIGEST_TAG):
+            raise CorruptCheckpoint(f"{path.name}: no checksum (not a complete checkpoint part)")
+        recorded = tail[len(DIGEST_TAG) :].decode("ascii", errors="replace")
+        digest = hashlib.sha256()
+        with mmap.mmap(fh.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+            view = memoryview(mapped)
+            try:
+                for start in range(0, size - _HEX, CHUNK):  # zero-copy; hashing drops the GIL
+                    digest.update(view[start : min(start + CHUNK, size - _HEX)])
+            finally:
+                view.release()
+    actual = digest.hexdigest()
+    if actual != recorded:
+        raise CorruptCheckpoint(
+            f"{path.name}: checksum mismatch (content sha256 {actual[:12]}..., "
+            f"recorded {recorded[:12]}...)"
+        )
+    return PartDigest(actual, size)
+
+
+def _record_digest(queue: dict[str, Any], parts: dict[str, Any]) -> str:
+    canonical = json.dumps({"queue": queue, "parts": parts}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def checkpoint_record(queue: dict[str, Any], parts: dict[str, PartDigest]) -> dict[str, Any]:
+    """What the master writes to ``queue.json`` to commit a checkpoint: the queue (top level,
+    as ``ShardQueue.from_dict`` reads it) and the manifest of the PS parts under
+    ``"checkpoint"``."""
+    listed = {name: {"sha256": d.sha256, "bytes": d.bytes} for name, d in sorted(parts.items())}
+    return {
+        **queue,
+        RECORD_KEY: {"format": 1, "parts": listed, "sha256": _record_digest(queue, listed)},
+    }
+
+
+def read_manifest(directory: Path) -> dict[str, PartDigest]:
+    """The parts a committed checkpoint lists (``queue.json`` checked against its own
+    digest); raises ``CorruptCheckpoint``. A checkpoint from before checksums lists none."""
+    try:
+        data = json.loads((directory / QUEUE_FILE).read_text())
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{QUEUE_FILE} missing (never committed)") from None
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"{QUEUE_FILE} unreadable ({exc})") from None
+    if not isinstance(data, dict):
+        raise CorruptCheckpoint(f"{QUEUE_FILE} is not an object")
+    record = data.pop(RECORD_KEY, None)
+    if record is None:
+        return {}
+    try:
+        parts = record["parts"]
+        if _record_digest(data, parts) != record["sha256"]:
+            raise CorruptCheckpoint(f"{QUEUE_FILE}: checksum mismatch")
+        return {n: PartDigest(str(p["sha256"]), int(p["bytes"])) for n, p in parts.items()}
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        if isinstance(exc, CorruptCheckpoint):
+            raise
+        raise CorruptCheckpoint(f"{QUEUE_FILE}: malformed manifest ({exc!r})") from None
+
+
+def _check_part(directory: Path, name: str, want: PartDigest) -> None:
+    path = directory / name
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"{name}: missing") from None
+    if size != want.bytes:
+        raise CorruptCheckpoint(f"{name}: {size} bytes, the manifest says {want.bytes}")
+    got = read_digest(path)
+    if got.sha256 != want.sha256:
+        raise CorruptCheckpoint(f"{name}: not the part the manifest names (other sha256)")
+
+
+def verify_checkpoint(directory: Path) -> str | None:
+    """None if ``directory`` is a committed checkpoint whose every part verifies, else why
+    not. Parts are hashed in parallel (hashing releases the GIL)."""
+    try:
+        parts = read_manifest(directory)
+    except CorruptCheckpoint as exc:
+        return str(exc)
+    if not parts:
+        return None  # written before checksums: nothing to check against
+    with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
+        futures = [pool.submit(_check_part, directory, n, d) for n, d in sorted(parts.items())]
+        for future in futures:
+            try:
+                future.result()
+            except CorruptCheckpoint as exc:
+                return str(exc)
+    return None

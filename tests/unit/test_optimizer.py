@@ -1,0 +1,147 @@
+"""The plan optimizer (DLRover-RM 4.2-4.3): NSGA-II candidates are non-dominated, throughput
+gain counts what a change costs, ``best_plan`` prefers worker changes, and weighted greedy
+keeps the shared budget and favours jobs about to finish."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_rover.core.optimizer import (
+    Budget,
+    Candidate,
+    JobCandidates,
+    PlanBounds,
+    Prices,
+    ScalingCosts,
+    best_plan,
+    non_dominated,
+    pareto_plans,
+    throughput_gain,
+    weight,
+    weighted_greedy,
+)
+from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+
+# Normalised features (one batch, reference width): the paper's coefficients, in 10 ms.
+SHAPE = JobShape(batch_size=1, model_size=0.25, bandwidth=1.0, embedding_dim=1)
+MODEL = ThroughputModel(Coefficients(*(Coefficients.paper().as_array() * 0.01)), SHAPE)
+BOUNDS = PlanBounds(max_workers=16, max_ps=8, cpu_choices=(1.0, 2.0, 4.0, 8.0))
+CURRENT = ResourcePlan(num_workers=1, num_ps=1, worker_cpu=4.0, ps_cpu=4.0)
+REMAINING = 200_000.0
+
+
+@pytest.fixture(scope="module")
+def front() -> list[Candidate]:
+    return pareto_plans(MODEL, CURRENT, REMAINING, BOUNDS, seed=3, generations=30, population=40)
+
+
+def test_nsga2_output_is_non_dominated(front: list[Candidate]) -> None:
+    assert len(front) >= 5
+    for a in front:
+        for b in front:
+            dominates = (
+                b.cost <= a.cost and b.gain >= a.gain and (b.cost, b.gain) != (a.cost, a.gain)
+            )
+            assert not dominates, f"{b} dominates {a}"
+
+
+def test_nsga2_output_is_within_bounds_sorted_and_consistent(front: list[Candidate]) -> None:
+    prices, costs = Prices(), ScalingCosts()
+    assert [c.cost for c in front] == sorted(c.cost for c in front)
+    for c in front:
+        assert 1 <= c.plan.num_workers <= BOUNDS.max_workers
+        assert 1 <= c.plan.num_ps <= BOUNDS.max_ps
+        assert {c.plan.worker_cpu, c.plan.ps_cpu} <= set(BOUNDS.cpu_choices)
+        assert c.cost == pytest.approx(prices.cost(c.plan))
+        assert c.gain == pytest.approx(throughput_gain(MODEL, CURRENT, c.plan, REMAINING, costs))
+    assert len({c.plan for c in front}) == len(front)
+
+
+def test_nsga2_is_deterministic_for_a_seed() -> None:
+    a = pareto_plans(MODEL, CURRENT, REMAINING, BOUNDS, seed=5, generations=10, population=20)
+    b = pareto_plans(MODEL, CURRENT, REMAINING, BOUNDS, seed=5, generations=10, population=20)
+    assert a == b
+
+
+def test_non_dominated_filters_dominated_and_keeps_ties() -> None:
+    plan = ResourcePlan()
+    cands = [
+        Candidate(plan, 10.0, 5.0),
+        Candidate(plan, 12.0, 5.0),  # costs more for the same gain: dominated
+        Candidate(plan, 20.0, 9.0),
+        Candidate(plan, 20.0, 9.0),  # an equal twin is not dominated
+        Candidate(plan, 25.0, 8.0),  # dominated by (20, 9)
+    ]
+    kept = non_dominated(cands)
+    assert [(c.cost, c.gain) for c in kept] == [(10.0, 5.0), (20.0, 9.0), (20.0, 9.0)]
+
+
+def test_throughput_gain_counts_the_cost_of_a_change() -> None:
+    costs = ScalingCosts(worker_start_s=120.0, ps_start_s=20.0, ps_reload_s=100.0)
+    assert throughput_gain(MODEL, CURRENT, CURRENT, REMAINING, costs) == 0.0
+    more_workers = CURRENT.model_copy(update={"num_workers": 8})
+    more_ps = more_workers.model_copy(update={"num_ps": 2})
+    ideal = MODEL.throughput(more_workers) - MODEL.throughput(CURRENT)
+    gain = throughput_gain(MODEL, CURRENT, more_workers, REMAINING, costs)
+    assert 0 < gain < ideal  # the 120 s start is paid, the old workers train meanwhile
+    # With little left to train, a PS change (training stops) is worth less than nothing.
+    assert throughput_gain(MODEL, CURRENT, more_ps, 500.0, costs) < 0
+    # The longer the rest of the job, the closer the gain gets to the ideal one.
+    long = throughput_gain(MODEL, CURRENT, more_workers, 1e9, costs)
+    assert gain < long == pytest.approx(ideal, rel=1e-3)
+
+
+def test_best_plan_prefers_leaving_the_ps_alone_on_a_tie() -> None:
+    workers = CURRENT.model_copy(update={"num_workers": 2})
+    ps = CURRENT.model_copy(update={"num_ps": 2})
+    cands = [Candidate(ps, 10.0, 5.0), Candidate(workers, 10.0, 5.0)]
+    chosen = best_plan(cands, CURRENT, min_gain=1.0)
+    assert chosen is not None and chosen.plan == workers
+
+
+def test_best_plan_takes_the_most_efficient_useful_candidate() -> None:
+    plans = [CURRENT.model_copy(update={"num_workers": n}) for n in (2, 3, 4)]
+    cands = [
+        Candidate(plans[0], 10.0, 1.0),  # efficient but below min_gain
+        Candidate(plans[1], 20.0, 8.0),  # 0.4 per unit
+        Candidate(plans[2], 40.0, 12.0),  # 0.3 per unit
+        Candidate(CURRENT, 5.0, 100.0),  # the current plan is never "new"
+    ]
+    chosen = best_plan(cands, CURRENT, min_gain=2.0)
+    assert chosen is not None and chosen.plan == plans[1]
+    assert best_plan(cands, CURRENT, min_gain=50.0) is None
+
+
+def _job(
+    job_id: str, remaining: float, thr: float, gains: list[tuple[int, float]]
+) -> JobCandidates:
+    current = ResourcePlan(num_workers=1, num_ps=1, worker_cpu=1.0, ps_cpu=1.0)
+    cands = tuple(
+        Candidate(current.model_copy(update={"num_workers": w}), float(w + 1), g) for w, g in gains
+    )
+    return JobCandidates(job_id, current, thr, remaining, cands)
+
+
+def test_weighted_greedy_keeps_the_budget() -> None:
+    jobs = [_job(f"j{i}", 1e5, 10.0, [(4, 30.0), (8, 50.0), (16, 70.0)]) for i in range(4)]
+    budget = Budget(cpu=30.0, memory_mb=1e9)
+    chosen = weighted_greedy(jobs, budget)
+    used = 0.0
+    for job in jobs:
+        plan = chosen.get(job.job_id, job.current)
+        used += Budget.used(plan)[0]
+    assert used <= budget.cpu
+    assert chosen  # something fits
+
+
+def test_weighted_greedy_favours_the_job_closer_to_the_end() -> None:
+    short = _job("short", 1e4, 10.0, [(8, 40.0)])
+    long = _job("long", 1e7, 10.0, [(8, 40.0)])
+    chosen = weighted_greedy([long, short], Budget(cpu=4.0 + 9.0, memory_mb=1e9))
+    assert set(chosen) == {"short"}  # room for one upgrade: the one that finishes sooner
+
+
+def test_weight_decreases_with_remaining_time() -> None:
+    assert weight(1e3, 10.0) > weight(1e5, 10.0) > weight(1e5, 1.0)
+    assert weight(1e5, 10.0, rho=0.0) == 1.0

@@ -1,0 +1,116 @@
+"""Post-scaling rules (DLRover 4.2 "adjust", DLRover-RM 4.3): each fires on its scenario and
+stays silent on a healthy job."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_rover.core.post_scaling import (
+    OOM_MIN_SAMPLES,
+    JobProfile,
+    NodeProfile,
+    hot_ps,
+    idle_ps,
+    post_scaling,
+    predicted_oom,
+    straggler,
+)
+from airflow_rover.core.spec import ResourcePlan
+
+PLAN = ResourcePlan(num_workers=4, num_ps=3, worker_cpu=4.0, ps_cpu=4.0, ps_memory_mb=4096)
+
+
+def _ps(i: int, cpu: float, trend: tuple[tuple[float, float], ...] = ()) -> NodeProfile:
+    return NodeProfile(f"ps-{i}", "ps", cpu, 2000.0, memory_trend=trend)
+
+
+def _worker(i: int, step_ms: float = 100.0) -> NodeProfile:
+    return NodeProfile(f"worker-{i}", "worker", 3.0, 1000.0, step_time_ms=step_ms)
+
+
+SAMPLES = max(OOM_MIN_SAMPLES, 4)
+
+
+def trend(start_mb: float, mb_per_s: float) -> tuple[tuple[float, float], ...]:
+    """Memory samples every 30 s, with a little jitter."""
+    return tuple(
+        (30.0 * i, start_mb + mb_per_s * 30.0 * i + (3.0 if i % 2 else -3.0))
+        for i in range(SAMPLES)
+    )
+
+
+FLAT = trend(2000.0, 0.0)
+
+
+def healthy(plan: ResourcePlan = PLAN) -> JobProfile:
+    """PS moderately and evenly busy, memory flat, workers equally fast."""
+    ps = tuple(_ps(i, 2.6, FLAT) for i in range(plan.num_ps))
+    workers = tuple(_worker(i) for i in range(plan.num_workers))
+    return JobProfile(plan, ps + workers)
+
+
+def with_nodes(*nodes: NodeProfile, plan: ResourcePlan = PLAN) -> JobProfile:
+    base = {n.node_id: n for n in healthy(plan).nodes}
+    base.update({n.node_id: n for n in nodes})
+    return JobProfile(plan, tuple(base.values()))
+
+
+@pytest.mark.parametrize("rule", [hot_ps, idle_ps, straggler, predicted_oom])
+def test_no_rule_fires_on_a_healthy_job(rule) -> None:
+    assert rule(healthy()) is None
+    assert post_scaling(healthy()) == []
+
+
+def test_hot_ps_fires_on_one_saturated_ps() -> None:
+    profile = with_nodes(_ps(0, 3.9), _ps(1, 0.8), _ps(2, 0.7))
+    proposal = hot_ps(profile)
+    assert proposal is not None
+    assert proposal.rule == "hot_ps" and proposal.nodes == ("ps-0",)
+    assert proposal.plan.ps_cpu >= 2 * PLAN.ps_cpu  # bigger PS, same count
+    assert proposal.plan.num_ps == PLAN.num_ps
+    assert "ps-0" in proposal.reason
+
+
+def test_hot_ps_with_the_other_ps_idle_does_not_crash() -> None:
+    """The median PS at 0 cores (e.g. PS holding no hot tensor yet) used to divide by zero."""
+    proposal = hot_ps(with_nodes(_ps(0, 3.9), _ps(1, 0.0), _ps(2, 0.0)))
+    assert proposal is not None and "idle" in proposal.reason
+
+
+def test_hot_ps_stays_silent_when_all_ps_are_equally_busy_or_at_the_largest_size() -> None:
+    overloaded = with_nodes(_ps(0, 3.9), _ps(1, 3.8), _ps(2, 3.9))
+    assert hot_ps(overloaded) is None  # every PS is busy: too few PS cores, no hot spot
+    big = PLAN.model_copy(update={"ps_cpu": 8.0})
+    at_max = JobProfile(big, (_ps(0, 7.9), _ps(1, 1.0), _ps(2, 1.0)), max_cpu=8.0)
+    assert hot_ps(at_max) is None  # nothing bigger to ask for
+
+
+def test_idle_ps_adds_workers() -> None:
+    profile = with_nodes(_ps(0, 0.8), _ps(1, 0.8), _ps(2, 0.8))
+    proposal = idle_ps(profile)
+    assert proposal is not None and proposal.rule == "idle_ps"
+    # 2.4 cores used by 4 workers = 0.6 per worker; 12 PS cores carry ~20 workers.
+    assert 19 <= proposal.plan.num_workers <= 20
+    assert proposal.plan.num_ps == PLAN.num_ps and proposal.plan.ps_cpu == PLAN.ps_cpu
+
+
+def test_straggler_names_the_slow_worker() -> None:
+    proposal = straggler(with_nodes(_worker(2, step_ms=450.0)))
+    assert proposal is not None
+    assert proposal.nodes == ("worker-2",) and proposal.plan == PLAN
+
+
+def test_predicted_oom_raises_ps_memory_before_the_limit() -> None:
+    growing = trend(3000.0, 1.5)  # 1.5 MB/s: the 4096 MB limit is minutes away
+    last = growing[-1][1]
+    proposal = predicted_oom(with_nodes(_ps(1, 2.6, growing)))
+    assert proposal is not None and proposal.nodes == ("ps-1",)
+    # In 600 s it would need last + 900 MB; the new limit has 25% headroom on that.
+    assert proposal.plan.ps_memory_mb >= (last + 1.5 * 600) * 1.25 - 10
+    assert proposal.plan.ps_memory_mb % 256 == 0
+    assert post_scaling(with_nodes(_ps(1, 2.6, growing)))[0].rule == "predicted_oom"
+
+
+def test_predicted_oom_ignores_slow_growth() -> None:
+    slow = trend(2000.0, 0.02)  # hours to go
+    assert predicted_oom(with_nodes(_ps(1, 2.6, slow))) is None
