@@ -190,7 +190,7 @@ def test_a_ps_killed_while_persisting_leaves_the_previous_checkpoint_latest(
     assert job.master.state == JobState.RECOVERING  # and it relaunched ps-0
 
     job.running()  # ps-0 relaunched and restored
-    job.step_until(lambda: job.master._pending_checkpoint is None, "ckpt-2 settled")
+    job.step_until(lambda: job.master.checkpointer.pending is None, "ckpt-2 settled")
     ledgers = job.ledgers()
     if same_master:
         assert "shared memory holds a newer snapshot (ckpt-000002, not persisted yet)" in job.log(

@@ -576,7 +576,7 @@ def test_a_periodic_checkpoint_never_waits_for_the_disk_and_commits_once_all_par
     started = time.monotonic()
     rig.master.step()  # takes the snapshot: the PS copy into shared memory, no disk
     assert time.monotonic() - started < 5
-    pending = rig.master._pending_checkpoint
+    pending = rig.master.checkpointer.pending
     assert pending is not None and pending.directory == rig.layout.checkpoint_dir(1)
     rig.push(1)  # training goes on; the checkpoint holds the queue and state of the snapshot
     for _ in range(3):
@@ -624,11 +624,11 @@ def test_a_ps_relaunched_without_its_snapshot_abandons_the_checkpoint(
     rig.run()
     time.sleep(0.06)
     rig.master.step()
-    assert rig.master._pending_checkpoint is not None
+    assert rig.master.checkpointer.pending is not None
     rig.start_ps(1)  # ps-1 came back as a new process that never took this snapshot
     with caplog.at_level(logging.WARNING, logger="airflow_rover.master.service"):
         rig.master.step()
-    assert rig.master._pending_checkpoint is None
+    assert rig.master.checkpointer.pending is None
     assert "abandoned: ps-1 no longer has its snapshot (relaunched)" in caplog.text
     gate.open()
     assert rig.layout.latest_checkpoint() is None
@@ -676,7 +676,7 @@ def test_waiting_for_a_commit_gives_up_at_once_when_a_ps_is_gone(
     rig.run()
     time.sleep(0.06)
     rig.master.step()
-    assert rig.master._pending_checkpoint is not None
+    assert rig.master.checkpointer.pending is not None
     rig.close()  # the PS go away mid-persist
     started = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="airflow_rover.master.service"):
