@@ -55,3 +55,17 @@ class BatchLedger:
             {int(k): int(n) for k, n in zip(keys, counts, strict=True)}
         )
         return ledger
+
+
+def batch_accounting(expected: set[int], ledgers: list[tuple[set[int], int]]) -> dict[str, int]:
+    """``expected`` batch keys against what each PS applied (``(applied keys, retried pushes it
+    turned away)`` per PS): a batch is trained once when every PS applied it."""
+    everywhere = set.intersection(*(applied for applied, _ in ledgers))
+    anywhere = set.union(*(applied for applied, _ in ledgers))
+    return {
+        "expected": len(expected),
+        "trained_once": len(expected & everywhere),
+        "never_trained": len(expected - anywhere),
+        "partially_trained": len((expected & anywhere) - everywhere),
+        "retried_pushes_turned_away": sum(rejected for _, rejected in ledgers),
+    }

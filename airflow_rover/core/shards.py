@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -219,6 +219,45 @@ class ShardQueue:
         self._todo.remove(shard_id)
         self._done.add(shard_id)
         self.completions[shard_id] += 1
+
+    def reconcile(self, shards: Iterable[Shard], applied: Container[int]) -> None:
+        """Set where each given TODO or DONE shard resumes, from the batch keys ``applied`` on
+        every PS: at its first batch not applied. A DONE shard missing one is reopened (a PS
+        restored from a checkpoint lost it); a TODO shard missing none is settled."""
+        keys = self.batch_keys
+        for shard in shards:
+            sid = shard.shard_id
+            if sid in self.quarantined:
+                continue
+            static = self._shards[sid]
+            missing = next((k for k in keys.keys(static) if k not in applied), None)
+            if sid in self._done:
+                if missing is not None:
+                    self.reopen(sid, keys.start_of(static, missing))
+            elif sid in self._todo:
+                if missing is None:
+                    self.settle(sid)
+                else:
+                    self.resume_from(sid, keys.start_of(static, missing))
+
+    def expected_keys(self) -> set[int]:
+        """Every batch key of every shard that is not quarantined."""
+        return {
+            k
+            for sid, shard in self._shards.items()
+            if sid not in self.quarantined
+            for k in self.batch_keys.keys(shard)
+        }
+
+    def samples_in(self, applied: Container[int]) -> int:
+        """How many samples the batches with keys in ``applied`` hold."""
+        keys = self.batch_keys
+        return sum(
+            min(self.batch_size, shard.end - keys.start_of(shard, k))
+            for shard in self._shards.values()
+            for k in keys.keys(shard)
+            if k in applied
+        )
 
     def release_all(self) -> list[Shard]:
         """Return every leased shard to TODO (a restarted master: no lease survives it)."""

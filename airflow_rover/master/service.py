@@ -20,6 +20,7 @@ import grpc
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.shards import Shard, ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
@@ -473,57 +474,34 @@ class JobMaster:
         self.nodes[node.node_id].restarts = restarts
         log.warning("%s; relaunched it (restart %d of the job)", cause, self.restarts)
 
-    def _reconcile(self, shards: list[Shard]) -> bool:
-        """Set where each given TODO / DONE shard resumes from the PS ledgers: the first batch
-        not applied on every PS. Earlier batches are skipped; a PS that has later ones turns
-        their retried pushes away. A TODO shard with every batch applied is DONE."""
-        if not shards:
-            return True
+    def _applied_everywhere(self, purpose: str) -> set[int] | None:
+        """The batch keys every PS has applied, or None (logged) if a PS cannot say."""
         try:
             client = self._ps_client()
             try:
                 ledgers = client.ledgers()
             finally:
                 client.close()
-        except (LookupError, grpc.RpcError) as exc:  # the PS turn retried batches away anyway
-            log.warning("PS ledgers unreadable (%s); shards resume where they were", exc)
+        except (LookupError, grpc.RpcError) as exc:
+            log.warning("PS ledgers unreadable (%s); %s", exc, purpose)
+            return None
+        return set.intersection(*(applied for applied, _ in ledgers))
+
+    def _reconcile(self, shards: list[Shard]) -> bool:
+        """Resume the given shards from the PS ledgers (``ShardQueue.reconcile``); False if
+        the ledgers could not be read (the PS turn retried batches away anyway)."""
+        if not shards:
+            return True
+        applied = self._applied_everywhere("shards resume where they were")
+        if applied is None:
             return False
-        everywhere = set.intersection(*(applied for applied, _ in ledgers))
-        keys = self.queue.batch_keys
-        for shard in shards:
-            sid = shard.shard_id
-            if sid in self.queue.quarantined:
-                continue
-            static = self.queue.static(sid)
-            missing = next((k for k in keys.keys(static) if k not in everywhere), None)
-            if self.queue.is_done(sid):
-                if missing is not None:
-                    self.queue.reopen(sid, keys.start_of(static, missing))
-            elif self.queue.is_todo(sid):
-                if missing is None:
-                    self.queue.settle(sid)
-                else:
-                    self.queue.resume_from(sid, keys.start_of(static, missing))
+        self.queue.reconcile(shards, applied)
         return True
 
     def _applied_samples(self) -> int:
         """Samples whose batches every PS has applied (0 if a PS cannot say)."""
-        try:
-            client = self._ps_client()
-            try:
-                everywhere = set.intersection(*(applied for applied, _ in client.ledgers()))
-            finally:
-                client.close()
-        except (LookupError, grpc.RpcError) as exc:
-            log.warning("PS ledgers unreadable (%s); resumed samples not counted", exc)
-            return 0
-        keys, batch = self.queue.batch_keys, self.queue.batch_size
-        return sum(
-            min(batch, shard.end - keys.start_of(shard, k))
-            for shard in self.queue.shards()
-            for k in keys.keys(shard)
-            if k in everywhere
-        )
+        applied = self._applied_everywhere("resumed samples not counted")
+        return 0 if applied is None else self.queue.samples_in(applied)
 
     # -- resources ---------------------------------------------------------------------------
     def _autoscale(self) -> None:
@@ -648,7 +626,10 @@ class JobMaster:
             "embedding_rows": rows,
             "model_dir": str(self.layout.model_dir),
             "plan": self.spec.plan.model_dump(),
-            "accounting": {**self.queue.accounting(), "batches": self._batch_accounting(ledgers)},
+            "accounting": {
+                **self.queue.accounting(),
+                "batches": batch_accounting(self.queue.expected_keys(), ledgers),
+            },
             "recovery": self._recovery_summary(),
         }
         quarantined = self.queue.quarantined_shards()
@@ -659,26 +640,6 @@ class JobMaster:
                 f"trained: {[(q['shard_id'], q['start'], q['end']) for q in quarantined]}"
             )
         self._finish(JobState.SUCCEEDED, message)
-
-    def _batch_accounting(self, ledgers: list[tuple[set[int], int]]) -> dict[str, int]:
-        """Every batch of every shard not quarantined, against what each PS applied: a batch is
-        trained once when every PS applied it; the ledgers turn retried pushes away."""
-        keys = self.queue.batch_keys
-        expected = {
-            k
-            for shard in self.queue.shards()
-            if shard.shard_id not in self.queue.quarantined
-            for k in keys.keys(shard)
-        }
-        everywhere = set.intersection(*(applied for applied, _ in ledgers))
-        anywhere = set.union(*(applied for applied, _ in ledgers))
-        return {
-            "expected": len(expected),
-            "trained_once": len(expected & everywhere),
-            "never_trained": len(expected - anywhere),
-            "partially_trained": len((expected & anywhere) - everywhere),
-            "retried_pushes_turned_away": sum(rejected for _, rejected in ledgers),
-        }
 
     def _recovery_summary(self) -> dict[str, Any]:
         seconds: dict[str, list[float]] = collections.defaultdict(list)

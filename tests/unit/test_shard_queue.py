@@ -595,3 +595,33 @@ def test_from_dict_of_an_older_queue_without_the_new_fields() -> None:
     copy = ShardQueue.from_dict(data)
     assert (copy.batch_size, copy.max_failures) == (10, 3)
     assert copy.counts() == {"todo": 2, "doing": 1, "done": 0, "quarantined": 0}
+
+
+def test_reconcile_resumes_settles_and_reopens_from_the_applied_keys() -> None:
+    """Shard 0 done but missing its last batch (a PS restored from a checkpoint): reopened there.
+    Shard 1 in TODO with every batch applied: settled. Shard 2 half applied: resumes after."""
+    queue = ShardQueue(num_samples=30, shard_size=10, batch_size=5)  # 2 batches per shard
+    for _ in range(3):
+        assert queue.lease("w", 0.0, LEASE_S) is not None
+    assert queue.complete(0, "w")
+    queue.release_worker("w")
+    applied = {0, 2, 3, 4}  # keys: shard s batch k = 2 * s + k
+    queue.reconcile(queue.shards(), applied)
+    assert queue.is_todo(0) and queue.remaining(0).start == 5
+    assert queue.is_done(1) and queue.completions[1] == 1
+    assert queue.is_todo(2) and queue.remaining(2).start == 25
+    assert queue.samples_in(applied) == 20
+    assert queue.expected_keys() == set(range(6))
+
+
+def test_batch_accounting_compares_every_ps_ledger_with_the_expected_keys() -> None:
+    from airflow_rover.core.ledger import batch_accounting
+
+    ledgers = [({0, 1, 2, 3}, 2), ({0, 1, 2}, 0)]
+    assert batch_accounting({0, 1, 2, 3, 4}, ledgers) == {
+        "expected": 5,
+        "trained_once": 3,
+        "never_trained": 1,
+        "partially_trained": 1,
+        "retried_pushes_turned_away": 2,
+    }
