@@ -25,6 +25,7 @@ from scipy.optimize import nnls
 from airflow_rover.core.spec import ResourcePlan
 
 TERMS = ("grad", "upd", "sync", "emb")
+HOT_SHARE_FLOOR = 0.05
 
 
 @dataclass(frozen=True)
@@ -44,12 +45,15 @@ class JobShape:
         return self.hot_share + (1.0 - self.hot_share) / num_ps
 
     @staticmethod
-    def hot_share_from(ps_load: Sequence[float]) -> float:
-        """Estimate ``h`` from the load (e.g. CPU used) of each of ``p >= 2`` PS."""
+    def hot_share_from(ps_load: Sequence[float], noise_floor: float = HOT_SHARE_FLOOR) -> float:
+        """Estimate ``h`` from the load (e.g. CPU used) of each of ``p >= 2`` PS. Below
+        ``noise_floor`` it is 0: measurement noise on evenly loaded PS reads as a few percent,
+        and a phantom hot share would steer the plan towards needlessly big PS."""
         p, total = len(ps_load), float(sum(ps_load))
         if p < 2 or total <= 0:
             return 0.0
-        return min(1.0, max(0.0, (max(ps_load) / total * p - 1.0) / (p - 1.0)))
+        share = min(1.0, max(0.0, (max(ps_load) / total * p - 1.0) / (p - 1.0)))
+        return share if share >= noise_floor else 0.0
 
 
 @dataclass(frozen=True)
