@@ -90,10 +90,12 @@ def _raw_bytes(array: np.ndarray) -> memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make renames and new entries in ``directory`` durable (a no-op where unsupported)."""
+def fsync_path(path: Path) -> None:
+    """Flush a file or a directory entry to disk, so a rename never exposes unwritten data
+    (best effort where a directory cannot be opened)."""
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(path, flags)
     except OSError:
         return
     try:
@@ -127,7 +129,7 @@ def write_npz(path: Path, arrays: Iterable[tuple[str, np.ndarray]]) -> PartDiges
         os.fsync(fh.fileno())
         size = fh.tell()
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return PartDigest(digest, size)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_rover.core.checkpoint_files import fsync_dir, verify_checkpoint
+from airflow_rover.core.checkpoint_files import fsync_path, verify_checkpoint
 from airflow_rover.core.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -108,9 +108,9 @@ class JobLayout:
     def commit_checkpoint(self, directory: Path) -> None:
         """Name ``directory`` in ``LATEST`` (atomically, durably): call it only once every
         part and ``queue.json`` are on disk."""
-        fsync_dir(directory)
+        fsync_path(directory)
         atomic_write_text(self.checkpoints / "LATEST", directory.name)
-        fsync_dir(self.checkpoints)
+        fsync_path(self.checkpoints)
 
     @property
     def flash_dir(self) -> Path:

@@ -36,6 +36,7 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import expit
 
+from airflow_rover.core.checkpoint_files import fsync_path
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.data.reader import MANIFEST_NAME, NpyColumnsReader, sha256_file
 
@@ -336,21 +337,6 @@ def _calibrate(teacher: _Teacher, config: SyntheticConfig) -> _Teacher:
     return dataclasses.replace(teacher, bias=bias)
 
 
-def _fsync_path(path: Path) -> None:
-    """Flush a file or directory entry to disk, so a rename never exposes unwritten data."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
-    try:
-        fd = os.open(path, flags)
-    except OSError:  # e.g. directories cannot be opened on Windows; best effort there
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _split_is_current(split_dir: Path, expected: dict[str, Any], num_samples: int) -> bool:
     """True if ``split_dir`` holds a complete split made with exactly these parameters."""
     try:
@@ -466,7 +452,7 @@ def _write_split(teacher: _Teacher, config: SyntheticConfig, split: str, out_dir
     }
     manifest_path = out_dir / MANIFEST_NAME
     manifest_path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    _fsync_path(manifest_path)
+    fsync_path(manifest_path)
     return teacher_auc
 
 
@@ -479,7 +465,7 @@ def _install_split(tmp_dir: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp_dir, target)
-    _fsync_path(target.parent)
+    fsync_path(target.parent)
 
 
 def generate_dataset(
