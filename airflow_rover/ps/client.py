@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -88,14 +89,17 @@ class PSClient:
         for channel in self._channels:
             channel.close()
 
-    def _call_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
-        calls = [
+    def _start_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[Any]:
+        """Send request i to PS i, all in flight at once; returns the gRPC futures."""
+        return [
             self._stubs[i][method].future(
                 codec.encode(req), metadata=self._metadata, timeout=self._timeout
             )
             for i, req in enumerate(requests)
         ]
-        return [codec.decode(call.result()) for call in calls]
+
+    def _call_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
+        return [codec.decode(call.result()) for call in self._start_all(method, requests)]
 
     def _split(self, ids_by_table: dict[str, np.ndarray]) -> list[dict[str, Index]]:
         """Per-PS masks of each table's ids (ids are unique per table)."""
@@ -220,12 +224,7 @@ class PSClient:
                 requests, self._push_requests(*push, key=push_key, prefix="push/"), strict=True
             ):
                 req.update(push_req)
-        calls = [
-            self._stubs[i]["PushPull"].future(
-                codec.encode(req), metadata=self._metadata, timeout=self._timeout
-            )
-            for i, req in enumerate(requests)
-        ]
+        calls = self._start_all("PushPull", requests)
 
         def merge() -> PushPullReply:
             replies = [codec.decode(call.result()) for call in calls]

@@ -137,3 +137,14 @@ class ChaosDriver:
             ready = ready or (nodes.get(kill.node, {}).get("state") == "running")
             if relaunched and ready:
                 kill.recovered_s = now_s - kill.at_s
+
+
+def wait_for_end(layout: JobLayout, timeout_s: float = 300.0) -> dict[str, Any]:
+    """The job's final status, polled until it ends (no chaos)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = local_job_status(layout)
+        if status["state"] in TERMINAL_STATES:
+            return status
+        time.sleep(0.5)
+    raise TimeoutError(f"job in {layout.root} did not end")

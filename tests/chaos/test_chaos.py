@@ -13,13 +13,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from chaos_driver import ChaosDriver, job_processes
+from chaos_driver import ChaosDriver, job_processes, wait_for_end
 
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
+from airflow_rover.launchers.local import LocalJobLauncher
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -49,16 +48,6 @@ def job_spec(data: Any, job_id: str, **overrides: Any) -> JobSpec:
             **overrides,
         }
     )
-
-
-def wait_for_end(layout: JobLayout, timeout_s: float = 300.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = local_job_status(layout)
-        if status["state"] in TERMINAL_STATES:
-            return status
-        time.sleep(0.5)
-    raise TimeoutError(f"job in {layout.root} did not end")
 
 
 def assert_no_nodes_left(layout: JobLayout) -> None:

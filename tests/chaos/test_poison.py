@@ -4,18 +4,16 @@ range; the rest of the job trains exactly once and the job's outcome says what w
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from chaos_driver import wait_for_end
 
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
+from airflow_rover.launchers.local import LocalJobLauncher
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -45,7 +43,7 @@ def test_a_poison_shard_is_quarantined_and_reported(tmp_path: Path) -> None:
     launcher = LocalJobLauncher()
     launcher.start_job(layout, spec)
     try:
-        status = _wait(layout)
+        status = wait_for_end(layout, 240.0)
     finally:
         launcher.stop_job_master(layout)
     assert status["state"] == "succeeded", status.get("message")
@@ -67,13 +65,3 @@ def test_a_poison_shard_is_quarantined_and_reported(tmp_path: Path) -> None:
     assert result["accounting"]["done_once"] == 16_384 // SHARD - 1
     assert result["samples_trained"] == 16_384 - SHARD
     assert result["recovery"]["restarts"] == 3
-
-
-def _wait(layout: JobLayout, timeout_s: float = 240.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = local_job_status(layout)
-        if status["state"] in TERMINAL_STATES:
-            return status
-        time.sleep(0.5)
-    raise TimeoutError("the poison job did not end")
