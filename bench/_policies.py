@@ -158,6 +158,7 @@ class AirflowRover:
         self.last_plan_t = -math.inf
         self.ps_floor = 0.0  # PS cores the hot-PS rule asked for: no plan goes below
         self.model: ThroughputModel | None = None
+        self.observations: list[tuple[ResourcePlan, float]] = []
         self.decisions: list[Decision] = []
 
     def initial(self) -> Config:
@@ -187,9 +188,9 @@ class AirflowRover:
 
     def fit(self, reports: Sequence[Report]) -> ThroughputModel:
         first = [r for r in reports if r.config == reports[0].config]
-        obs = [(r.config.plan(self.start), r.iteration_s) for r in reports]
+        self.observations = [(r.config.plan(self.start), r.iteration_s) for r in reports]
         self.model = ThroughputModel.fit(
-            self.shape, obs, prior=self._prior(first), prior_weight=self.prior_weight
+            self.shape, self.observations, prior=self._prior(first), prior_weight=self.prior_weight
         )
         return self.model
 
@@ -230,13 +231,37 @@ class AirflowRover:
         hot = hot_ps(self._profile(current, recent))
         if hot is not None:
             self.ps_floor = max(self.ps_floor, hot.plan.ps_cpu)
+        feasible = self._candidates(model, current, view.remaining, self.setting.costs)
+        choice = self._choose(feasible, current, mean_steps(recent))
+        if choice is None or choice == current:
+            return None
+        reason = hot.reason if hot is not None else "model"
+        self.decisions.append(Decision(view.now, choice, reason))
+        self.last_plan_t = view.now
+        return Config.of(choice)
+
+    def refine_start(self, model: ThroughputModel, total: float) -> ResourcePlan:
+        """Before the launch every plan costs the same to start, so the history's model may
+        move the smoothed plan for free: Algorithm 1 blends the similar jobs' layouts field by
+        field (5 x 24 and 4 x 32 cores make 5 x 28, a layout none of them ran)."""
+        free = ScalingCosts(worker_start_s=0.0, ps_start_s=0.0, ps_reload_s=0.0)
+        feasible = self._candidates(model, self.start, total, free)
+        choice = self._choose(feasible, self.start, model.throughput(self.start))
+        if choice is not None:
+            self.start = choice
+        return self.start
+
+    def _candidates(
+        self, model: ThroughputModel, current: ResourcePlan, remaining: float, costs: ScalingCosts
+    ) -> list[Candidate]:
+        """The Pareto plans within the budget, repaired to the PS floor when there is one."""
         candidates = pareto_plans(
             model,
             current,
-            view.remaining,
+            remaining,
             self.setting.bounds,
             self.setting.prices,
-            self.setting.costs,
+            costs,
             seed=self.seed + len(self.decisions),
             generations=self.generations,
             population=self.population,
@@ -247,18 +272,11 @@ class AirflowRover:
                 Candidate(
                     plan,
                     self.setting.prices.cost(plan),
-                    throughput_gain(model, current, plan, view.remaining, self.setting.costs),
+                    throughput_gain(model, current, plan, remaining, costs),
                 )
                 for plan in sorted(repaired, key=lambda p: tuple(p.model_dump().values()))
             ]
-        feasible = [c for c in candidates if self._within(c.plan)]
-        choice = self._choose(feasible, current, mean_steps(recent))
-        if choice is None or choice == current:
-            return None
-        reason = hot.reason if hot is not None else "model"
-        self.decisions.append(Decision(view.now, choice, reason))
-        self.last_plan_t = view.now
-        return Config.of(choice)
+        return [c for c in candidates if self._within(c.plan)]
 
     def _repair(self, plan: ResourcePlan) -> ResourcePlan:
         """``plan`` with PS of at least ``ps_floor`` cores: as many PS cores in fewer PS, and

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_rover.core.spec import FeatureConfig, ResourcePlan, TableConfig
-from airflow_rover.core.throughput import Coefficients, JobShape
+from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
 from airflow_rover.core.warm_start import JobTraits, PastJob, warm_start
 from bench._policies import (
     AirflowRover,
@@ -114,6 +114,8 @@ class Past:
     job: PastJob
     coefficients: Coefficients
     ps_floor: float
+    hot_share: float
+    observations: list[tuple[ResourcePlan, float]]
 
 
 def rover(
@@ -145,6 +147,10 @@ def rover(
         population=gens,
     )
     policy.ps_floor = statistics.median(p.ps_floor for p in history)
+    policy.shape = replace(wl.shape, hot_share=statistics.median(p.hot_share for p in history))
+    pooled = [obs for p in history for obs in p.observations]
+    model = ThroughputModel.fit(policy.shape, pooled, prior=prior, prior_weight=0.01)
+    policy.refine_start(model, wl.total_steps)
     return policy
 
 
@@ -170,7 +176,15 @@ def run_workload(
         assert policy.model is not None
         plan = res.final.plan(COLD_START).model_dump()
         job = PastJob(f"{wl.name}-{i}", traits(wl, pwl.total_steps), plan, float(i))
-        history.append(Past(job, policy.model.coefficients, policy.ps_floor))
+        history.append(
+            Past(
+                job,
+                policy.model.coefficients,
+                policy.ps_floor,
+                policy.shape.hot_share,
+                policy.observations,
+            )
+        )
         how = "warm" if i else "cold"
         notes.append(
             f"history job {i} ({pwl.total_steps:,.0f} steps, {how}): {res.final.describe()}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
-from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.spec import JobSpec, ResourcePlan
 
 TERMS = ("grad", "upd", "sync", "emb")
 HOT_SHARE_FLOOR = 0.05
@@ -37,6 +37,17 @@ class JobShape:
     bandwidth: float  # per node (MB/s)
     embedding_dim: int
     hot_share: float = 0.0  # load that stays on one PS however many there are (hot rows)
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> JobShape:
+        """A job's shape as its master models it: step times are fitted directly, so the dense
+        size and bandwidth only set the unit of the sync term."""
+        return cls(
+            spec.training.batch_size,
+            model_size=1.0,
+            bandwidth=1000.0,
+            embedding_dim=spec.embedding_dim,
+        )
 
     def ps_share(self, num_ps: int) -> float:
         """Share of the PS load on the busiest PS: ``h + (1 - h) / p``. Hot rows (a Zipf head,

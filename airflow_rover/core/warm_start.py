@@ -26,6 +26,12 @@ and smooths: ``A_bar^0 = A^0``, ``A_bar^i = mu * A^i + (1 - mu) * A_bar^{i-1}``;
 ``ResourcePlan`` is smoothed on its own, then rounded (counts and megabytes to integers, half up;
 CPUs to tenths of a core) and clamped to the field's bounds, so the answer is a valid plan.
 With no past job similar enough, the cold-start plan is used and the answer says so.
+
+Algorithm 1 blends layouts field by field (5 PS of 24 cores and 4 of 32 make 5 of 28, a layout
+no job ran). ``refine`` fixes that where the history allows: when the similar jobs ran under at
+least two plans, their pooled iteration times fit the throughput model, and since every plan
+costs the same to launch, the best plan it predicts (at least ``min_rel_gain`` faster) replaces
+the smoothed one before anything starts.
 """
 
 from __future__ import annotations
@@ -33,18 +39,21 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import annotated_types
 
-from airflow_rover.core.spec import FeatureConfig, ResourcePlan
+from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, best_plan, pareto_plans
+from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan
+from airflow_rover.core.throughput import JobShape, ThroughputModel
 
 WEIGHTS: Mapping[str, float] = {"model": 0.4, "features": 0.3, "dataset": 0.2, "owner": 0.1}
 DEFAULT_K = 5
 DEFAULT_MU = 0.5
 DEFAULT_MIN_SIMILARITY = 0.5
+DEFAULT_MIN_REL_GAIN = 0.03  # refine moves the smoothed plan only for >= 3% more samples/s
 CPU_STEP = 0.1  # float plan fields (CPUs) are rounded to tenths
 
 
@@ -300,3 +309,72 @@ def check_settings(k: Any, mu: Any, min_similarity: Any) -> None:
         or not 0 <= min_similarity <= 1
     ):
         raise ValueError(f"min_similarity={min_similarity!r}: must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """What ``refine`` needs about the new job: its shape for the model, the plans it may
+    have, and whether a plan fits its budget."""
+
+    shape: JobShape
+    bounds: PlanBounds
+    fits: Callable[[ResourcePlan], bool] = lambda _plan: True
+    min_rel_gain: float = DEFAULT_MIN_REL_GAIN
+
+
+def refinement_for(spec: JobSpec, capacity_cpu: float | None) -> Refinement:
+    """The refinement of a job of ``spec``: counts within its autoscale bounds at today's node
+    sizes, all nodes within ``autoscale.cpu_budget`` (else ``capacity_cpu``, the launcher's)."""
+    scale = spec.autoscale
+    budget = scale.cpu_budget if scale.cpu_budget is not None else capacity_cpu
+    bounds = PlanBounds(
+        max_workers=scale.max_workers,
+        max_ps=scale.max_ps,
+        cpu_choices=tuple(sorted({spec.plan.worker_cpu, spec.plan.ps_cpu})),
+    )
+
+    def fits(plan: ResourcePlan) -> bool:
+        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
+        return budget is None or cores <= budget + 1e-9
+
+    return Refinement(JobShape.of(spec), bounds, fits)
+
+
+def refine(
+    decision: WarmStart,
+    observations: Sequence[tuple[ResourcePlan, float]],
+    how: Refinement,
+    seed: int = 0,
+) -> WarmStart:
+    """The smoothed plan moved to the best plan of the model fitted on the similar jobs'
+    ``observations`` (plan, seconds per worker iteration), when that plan fits and is
+    predicted ``how.min_rel_gain`` faster; ``decision`` as it is otherwise (a cold start, or a
+    history of a single plan, which cannot tell the model's terms apart)."""
+    plans = {plan for plan, _ in observations}
+    if decision.source != "history" or len(plans) < 2:
+        return decision
+    model = ThroughputModel.fit(how.shape, observations)
+    start = decision.plan
+    free = ScalingCosts(worker_start_s=0.0, ps_start_s=0.0, ps_reload_s=0.0)
+    candidates = [
+        c
+        for c in pareto_plans(model, start, 1e12, how.bounds, costs=free, seed=seed)
+        if how.fits(c.plan)
+    ]
+    now = model.throughput(start)
+    best = best_plan(candidates, start, how.min_rel_gain * now)
+    if best is None:
+        return decision
+    message = (
+        f"{decision.message}; the model fitted on their {len(observations)} throughput samples "
+        f"({len(plans)} plans) predicts {now:.0f} -> {model.throughput(best.plan):.0f} "
+        f"samples/s for {_describe(best.plan)} instead of {_describe(start)}"
+    )
+    return replace(decision, plan=best.plan, message=message)
+
+
+def _describe(plan: ResourcePlan) -> str:
+    return (
+        f"{plan.num_workers} workers x {plan.worker_cpu:g} cores + "
+        f"{plan.num_ps} PS x {plan.ps_cpu:g} cores"
+    )

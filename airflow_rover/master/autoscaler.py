@@ -20,7 +20,13 @@ from typing import Any
 
 import psutil
 
-from airflow_rover.core.optimizer import PlanBounds, best_plan, pareto_plans
+from airflow_rover.core.optimizer import (
+    PlanBounds,
+    ScalingCosts,
+    best_plan,
+    pareto_plans,
+    throughput_gain,
+)
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape, ThroughputModel
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_TREND_SAMPLES = 30
 MIN_MODEL_GAIN = 0.10  # a model-based plan must promise at least 10% more samples/s
+URGENT_RULES = frozenset({"predicted_oom"})  # may replace a proposal the trigger has not applied
 
 
 @dataclass
@@ -128,13 +135,13 @@ class Autoscaler:
     ) -> dict[str, Any] | None:
         """A new proposal, or None (too early, one is already waiting, or nothing to gain)."""
         cfg = self.config
-        if (
-            not cfg.enabled
-            or self.pending() is not None
-            or now - self._plan_since < cfg.sampling_s
-            or now - self._last_change < cfg.min_plan_interval_s
-        ):
+        waiting = self.pending()
+        if not cfg.enabled or now - self._plan_since < cfg.sampling_s:
             return None
+        if waiting is None and now - self._last_change < cfg.min_plan_interval_s:
+            return None
+        if waiting is not None and waiting["rule"] in URGENT_RULES:
+            return None  # an urgent proposal waits for the trigger: nothing replaces it
         profile = JobProfile(
             plan=plan,
             nodes=tuple(
@@ -152,10 +159,16 @@ class Autoscaler:
             max_workers=cfg.max_workers,
         )
         self.profiler_nodes = profiler.nodes
-        choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
+        if waiting is not None:  # only an urgent rule may replace a proposal still waiting
+            choice = self._from_rules(profile, only=URGENT_RULES)
+            if choice is None:
+                return None
+            waiting.update(state="superseded", note=f"replaced by the urgent {choice.rule} rule")
+        else:
+            choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
         if choice is None:
             return None
-        record = {
+        record: dict[str, Any] = {
             "id": len(self.plans) + 1,
             "at": now,
             "plan": choice.plan.model_dump(),
@@ -164,6 +177,9 @@ class Autoscaler:
             "reason": choice.reason,
             "state": "proposed",
         }
+        gain = self._expected_gain(plan, choice.plan, remaining_samples)
+        if gain is not None:  # the cluster arbiter ranks scale-ups by it
+            record["expected_gain"] = round(gain, 1)
         self.plans.append(record)
         log.info("proposed plan %d (%s): %s", record["id"], choice.rule, choice.reason)
         return record
@@ -186,10 +202,12 @@ class Autoscaler:
             if p["state"] == "declined" and p["previous"] == current
         }
 
-    def _from_rules(self, profile: JobProfile) -> Proposal | None:
+    def _from_rules(
+        self, profile: JobProfile, only: frozenset[str] | None = None
+    ) -> Proposal | None:
         declined = self._declined(profile.plan)
         for proposal in post_scaling(profile):
-            if proposal.rule in declined:
+            if proposal.rule in declined or (only is not None and proposal.rule not in only):
                 continue
             plan = self._within_budget(proposal.plan, profile.plan)
             if plan is not None:
@@ -205,9 +223,9 @@ class Autoscaler:
             plan = plan.model_copy(update={"num_workers": plan.num_workers - 1})
         return plan if plan != current and self._fits(plan) else None
 
-    def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
-        """Fit the throughput model to the iteration times seen under each plan; it needs two
-        distinct plans before it can tell the terms apart."""
+    def _model(self, plan: ResourcePlan) -> ThroughputModel | None:
+        """The throughput model fitted on the iteration times seen under each plan; None until
+        the job has run two distinct plans (one cannot tell the terms apart) or today's."""
         by_plan: dict[ResourcePlan, list[float]] = collections.defaultdict(list)
         for sample in self.throughput:
             by_plan[ResourcePlan.model_validate(sample["plan"])].append(sample["step_time_ms"])
@@ -215,7 +233,23 @@ class Autoscaler:
             return None
         observations = [(p, statistics.median(ms) / 1000.0) for p, ms in by_plan.items()]
         self._learn_hot_share()
-        model = ThroughputModel.fit(self.shape, observations)
+        return ThroughputModel.fit(self.shape, observations)
+
+    def _expected_gain(
+        self, plan: ResourcePlan, new: ResourcePlan, remaining_samples: float
+    ) -> float | None:
+        """Samples/s the change gains over the rest of the job by the fitted model (counting
+        the change's cost); None without a model."""
+        model = self._model(plan)
+        if model is None:
+            return None
+        return throughput_gain(model, plan, new, remaining_samples, ScalingCosts())
+
+    def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
+        """The most efficient Pareto plan of the fitted model, at today's node sizes."""
+        model = self._model(plan)
+        if model is None:
+            return None
         if plan.worker_cpu != plan.ps_cpu:
             return None  # node sizes are not resized here: counts only, at today's size
         bounds = PlanBounds(

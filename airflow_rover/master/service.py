@@ -107,9 +107,7 @@ class JobMaster:
         self.profiler = Profiler(getattr(launcher, "pid", lambda _node: None))
         self.autoscaler = Autoscaler(
             spec.autoscale,
-            JobShape(
-                t.batch_size, model_size=1.0, bandwidth=1000.0, embedding_dim=spec.embedding_dim
-            ),
+            JobShape.of(spec),
             getattr(launcher, "capacity_cpu", None),
         )
         self._last_autoscale = 0.0

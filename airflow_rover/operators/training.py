@@ -30,7 +30,7 @@ from airflow_rover.core.spec import (
     check_model_ref,
 )
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
-from airflow_rover.core.warm_start import JobTraits
+from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.operators._validation import (
     check_static_entries,
@@ -342,7 +342,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             traits = spec_traits(spec, ti.dag_id, ti.task_id)
         except (OSError, ValueError):  # preflight read the data; only a race gets here
             traits = JobTraits.of(spec.model, spec.features, None, ti.dag_id, ti.task_id)
-        decision = decide(self.history_hook(), traits, spec.plan)
+        capacity = float(os.cpu_count() or 1) if self.launcher == "local" else None
+        refinement = refinement_for(spec, capacity)
+        decision = decide(self.history_hook(), traits, spec.plan, refinement=refinement)
         self.log.info("Warm start (%s): %s", decision.source, decision.message)
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())

@@ -22,6 +22,7 @@ from airflow_rover.core.warm_start import (
     DEFAULT_MIN_SIMILARITY,
     DEFAULT_MU,
     JobTraits,
+    Refinement,
     WarmStart,
     check_settings,
 )
@@ -101,11 +102,12 @@ def decide(
     k: int = DEFAULT_K,
     mu: float = DEFAULT_MU,
     min_similarity: float = DEFAULT_MIN_SIMILARITY,
+    refinement: Refinement | None = None,
 ) -> WarmStart:
     """Warm start from the history, or the cold-start plan (saying why) when the history has
     no similar job or cannot be read: a missing history never stops training."""
     try:
-        return hook.warm_start(traits, cold_start, k, mu, min_similarity)
+        return hook.warm_start(traits, cold_start, k, mu, min_similarity, refinement)
     except Exception as exc:  # any database or driver error: train with the cold-start plan
         log.warning("Warm start: the history store cannot be read: %s: %s", type(exc).__name__, exc)
         message = f"history store unavailable ({type(exc).__name__}): cold-start plan"

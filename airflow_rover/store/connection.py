@@ -28,6 +28,7 @@ from airflow_rover.core.warm_start import (
     DEFAULT_MIN_SIMILARITY,
     DEFAULT_MU,
     JobTraits,
+    Refinement,
     WarmStart,
 )
 from airflow_rover.store.history import HistoryStore, safe_url
@@ -132,9 +133,12 @@ class HistoryStoreHook(BaseHook):
         k: int = DEFAULT_K,
         mu: float = DEFAULT_MU,
         min_similarity: float = DEFAULT_MIN_SIMILARITY,
+        refinement: Refinement | None = None,
     ) -> WarmStart:
         with self.get_conn() as store:
-            return store.warm_start(traits, cold_start, k, mu, min_similarity)
+            return store.warm_start(
+                traits, cold_start, k, mu, min_similarity, refinement=refinement
+            )
 
     def test_connection(self) -> tuple[bool, str]:
         """Open the database and create the schema if needed (Airflow's "Test" button)."""

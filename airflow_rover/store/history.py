@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -53,7 +54,9 @@ from airflow_rover.core.warm_start import (
     JobTraits,
     Match,
     PastJob,
+    Refinement,
     WarmStart,
+    refine,
     top_k_similar,
     warm_start,
 )
@@ -360,10 +363,33 @@ class HistoryStore:
         mu: float = DEFAULT_MU,
         min_similarity: float = DEFAULT_MIN_SIMILARITY,
         max_candidates: int = MAX_CANDIDATES,
+        refinement: Refinement | None = None,
     ) -> WarmStart:
-        """Algorithm 1 over this history: the smoothed plan, or ``cold_start`` without history."""
+        """Algorithm 1 over this history: the smoothed plan, or ``cold_start`` without history;
+        with ``refinement``, moved by the model the matched jobs' throughput samples fit
+        (``core.warm_start.refine``)."""
         past = self.candidates(max_candidates) if k > 0 else []
-        return warm_start(traits, past, cold_start, k, mu, min_similarity)
+        decision = warm_start(traits, past, cold_start, k, mu, min_similarity)
+        if refinement is None or decision.source != "history":
+            return decision
+        samples = self.observations([m.job.job_id for m in decision.matches])
+        return refine(decision, samples, refinement)
+
+    def observations(self, job_ids: list[str]) -> list[tuple[ResourcePlan, float]]:
+        """(plan, seconds per worker iteration) of every throughput sample of these jobs."""
+        query = select(throughput.c.plan, throughput.c.step_time_ms).where(
+            throughput.c.job_id.in_(job_ids)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        found = []
+        for plan, step_ms in rows:
+            try:
+                if step_ms and step_ms > 0:
+                    found.append((ResourcePlan.model_validate(plan), float(step_ms) / 1000.0))
+            except ValidationError:  # a plan recorded by another version: not comparable
+                continue
+        return found
 
 
 def _without(row: Any, *keys: str) -> dict[str, Any]:

@@ -15,11 +15,16 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rover.core.features import resolve_features
+from airflow_rover.core.optimizer import PlanBounds
 from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TableConfig
+from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
 from airflow_rover.core.warm_start import (
     WEIGHTS,
     JobTraits,
     PastJob,
+    Refinement,
+    WarmStart,
+    refine,
     similarity,
     similarity_parts,
     smooth,
@@ -444,3 +449,81 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
     assert pushed["warm_start"]["matches"][0]["job_id"] == "past-run"
     assert pushed["warm_start"]["matches"][0]["score"] == pytest.approx(1.0)
     assert launched[-1].plan == final
+
+
+# -- refine: the history's model moves the smoothed plan before the launch -------------------
+TRUTH = ThroughputModel(
+    Coefficients(grad=2.0, upd=40.0, sync=0.0, emb=2.0, bias=2.0),
+    JobShape(batch_size=512, model_size=1.0, bandwidth=1000.0, embedding_dim=1),
+)  # PS-bound: more PS pay off, more workers load the PS
+
+
+def samples_at(*plans: ResourcePlan) -> list[tuple[ResourcePlan, float]]:
+    return [(plan, TRUTH.iteration_time(plan)) for plan in plans for _ in range(3)]
+
+
+def plan_of(workers: int, ps: int) -> ResourcePlan:
+    return ResourcePlan(num_workers=workers, num_ps=ps, worker_cpu=4.0, ps_cpu=4.0)
+
+
+REFINE = Refinement(
+    TRUTH.shape,
+    PlanBounds(max_workers=8, max_ps=8, cpu_choices=(4.0,)),
+    fits=lambda plan: (plan.num_workers + plan.num_ps) * 4.0 <= 40.0,
+)
+
+
+def decided(plan: ResourcePlan) -> WarmStart:
+    return WarmStart(plan, "history", "smoothed", ())
+
+
+def test_refine_moves_the_smoothed_plan_to_a_faster_one_within_the_budget() -> None:
+    start = plan_of(4, 1)
+    history = samples_at(plan_of(2, 1), plan_of(4, 1), plan_of(4, 2), plan_of(6, 3))
+    refined = refine(decided(start), history, REFINE)
+    assert refined.plan != start and REFINE.fits(refined.plan)
+    assert TRUTH.throughput(refined.plan) >= 1.03 * TRUTH.throughput(start)
+    assert "predicts" in refined.message and "12 throughput samples (4 plans)" in refined.message
+
+
+def test_refine_leaves_the_plan_when_the_history_ran_one_plan_or_none() -> None:
+    start = plan_of(4, 1)
+    assert refine(decided(start), samples_at(start), REFINE).plan == start
+    assert refine(decided(start), [], REFINE).plan == start
+    cold = WarmStart(start, "cold_start", "no similar job", ())
+    assert refine(cold, samples_at(plan_of(2, 1), plan_of(4, 2)), REFINE) is cold
+
+
+def test_refine_keeps_a_plan_the_model_cannot_beat_by_the_margin() -> None:
+    history = samples_at(plan_of(2, 1), plan_of(4, 2), plan_of(6, 3))
+    best = refine(decided(plan_of(4, 1)), history, REFINE).plan
+    assert refine(decided(best), history, REFINE).plan == best  # a fixed point
+
+
+def test_the_history_store_refines_with_the_matched_jobs_throughput_samples(
+    tmp_path: Path,
+) -> None:
+    with HistoryStore(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        for i, ran in enumerate(([plan_of(2, 1), plan_of(4, 1)], [plan_of(4, 2), plan_of(4, 1)])):
+            job_id = f"job-{i}"
+            status = status_of(job_id, ran[-1], 10.0 + i, 100_000)
+            status["profile"] = {
+                "throughput": [
+                    {
+                        "at": 1.0 + n,
+                        "plan": plan.model_dump(),
+                        "samples_per_second": TRUTH.throughput(plan),
+                        "step_time_ms": 1000 * seconds,
+                    }
+                    for n, (plan, seconds) in enumerate(samples_at(*ran))
+                ]
+            }
+            spec = JobSpec(job_id=job_id, train_data="/d", features=FEATURES, plan=ran[-1])
+            store.record_job(
+                record_from_status(status, spec, features=FEATURES, dag_id="daily", task_id="train")
+            )
+        assert len(store.observations(["job-0", "job-1"])) == 12
+        smoothed = store.warm_start(QUERY, ResourcePlan(), k=2)
+        refined = store.warm_start(QUERY, ResourcePlan(), k=2, refinement=REFINE)
+    assert smoothed.plan == plan_of(4, 1)
+    assert TRUTH.throughput(refined.plan) >= 1.03 * TRUTH.throughput(smoothed.plan)
