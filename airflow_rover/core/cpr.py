@@ -1,0 +1,477 @@
+"""CPR partial recovery: PLS accounting, MFU/SSU row selection, save schedule, simulators.
+
+Pure numpy, no Airflow, network or TensorFlow (CPR paper sections 4.1-4.2,
+``docs/checkpoint-policies.md``). Who calls what:
+
+* the master keeps one ``PlsTracker`` per job: ``checkpoint(samples)`` when a save cycle
+  completes, ``failure(samples)`` when an embedding PS is lost and restored from its own last
+  save (the others keep their progress); ``pls`` goes in the job's status and result.
+* the master asks ``CprSaveSchedule.due(now)`` on its checkpoint tick: vanilla CPR saves every
+  PS in full every ``T_save``; MFU/SSU save ``r*N`` rows of each PS every ``r*T_save``.
+* each PS selects the rows of an MFU/SSU save: MFU from its 4-byte per-row access counters
+  (``top_rows(table.counts[:size], n)`` on the counters the PS already keeps, or an
+  ``MfuTracker``), then clears the saved rows' counters; SSU from an ``SsuTracker`` fed with the
+  row indices each pull touches. A restore replays the partial saves in order
+  (``latest_rows``): a row never saved is still its seeded initial value.
+* ``simulate_pls`` / ``simulate_overhead`` run the failure process the formulas assume, so a
+  unit test can hold the formulas to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from airflow_rover.core.checkpoint_policy import expected_pls
+
+_U32_MAX = np.uint64(np.iinfo(np.uint32).max)
+
+
+# ----------------------------------------------------------------------------- PLS
+
+
+@dataclass(frozen=True)
+class PlsEvent:
+    """One failure: when (samples), what it lost, the running PLS after it."""
+
+    samples: int
+    last_checkpoint: int
+    lost_fraction: float
+    increment: float
+    pls: float
+
+
+class PlsTracker:
+    """Portion of lost samples (CPR eq. 3): each failure of one of N_emb embedding PS adds
+    ``(S_i - S_last_ckpt) / (S_total * N_emb)``; a failure losing a share ``f`` of the rows
+    (several PS, or the emulation's "clear 25% of the rows") adds ``f * (S_i - S_last)/S_total``.
+
+    For MFU/SSU call ``checkpoint`` at the start of each ``T_save`` cycle
+    (``SaveDue.cycle_start``), not at every partial save: CPR compares variants at equal PLS
+    (its Figure 12), so the reference point is the vanilla one.
+    """
+
+    def __init__(self, total_samples: int, num_emb_ps: int) -> None:
+        if total_samples < 1:
+            raise ValueError(f"total_samples={total_samples!r}: must be >= 1")
+        if num_emb_ps < 1:
+            raise ValueError(f"num_emb_ps={num_emb_ps!r}: must be >= 1")
+        self.total_samples = total_samples
+        self.num_emb_ps = num_emb_ps
+        self.last_checkpoint = 0
+        self.pls = 0.0
+        self.events: list[PlsEvent] = []
+
+    @property
+    def failures(self) -> int:
+        return len(self.events)
+
+    def checkpoint(self, samples: int) -> None:
+        """A save (cycle) completed with ``samples`` processed."""
+        if samples < self.last_checkpoint:
+            raise ValueError(
+                f"checkpoint at {samples} samples is before the last one ({self.last_checkpoint})"
+            )
+        self.last_checkpoint = samples
+
+    def failure(
+        self, samples: int, num_failed: int = 1, lost_fraction: float | None = None
+    ) -> float:
+        """Record a partial recovery at ``samples`` processed; returns the PLS it added."""
+        if samples < self.last_checkpoint:
+            raise ValueError(
+                f"failure at {samples} samples is before the last checkpoint "
+                f"({self.last_checkpoint})"
+            )
+        if lost_fraction is None:
+            if not 1 <= num_failed <= self.num_emb_ps:
+                raise ValueError(f"num_failed={num_failed!r}: must be in [1, {self.num_emb_ps}]")
+            lost_fraction = num_failed / self.num_emb_ps
+        elif not 0 < lost_fraction <= 1:
+            raise ValueError(f"lost_fraction={lost_fraction!r}: must be in (0, 1]")
+        increment = lost_fraction * (samples - self.last_checkpoint) / self.total_samples
+        self.pls += increment
+        self.events.append(
+            PlsEvent(samples, self.last_checkpoint, lost_fraction, increment, self.pls)
+        )
+        return increment
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"pls": self.pls, "failures": self.failures, "last_checkpoint": self.last_checkpoint}
+
+
+# ----------------------------------------------------------------------------- MFU
+
+
+def top_rows(counts: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` largest counters, ties to the lower index, sorted ascending.
+
+    Rows whose counter is 0 were not accessed since their last save: saving them again would
+    write what the checkpoint already has, so they are never picked (fewer than ``n`` may come
+    back). O(N) via ``np.partition``, not a full sort.
+    """
+    if counts.ndim != 1:
+        raise ValueError(f"counts must be 1-D, got shape {counts.shape}")
+    nonzero = int(np.count_nonzero(counts))
+    n = min(int(n), nonzero)
+    if n <= 0:
+        return np.empty(0, dtype=np.int64)
+    if n == nonzero:
+        return np.flatnonzero(counts).astype(np.int64)
+    size = counts.size
+    threshold = np.partition(counts, size - n)[size - n]  # the n-th largest value
+    above = np.flatnonzero(counts > threshold)
+    tied = np.flatnonzero(counts == threshold)[: n - above.size]
+    return np.sort(np.concatenate([above, tied])).astype(np.int64)
+
+
+def _saturating_add(counts: np.ndarray, rows: np.ndarray, inc: np.ndarray) -> None:
+    """``counts[rows] += inc`` for unique ``rows``, stopping at 2**32-1 instead of wrapping."""
+    total = counts[rows].astype(np.uint64) + inc.astype(np.uint64)
+    counts[rows] = np.minimum(total, _U32_MAX).astype(np.uint32)
+
+
+class MfuTracker:
+    """A 4-byte access counter per row (CPR-MFU): the ``r*N`` most-used rows are saved every
+    ``r*T_save`` and their counters cleared, so a row is picked by accesses since its last save.
+    """
+
+    def __init__(self, num_rows: int = 0, r: float = 0.125) -> None:
+        if not 0 < r <= 1:
+            raise ValueError(f"r={r!r}: must be in (0, 1]")
+        self.r = r
+        self._counts = np.zeros(max(num_rows, 0), dtype=np.uint32)
+        self._n = max(num_rows, 0)
+
+    @property
+    def num_rows(self) -> int:
+        return self._n
+
+    @property
+    def counts(self) -> np.ndarray:
+        """The live counters (a view; do not keep it across ``grow``)."""
+        return self._counts[: self._n]
+
+    @property
+    def save_size(self) -> int:
+        """Rows per save: ``ceil(r*N)``."""
+        return math.ceil(self.r * self._n)
+
+    def grow(self, num_rows: int) -> None:
+        """Rows are created lazily on the PS; new ones start at 0 accesses."""
+        if num_rows <= self._n:
+            return
+        if num_rows > self._counts.size:
+            grown = np.zeros(max(num_rows, 2 * self._counts.size), dtype=np.uint32)
+            grown[: self._n] = self._counts[: self._n]
+            self._counts = grown
+        self._n = num_rows
+
+    def record(self, rows: np.ndarray) -> None:
+        """Count one access per element of ``rows`` (row indices, repeats allowed)."""
+        rows = np.asarray(rows)
+        if rows.size == 0:
+            return
+        if rows.dtype.kind not in "iu":
+            raise ValueError(f"rows must be integers, got {rows.dtype}")
+        if rows.min() < 0 or rows.max() >= self._n:
+            raise ValueError(f"rows must lie in [0, {self._n}), got [{rows.min()}, {rows.max()}]")
+        rows = rows.astype(np.int64, copy=False)
+        counts = self._counts[: self._n]
+        if rows.size * 4 >= self._n:  # dense batch: one pass over the counters
+            inc = np.bincount(rows, minlength=self._n)
+            hit = np.flatnonzero(inc)
+            _saturating_add(counts, hit, inc[hit])
+        else:
+            unique, inc = np.unique(rows, return_counts=True)
+            _saturating_add(counts, unique, inc)
+
+    def select(self, n: int | None = None) -> np.ndarray:
+        """The rows the next save writes: the ``n`` (default ``ceil(r*N)``) most accessed."""
+        return top_rows(self.counts, self.save_size if n is None else n)
+
+    def clear(self, rows: np.ndarray) -> None:
+        """The rows were saved: their accesses since are what counts now."""
+        self._counts[np.asarray(rows, dtype=np.int64)] = 0
+
+    def take(self, n: int | None = None) -> np.ndarray:
+        """``select`` then ``clear``: the rows to save now."""
+        rows = self.select(n)
+        self.clear(rows)
+        return rows
+
+
+# ----------------------------------------------------------------------------- SSU
+
+
+class SsuTracker:
+    """CPR-SSU: a bounded list of at most ``ceil(r*N)`` distinct rows, fed by a sub-sample of
+    the accesses (one in ``sample_period`` on average); when it overflows, random entries of
+    the whole list are dropped, so rows accessed often are likely to be (re)added and stay.
+
+    Memory: the list only (8 bytes per entry, ``r`` times the rows), no per-row counter (a
+    batch with more accesses than N/4 is deduplicated with one transient pass over N). Each
+    ``record`` merges in O(L + m log m) for a list of L rows and m sampled accesses.
+    """
+
+    def __init__(
+        self, num_rows: int = 0, r: float = 0.125, sample_period: int = 2, seed: int = 0
+    ) -> None:
+        if not 0 < r <= 1:
+            raise ValueError(f"r={r!r}: must be in (0, 1]")
+        if sample_period < 1:
+            raise ValueError(f"sample_period={sample_period!r}: must be >= 1")
+        self.r = r
+        self.sample_period = sample_period
+        self._rng = np.random.default_rng(seed)
+        self._n = max(num_rows, 0)
+        self._list = np.empty(0, dtype=np.int64)  # sorted, distinct
+        self.evicted = 0
+
+    @property
+    def capacity(self) -> int:
+        return max(1, math.ceil(self.r * self._n)) if self._n else 0
+
+    @property
+    def num_rows(self) -> int:
+        return self._n
+
+    def __len__(self) -> int:
+        return int(self._list.size)
+
+    def grow(self, num_rows: int) -> None:
+        self._n = max(self._n, num_rows)
+
+    def record(self, rows: np.ndarray) -> None:
+        """Sub-sample the accesses in ``rows`` (row indices, repeats allowed) into the list."""
+        rows = np.asarray(rows)
+        if rows.size == 0:
+            return
+        if rows.dtype.kind not in "iu":
+            raise ValueError(f"rows must be integers, got {rows.dtype}")
+        if rows.min() < 0 or rows.max() >= self._n:
+            raise ValueError(f"rows must lie in [0, {self._n}), got [{rows.min()}, {rows.max()}]")
+        rows = rows.astype(np.int64, copy=False)
+        if self.sample_period > 1:
+            rows = rows[self._rng.random(rows.size) * self.sample_period < 1.0]
+        if rows.size * 4 >= self._n:  # dense batch: dedupe in one pass over the rows
+            fresh = np.flatnonzero(np.bincount(rows, minlength=self._n)).astype(np.int64)
+        else:
+            fresh = np.unique(rows)
+        if self._list.size and fresh.size:
+            pos = np.searchsorted(self._list, fresh)
+            at = self._list[np.minimum(pos, self._list.size - 1)]
+            new = (pos == self._list.size) | (at != fresh)
+            fresh, pos = fresh[new], pos[new]
+            merged = np.insert(self._list, pos, fresh)
+        else:
+            merged = fresh if not self._list.size else self._list
+        overflow = merged.size - self.capacity
+        if overflow > 0:
+            drop = self._rng.choice(merged.size, size=overflow, replace=False)
+            merged = np.delete(merged, drop)
+            self.evicted += overflow
+        self._list = merged
+
+    def rows(self) -> np.ndarray:
+        """The listed rows, ascending (a copy)."""
+        return self._list.copy()
+
+    def take(self) -> np.ndarray:
+        """The rows to save now; the list starts empty again."""
+        out, self._list = self._list, np.empty(0, dtype=np.int64)
+        return out
+
+
+# ----------------------------------------------------------------------------- saves
+
+
+@dataclass(frozen=True)
+class SaveDue:
+    """A save the master should take now. ``cycle_start``: a new ``T_save`` cycle begins
+    here (call ``PlsTracker.checkpoint``)."""
+
+    kind: Literal["full", "partial"]
+    cycle_start: bool
+    skipped: int = 0  # saves that fell due while the caller was not looking
+
+
+class CprSaveSchedule:
+    """When CPR saves: vanilla every PS in full every ``T_save``; MFU/SSU ``r*N`` rows of each
+    PS every ``r*T_save`` (a cycle is ``ceil(1/r)`` of them). Saves are due on a fixed grid from
+    ``start_s``; a late caller gets one save and the missed ones counted, never a burst.
+    """
+
+    def __init__(
+        self,
+        interval_s: float,
+        variant: Literal["vanilla", "mfu", "ssu"] = "vanilla",
+        r: float = 0.125,
+        start_s: float = 0.0,
+    ) -> None:
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"interval_s={interval_s!r}: must be > 0")
+        if not 0 < r <= 1:
+            raise ValueError(f"r={r!r}: must be in (0, 1]")
+        self.variant = variant
+        self.partial = variant != "vanilla"
+        self.step_s = r * interval_s if self.partial else interval_s
+        self.per_cycle = math.ceil(1.0 / r) if self.partial else 1
+        self._start = start_s
+        self._index = 1  # grid index of the next save
+
+    @property
+    def next_due_s(self) -> float:
+        return self._start + self._index * self.step_s
+
+    def due(self, now_s: float) -> SaveDue | None:
+        if now_s < self.next_due_s:
+            return None
+        latest = int((now_s - self._start) // self.step_s)  # the last grid point passed
+        skipped = latest - self._index
+        crossed = latest // self.per_cycle > (self._index - 1) // self.per_cycle
+        self._index = latest + 1
+        return SaveDue("partial" if self.partial else "full", crossed, skipped)
+
+
+def latest_rows(
+    saves: Sequence[tuple[np.ndarray, Mapping[str, np.ndarray]]],
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Merge partial saves (oldest first) into one: each id's fields from its newest save.
+
+    This is what restoring an MFU/SSU checkpoint chain (or compacting it) needs; ids come back
+    ascending.
+    """
+    if not saves:
+        return np.empty(0, dtype=np.int64), {}
+    ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in saves])
+    names = list(saves[0][1])
+    for _, fields in saves:
+        if list(fields) != names:
+            raise ValueError(f"every save must carry the same fields {names}")
+    # Newest wins: unique over the reversed order keeps each id's last occurrence.
+    rev = ids[::-1]
+    uniq, first = np.unique(rev, return_index=True)
+    pick = ids.size - 1 - first
+    merged = {name: np.concatenate([np.asarray(f[name]) for _, f in saves])[pick] for name in names}
+    return uniq, merged
+
+
+# ----------------------------------------------------------------------------- simulators
+
+
+@dataclass(frozen=True)
+class PlsSimulation:
+    expected: float  # CPR eq. 4
+    measured: float  # mean over runs
+    per_run: np.ndarray = field(repr=False)
+    failures: int  # over all runs
+
+
+def simulate_pls(
+    *,
+    mtbf_s: float,
+    interval_s: float,
+    total_s: float,
+    num_emb_ps: int,
+    runs: int = 1000,
+    seed: int = 0,
+) -> PlsSimulation:
+    """The failure process behind CPR eq. 4, vectorised over ``runs``: exponential times
+    between PS failures (mean ``mtbf_s``), saves every ``interval_s`` of training, a constant
+    sample rate, each failure losing one PS's updates since the last save."""
+    if not all(x > 0 for x in (mtbf_s, interval_s, total_s)) or num_emb_ps < 1 or runs < 1:
+        raise ValueError("mtbf_s, interval_s, total_s, num_emb_ps and runs must be > 0")
+    rng = np.random.default_rng(seed)
+    lam = total_s / mtbf_s
+    width = int(lam + 8 * math.sqrt(lam) + 16)
+    times = np.cumsum(rng.exponential(mtbf_s, size=(runs, width)), axis=1)
+    while (times[:, -1] < total_s).any():  # a run not yet past the end: draw more
+        more = np.cumsum(rng.exponential(mtbf_s, size=(runs, width)), axis=1)
+        times = np.concatenate([times, times[:, -1:] + more], axis=1)
+    inside = times < total_s
+    lost = np.where(inside, np.mod(times, interval_s), 0.0)
+    per_run = lost.sum(axis=1) / (total_s * num_emb_ps)
+    return PlsSimulation(
+        expected=expected_pls(interval_s, mtbf_s, num_emb_ps),
+        measured=float(per_run.mean()),
+        per_run=per_run,
+        failures=int(inside.sum()),
+    )
+
+
+@dataclass(frozen=True)
+class OverheadSimulation:
+    """Wall time spent beyond the failure-free training time, as a share of it, by cause."""
+
+    save: float
+    load: float  # load + reschedule pauses
+    lost: float  # work redone after a rollback (full recovery only)
+    pls: float  # partial recovery only
+    failures: int
+    saves: int
+
+    @property
+    def total(self) -> float:
+        return self.save + self.load + self.lost
+
+
+def simulate_overhead(
+    *,
+    recovery: Literal["full", "partial"],
+    mtbf_s: float,
+    interval_s: float,
+    total_s: float,
+    save_s: float,
+    load_s: float,
+    reschedule_s: float = 0.0,
+    num_emb_ps: int = 1,
+    seed: int = 0,
+) -> OverheadSimulation:
+    """One job, event by event, in wall-clock time: training advances, saves pause it, PS
+    failures (exponential in wall time) pause it for load + reschedule, and under full
+    recovery roll its progress back to the last save (partial recovery adds PLS instead).
+    What CPR eq. 1 and 2 approximate to first order."""
+    if recovery not in ("full", "partial"):
+        raise ValueError(f"recovery={recovery!r}; accepted: full, partial")
+    rng = np.random.default_rng(seed)
+    wall = progress = last_save = 0.0
+    next_save = interval_s
+    next_fail = rng.exponential(mtbf_s)
+    save_t = load_t = lost_t = pls = 0.0
+    failures = saves = 0
+    while progress < total_s:
+        step = min(next_save, total_s) - progress
+        if next_fail < wall + step:  # a PS fails before the next save (or the end)
+            progress += max(next_fail - wall, 0.0)
+            wall = max(wall, next_fail)
+            failures += 1
+            if recovery == "full":
+                lost_t += progress - last_save
+                progress = last_save
+            else:
+                pls += (progress - last_save) / (total_s * num_emb_ps)
+            wall += load_s + reschedule_s
+            load_t += load_s + reschedule_s
+            next_fail = wall + rng.exponential(mtbf_s)
+            continue
+        wall += step
+        progress += step
+        if progress >= next_save and progress < total_s:
+            wall += save_s
+            save_t += save_s
+            saves += 1
+            last_save = progress
+            next_save = progress + interval_s
+    return OverheadSimulation(
+        save=save_t / total_s,
+        load=load_t / total_s,
+        lost=lost_t / total_s,
+        pls=pls,
+        failures=failures,
+        saves=saves,
+    )
