@@ -69,6 +69,25 @@ class ElasticJobHook(BaseHook):
                 self.log.warning("Stop request failed (%s); terminating the master", exc)
         self.stop_master_process()
 
+    def request_plan(
+        self, num_workers: int | None = None, num_ps: int | None = None, reason: str = "requested"
+    ) -> dict[str, Any]:
+        """Ask the running job for other worker/PS counts: the master proposes the plan and the
+        job's trigger applies it (PS counts change by live migration). Returns its record."""
+        address, _ = self._master()
+        if not address:
+            raise RuntimeError(f"no master is running for {self.layout.root}")
+        body = {"num_workers": num_workers, "num_ps": num_ps, "reason": reason}
+        reply = httpx.post(
+            f"{address}{API_PREFIX}/plans",
+            json=body,
+            headers=self._headers(),
+            timeout=self._timeout,
+        )
+        reply.raise_for_status()
+        record: dict[str, Any] = reply.json()
+        return record
+
     async def async_stop(self, reason: str) -> None:
         address, _ = self._master()
         if address and self.master_alive():

@@ -83,6 +83,13 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
     def get_plans() -> list[dict[str, Any]]:
         return master.status()["plans"]
 
+    @app.post(f"{P}/plans")
+    def request_plan(body: protocol.PlanRequest) -> dict[str, Any]:
+        try:
+            return master.request_plan(body)
+        except ValueError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+
     @app.post(f"{P}/plans/{{plan_id}}/apply")
     def apply_plan(plan_id: int) -> dict[str, Any]:
         result: dict[str, Any] = _known(master.apply_plan, plan_id)

@@ -184,6 +184,25 @@ class Autoscaler:
         log.info("proposed plan %d (%s): %s", record["id"], choice.rule, choice.reason)
         return record
 
+    def request(self, now: float, plan: ResourcePlan, new: ResourcePlan, reason: str) -> dict:
+        """A plan asked for from outside: proposed at once (the trigger applies it like any
+        other), replacing a proposal still waiting."""
+        waiting = self.pending()
+        if waiting is not None:
+            waiting.update(state="superseded", note="replaced by a requested plan")
+        record: dict[str, Any] = {
+            "id": len(self.plans) + 1,
+            "at": now,
+            "plan": new.model_dump(),
+            "previous": plan.model_dump(),
+            "rule": "requested",
+            "reason": reason,
+            "state": "proposed",
+        }
+        self.plans.append(record)
+        log.info("plan %d requested: %s", record["id"], reason)
+        return record
+
     def _fits(self, plan: ResourcePlan) -> bool:
         cfg = self.config
         cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu

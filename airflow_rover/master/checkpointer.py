@@ -72,6 +72,11 @@ class Checkpointer:
             return
         self._start_checkpoint()
 
+    def start_soon(self) -> None:
+        """Make the next tick start a checkpoint (when checkpoints are on): after a PS resize,
+        so that a restore rarely needs a checkpoint of the old layout."""
+        self._last_started = -float("inf")
+
     def checkpoint(self) -> Path | None:
         """Take a checkpoint and wait until it is committed (the end of training; tools): every
         PS snapshots its partition (rows, optimizer state, dense weights, batch ledger) and

@@ -47,6 +47,9 @@ class ShardOut(_Body):
 class LeaseReply(_Body):
     status: Literal["ok", "wait", "done"]
     shard: ShardOut | None = None
+    layout_version: int = Field(default=0, ge=0)
+    """The PS layout to train against: a worker that holds an older one (the PS were resized)
+    reads the new PS list from ``/cluster`` before its next step."""
 
 
 class ShardDone(_Body):
@@ -64,6 +67,15 @@ class EvalReport(_Body):
     samples: int = Field(gt=0)
 
 
+class PlanRequest(_Body):
+    """A resize asked for by a person or a task (``rover plan``, ``ElasticJobHook.request_plan``):
+    the counts to change; the rest of the plan stays as it is."""
+
+    num_workers: int | None = Field(default=None, ge=1, le=1024)
+    num_ps: int | None = Field(default=None, ge=1, le=256)
+    reason: str = Field(default="requested", max_length=500)
+
+
 class StopRequest(_Body):
     reason: str = Field(default="stop requested", max_length=500)
 
@@ -71,3 +83,4 @@ class StopRequest(_Body):
 class ClusterInfo(_Body):
     job_id: str
     ps: list[str]
+    layout_version: int = Field(default=0, ge=0)

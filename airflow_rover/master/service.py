@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,19 @@ class NodeInfo:
             "exit_code": self.exit_code,
             "restarts": self.restarts,
         }
+
+
+@dataclass
+class Resize:
+    """A PS resize in progress (``docs/elastic-scaling.md``): the new PS start while training
+    goes on (``starting``); then leases stop until every leased shard is done and no
+    checkpoint is in flight (``draining``); then the rows move and training resumes."""
+
+    record: dict[str, Any]
+    plan: ResourcePlan
+    old_num_ps: int
+    phase: str = "starting"
+    paused_at: float | None = None
 
 
 class JobMaster:
@@ -138,6 +152,8 @@ class JobMaster:
         self._samples_log: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.RLock()
         self._last_mirror = 0.0
+        self.resize: Resize | None = None
+        self.layout_version = 0  # bumped by every PS resize; workers switch when they see it
 
     # -- API operations (called from request handlers) ---------------------------------------
     def cluster(self) -> protocol.ClusterInfo:
@@ -149,7 +165,9 @@ class JobMaster:
             ]
             if len(ps) != self.spec.plan.num_ps or any(a is None for a in ps):
                 raise LookupError("parameter servers are not all ready yet")
-            return protocol.ClusterInfo(job_id=self.spec.job_id, ps=[a for a in ps if a])
+            return protocol.ClusterInfo(
+                job_id=self.spec.job_id, ps=[a for a in ps if a], layout_version=self.layout_version
+            )
 
     def node_ready(self, node_id: str, body: protocol.NodeReady) -> None:
         with self._lock:
@@ -185,9 +203,14 @@ class JobMaster:
     def lease(self, node_id: str) -> protocol.LeaseReply:
         with self._lock:
             self._node(node_id).last_seen = time.time()
+            version = self.layout_version
             if self.state != JobState.RUNNING:
                 done = self.state in TERMINAL_STATES or self.state == JobState.EVALUATING
-                return protocol.LeaseReply(status="done" if done else "wait")
+                return protocol.LeaseReply(
+                    status="done" if done else "wait", layout_version=version
+                )
+            if self.resize is not None and self.resize.phase == "draining":
+                return protocol.LeaseReply(status="wait", layout_version=version)
             shard = self.queue.lease(
                 node_id, time.time(), self.spec.training.shard_lease_s, self._slice_for(node_id)
             )
@@ -201,9 +224,12 @@ class JobMaster:
                         end=shard.end,
                         first_key=self.queue.first_key(shard),
                     ),
+                    layout_version=version,
                 )
             # Nothing to hand out: others still hold shards that may come back if they die.
-            return protocol.LeaseReply(status="done" if self.queue.finished else "wait")
+            return protocol.LeaseReply(
+                status="done" if self.queue.finished else "wait", layout_version=version
+            )
 
     def _slice_for(self, node_id: str) -> int | None:
         """Batches a straggler may lease at once: a worker slower than ``STRAGGLER_RATIO`` of
@@ -344,11 +370,15 @@ class JobMaster:
                 self.message = "training"
                 self.mirror_state(force=True)
             elif self.state == JobState.RUNNING:
+                if self.resize is not None:
+                    self._advance_resize(self.resize)
                 expired = self.queue.expire(time.time())
                 for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
                 self._reconcile(expired)
                 if self.queue.finished:
+                    if self.resize is not None:
+                        self._cancel_resize(self.resize, "training ended before the PS resize")
                     self.train_finished_at = time.time()
                     self._record_samples()
                     if self.spec.recovery.checkpoint_interval_s > 0:
@@ -361,9 +391,11 @@ class JobMaster:
                         self.mirror_state(force=True)
                     else:
                         self._complete()
-                else:
+                elif self.resize is None:
                     self.checkpointer.tick()
                     self._autoscale()
+                elif self.checkpointer.pending is not None:
+                    self.checkpointer.tick()  # only moves the one in flight on: none starts
             elif self.state == JobState.EVALUATING and self._evaluation_finished():
                 self._complete()
             self.mirror_state()
@@ -372,8 +404,8 @@ class JobMaster:
         return self.evaluation is not None and self.nodes["evaluator"].exit_code is not None
 
     def _all_ps_ready(self) -> bool:
-        ps = [n for n in self.nodes.values() if n.role == "ps"]
-        return bool(ps) and all(n.state == NodeState.RUNNING and n.address for n in ps)
+        ps = [self.nodes.get(f"ps-{i}") for i in range(self.spec.plan.num_ps)]
+        return all(n is not None and n.state == NodeState.RUNNING and n.address for n in ps)
 
     def _ps_client(self) -> PSClient:
         return PSClient(self.cluster().ps, self._token)
@@ -540,6 +572,21 @@ class JobMaster:
         trained = sum(max(0, c - previous.get(node, c)) for node, c in counts.items())
         return trained / (now - since)
 
+    def request_plan(self, body: protocol.PlanRequest) -> dict[str, Any]:
+        """Propose the requested counts as a plan (the trigger applies it)."""
+        with self._lock:
+            if self.state in TERMINAL_STATES:
+                raise ValueError(f"the job is {self.state}: nothing to resize")
+            counts = {
+                k: v
+                for k, v in (("num_workers", body.num_workers), ("num_ps", body.num_ps))
+                if v is not None
+            }
+            plan = self.spec.plan.model_copy(update=counts)
+            record = self.autoscaler.request(time.time(), self.spec.plan, plan, body.reason)
+            self.mirror_state(force=True)
+            return record
+
     def apply_plan(self, plan_id: int) -> dict[str, Any]:
         """Apply a proposed plan: start or stop workers. Changes to the PS or to node sizes need
         live migration (elastic scaling) and are declined with that reason."""
@@ -554,28 +601,128 @@ class JobMaster:
             if self.state != JobState.RUNNING:
                 record.update(state="declined", note=f"the job is {self.state}")
                 return record
-            if plan.model_copy(update={"num_workers": current.num_workers}) != current:
+            counts = {"num_workers": current.num_workers, "num_ps": current.num_ps}
+            if plan.model_copy(update=counts) != current:
                 record.update(
                     state="declined",
-                    note="PS and node-size changes need live migration (elastic scaling); "
-                    "only the worker count changes here",
+                    note="node sizes are fixed on the local launcher (every node shares this "
+                    "machine); worker and PS counts change",
                 )
                 return record
-            for i in range(current.num_workers, plan.num_workers):
-                self._start(f"worker-{i}", "worker")
-            for i in range(plan.num_workers, current.num_workers):
-                node = self.nodes.get(f"worker-{i}")
-                if node is not None and node.exit_code is None:
-                    node.stopping = True
-                    self.launcher.stop(node.node_id)
-                self._reconcile(self.queue.release_worker(f"worker-{i}"))
-            self.spec = self.spec.model_copy(update={"plan": plan})
-            self.layout.write_spec(self.spec)  # a relaunched master keeps the plan
+            if plan.num_ps != current.num_ps:
+                if self.resize is not None:
+                    record.update(state="declined", note="another PS resize is in progress")
+                    return record
+                self._begin_resize(record, plan)
+                return record
+            self._set_workers(plan)
             self.autoscaler.applied(time.time())
             record.update(state="applied", applied_at=time.time())
             log.info("applied plan %d: %s", plan_id, plan.model_dump())
             self.mirror_state(force=True)
             return record
+
+    def _set_workers(self, plan: ResourcePlan) -> None:
+        """Start or stop workers to ``plan.num_workers`` and make ``plan`` the job's plan. A
+        stopped worker's shards go back to the queue, resumed from their first batch not
+        applied on every PS; the other workers do not pause."""
+        current = self.spec.plan
+        for i in range(current.num_workers, plan.num_workers):
+            self._start(f"worker-{i}", "worker")
+        for i in range(plan.num_workers, current.num_workers):
+            node = self.nodes.get(f"worker-{i}")
+            if node is not None and node.exit_code is None:
+                node.stopping = True
+                self.launcher.stop(node.node_id)
+            self._reconcile(self.queue.release_worker(f"worker-{i}"))
+        self.spec = self.spec.model_copy(update={"plan": plan})
+        self.layout.write_spec(self.spec)  # a relaunched master keeps the plan
+
+    # -- PS resize (docs/elastic-scaling.md) ---------------------------------------------------
+    def _begin_resize(self, record: dict[str, Any], plan: ResourcePlan) -> None:
+        """Start the new PS (training goes on); ``_advance_resize`` does the rest."""
+        old = self.spec.plan.num_ps
+        for i in range(old, plan.num_ps):
+            self._start(f"ps-{i}", "ps")
+        self.resize = Resize(record, plan, old)
+        record.update(state="applying", note=f"PS {old} -> {plan.num_ps}: starting")
+        self.message = f"resizing the PS {old} -> {plan.num_ps}"
+        log.info("plan %d: %s", record["id"], self.message)
+        self.mirror_state(force=True)
+
+    def _advance_resize(self, resize: Resize) -> None:
+        if resize.phase == "starting":
+            new = [self.nodes[f"ps-{i}"] for i in range(resize.old_num_ps, resize.plan.num_ps)]
+            if all(n.state == NodeState.RUNNING and n.address for n in new):
+                resize.phase, resize.paused_at = "draining", time.time()
+                resize.record["note"] = "new PS ready; leases held while the workers drain"
+            return
+        if self.queue.counts()["doing"] or self.checkpointer.pending is not None:
+            return  # leased shards finish (their pushes land) and a checkpoint commits first
+        self._migrate(resize)
+
+    def _migrate(self, resize: Resize) -> None:
+        """Every PS hands the rows it no longer owns to their new owners, workers switch to
+        the new layout on their next lease, removed PS stop. No worker trains meanwhile."""
+        started = time.time()
+        top = max(resize.old_num_ps, resize.plan.num_ps)
+        addresses = [str(self.nodes[f"ps-{i}"].address) for i in range(top)]
+        client = PSClient(addresses, self._token)
+        try:
+            ledgers = [applied for applied, _ in client.ledgers()[: resize.old_num_ps]]
+            if any(applied != ledgers[0] for applied in ledgers):
+                # A push landed on some PS only (its worker died): moved rows would carry a
+                # batch their new owner's ledger lacks. The shard retrains it; try again later.
+                self._cancel_resize(resize, "the PS ledgers disagree (a worker died mid-push)")
+                return
+            replies = client.reshard(addresses[: resize.plan.num_ps])
+        except grpc.RpcError as exc:
+            self._finish(
+                JobState.FAILED,
+                f"PS resize {resize.old_num_ps} -> {resize.plan.num_ps} failed while moving "
+                f"rows ({exc.code()}: {exc.details()}); a retry resumes from checkpoint "
+                f"{self.checkpoints}",
+            )
+            return
+        finally:
+            client.close()
+        for i in range(resize.plan.num_ps, resize.old_num_ps):
+            node = self.nodes[f"ps-{i}"]
+            node.stopping = True
+            self.launcher.stop(node.node_id)
+        self.spec = self.spec.model_copy(
+            update={"plan": self.spec.plan.model_copy(update={"num_ps": resize.plan.num_ps})}
+        )
+        self.layout.write_spec(self.spec)
+        self.layout_version += 1
+        self._set_workers(resize.plan)
+        now = time.time()
+        moved = sum(int(r["moved_rows"][0]) for r in replies)
+        resize.record.update(
+            state="applied",
+            applied_at=now,
+            note=f"PS {resize.old_num_ps} -> {resize.plan.num_ps}: {moved} rows moved",
+            moved_rows=moved,
+            migration_s=round(now - started, 3),
+            pause_s=round(now - (resize.paused_at or started), 3),
+        )
+        self.resize = None
+        self.autoscaler.applied(now)
+        self.checkpointer.start_soon()  # the next checkpoint is of the new layout
+        self.message = "training"
+        log.info("plan %d applied: %s", resize.record["id"], resize.record["note"])
+        self.mirror_state(force=True)
+
+    def _cancel_resize(self, resize: Resize, why: str) -> None:
+        for i in range(resize.old_num_ps, resize.plan.num_ps):
+            node = self.nodes.get(f"ps-{i}")
+            if node is not None and node.exit_code is None:
+                node.stopping = True
+                self.launcher.stop(node.node_id)
+        resize.record.update(state="declined", note=why)
+        self.resize = None
+        self.message = "training"
+        log.warning("PS resize %d -> %d declined: %s", resize.old_num_ps, resize.plan.num_ps, why)
 
     def checkpoint(self) -> Path | None:
         """Take a checkpoint and wait until it is committed (``Checkpointer.checkpoint``)."""

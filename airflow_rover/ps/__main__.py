@@ -7,6 +7,7 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, NodeContext
 from airflow_rover.master.client import MasterClient
-from airflow_rover.ps.flash import FlashCheckpointer, choose_restore
+from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 
@@ -54,12 +55,33 @@ def restore(
     if ps is None:
         ps = new_ps()
         if choice.checkpoint is not None:
-            part = choice.checkpoint / f"ps-{index}.npz"
-            with np.load(part) as saved:
-                ps.restore(dict(saved))
-            log.info("%s restored %s (%d batches applied)", node_id, part, len(ps.ledger.applied))
+            restore_checkpoint(ps, choice.checkpoint, node_id)
     ps.flash = flash
     return ps
+
+
+def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> None:
+    """Load this PS's partition from ``checkpoint``; one taken with another PS count (the job
+    was resized since) is re-partitioned from all its parts."""
+    parts = sorted(checkpoint.glob("ps-*.npz"))
+    if len(parts) == ps.num_ps:
+        part = checkpoint / f"ps-{ps.index}.npz"
+        with np.load(part) as saved:
+            ps.restore(dict(saved))
+        log.info("%s restored %s (%d batches applied)", node_id, part, len(ps.ledger.applied))
+        return
+    loaded = []
+    for part in parts:
+        with np.load(part) as saved:
+            loaded.append(dict(saved))
+    ps.restore_repartitioned(loaded)
+    log.info(
+        "%s restored its rows of %s, saved by %d PS (%d batches applied)",
+        node_id,
+        checkpoint.name,
+        len(parts),
+        len(ps.ledger.applied),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -70,18 +92,23 @@ def main(argv: list[str] | None = None) -> None:
     ctx = NodeContext.from_env()
     spec = ctx.layout.read_spec()
     index = int(ctx.node_id.rsplit("-", 1)[1])
-    ps = restore(
-        lambda: ParameterServer(
+
+    def new_ps() -> ParameterServer:
+        return ParameterServer(
             index,
-            spec.plan.num_ps,
+            max(spec.plan.num_ps, index + 1),
             EmbeddingLayout.from_features(resolve_features(spec)),
             Optimizer(spec.training.optimizer, spec.training.learning_rate),
             spec.training.seed,
-        ),
-        ctx.layout,
-        ctx.node_id,
-        index,
-    )
+        )
+
+    if index < spec.plan.num_ps:
+        ps = restore(new_ps, ctx.layout, ctx.node_id, index)
+    else:  # joining a resize: empty until the others hand over its rows (``reshard``)
+        ps = new_ps()
+        ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
+        for orphan in orphan_slots(ctx.layout.flash_dir, index):
+            orphan.remove()  # an earlier PS of this index (the job was smaller in between)
     server, port = start_server(ps, ctx.token)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

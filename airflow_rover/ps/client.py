@@ -78,12 +78,17 @@ class PSClient:
         if not addresses:
             raise ValueError("addresses: at least one parameter server is needed")
         self.num_ps = len(addresses)
+        self._token = token
         self._metadata = rpc.auth_metadata(token)
         self._timeout = timeout_s
         self._channels = [grpc.insecure_channel(a, options=rpc.CHANNEL_OPTIONS) for a in addresses]
         self._stubs = [
             {m: ch.unary_unary(rpc.method_path(m)) for m in rpc.METHODS} for ch in self._channels
         ]
+
+    def connected_to(self, addresses: list[str]) -> PSClient:
+        """A client of another PS list (a resized job) with this one's token and timeout."""
+        return PSClient(addresses, self._token, self._timeout)
 
     def close(self) -> None:
         for channel in self._channels:
@@ -186,6 +191,15 @@ class PSClient:
         """Send gradients (already summed per unique id) to the owners of the rows. ``key``:
         the batch they come from; a PS that already applied that batch ignores them."""
         self._call_all("Push", self._push_requests(ids_by_table, grads_by_table, dense_grads, key))
+
+    def reshard(self, addresses: list[str]) -> list[dict[str, np.ndarray]]:
+        """Every PS of this client (the old and the new layout's together) hands the rows and
+        dense variables it no longer owns under ``addresses`` to their new owners."""
+        request = {
+            "num_ps": np.array([len(addresses)], dtype=np.int64),
+            "addresses": _text("\n".join(addresses)),
+        }
+        return self._call_all("Reshard", [request] * self.num_ps)
 
     def ledgers(self) -> list[tuple[set[int], int]]:
         """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""

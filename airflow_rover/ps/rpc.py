@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 SERVICE = "rover.ParameterServer"
-METHODS = ("Pull", "Push", "PushPull", "InitDense", "Save", "Stats", "Ledger")
+METHODS = ("Pull", "Push", "PushPull", "InitDense", "Save", "Stats", "Ledger", "Reshard", "Absorb")
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -22,6 +22,7 @@ import numpy as np
 
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
@@ -59,6 +60,15 @@ def _live_views(
         out += [(f"dstate/{name}/{k}", v) for k, v in slots.items()]
     out.append(("dense_version", np.array([dense.version], dtype=np.int64)))
     return out
+
+
+def _dense_var(key: str) -> str | None:
+    """The dense variable a snapshot key belongs to (``dense/<var>``, ``dstate/<var>/<slot>``)."""
+    if key.startswith("dense/"):
+        return key[6:]
+    if key.startswith("dstate/"):
+        return key[7:].rsplit("/", 1)[0]
+    return None
 
 
 def _persist_reply(job: Persist | None) -> dict[str, np.ndarray]:
@@ -206,6 +216,29 @@ class ParameterServer:
         self.dense.restore(arrays)
         self.ledger = BatchLedger.from_arrays(arrays)
 
+    def restore_repartitioned(self, parts: list[dict[str, np.ndarray]]) -> None:
+        """Load this PS's rows and dense variables from a checkpoint of another PS count (the
+        job was resized after it): each part's rows this PS owns now. Its ledger is the
+        batches every part had applied (parts saved while workers trained may differ by the
+        batches in flight; those are trained again)."""
+        ledgers = []
+        for arrays in parts:
+            for name, table in self.tables.items():
+                prefix = f"table/{name}/"
+                part = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+                if part:
+                    mine = partition_of(name, part["ids"].astype(np.int64), self.num_ps)
+                    table.absorb({k: v[mine == self.index] for k, v in part.items()})
+            mine_dense = {
+                k: v
+                for k, v in arrays.items()
+                if (var := _dense_var(k)) is not None and owner_of(var, self.num_ps) == self.index
+            }
+            self.dense.restore(mine_dense)
+            ledgers.append(BatchLedger.from_arrays(arrays).applied)
+        self.ledger = BatchLedger()
+        self.ledger.applied = set.intersection(*ledgers) if ledgers else set()
+
     def ledger_info(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch keys this PS has applied and how many retried pushes it turned away."""
         with self._apply_lock:
@@ -214,6 +247,69 @@ class ParameterServer:
             "applied": arrays["ledger/applied"],
             "rejected": np.array([int(arrays["ledger/rejected_counts"].sum())], dtype=np.int64),
         }
+
+    token: str = ""
+    """The job token, for the calls this PS makes to the others (a resize's row hand-over)."""
+
+    def reshard(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Go from this job's PS count to ``num_ps`` (``addresses``: the new layout's PS, in
+        order): every row and dense variable whose owner changes (``core.hashing``: only those
+        travel) is removed here and handed to its new owner's ``Absorb`` with this PS's batch
+        ledger (a new PS adopts it). Called on every PS of both layouts while no worker trains;
+        the rows are copied out under the locks and sent after them, so two PS handing rows to
+        each other cannot deadlock."""
+        num_ps = int(req["num_ps"][0])
+        addresses = req["addresses"].tobytes().decode().split("\n")
+        if num_ps < 1 or len(addresses) != num_ps:
+            raise ValueError(f"reshard: {len(addresses)} addresses for num_ps={num_ps}")
+        started = time.perf_counter()
+        with self._apply_lock:
+            outgoing: list[dict[str, np.ndarray]] = [{} for _ in range(num_ps)]
+            for name, table in self.tables.items():
+
+                def moving(ids: np.ndarray, name: str = name) -> np.ndarray:
+                    return partition_of(name, ids, num_ps) != self.index
+
+                popped = table.pop_rows(moving)
+                owners = partition_of(name, popped["ids"], num_ps)
+                for dest in np.unique(owners):
+                    mask = owners == dest
+                    outgoing[dest].update({f"table/{name}/{k}": v[mask] for k, v in popped.items()})
+            for var in [n for n in self.dense.values if owner_of(n, num_ps) != self.index]:
+                outgoing[owner_of(var, num_ps)].update(self.dense.pop([var]))
+            applied = np.sort(np.fromiter(self.ledger.applied, np.int64, len(self.ledger.applied)))
+            self.num_ps = num_ps
+        moved_rows = sum(v.shape[0] for o in outgoing for k, v in o.items() if k.endswith("/ids"))
+        for dest, arrays in enumerate(outgoing):
+            if dest != self.index:  # even with no rows: a new PS needs the ledger
+                arrays["ledger/applied"] = applied
+                self._send(addresses[dest], "Absorb", arrays)
+        return {
+            "moved_rows": np.array([moved_rows], dtype=np.int64),
+            "seconds": np.array([time.perf_counter() - started], dtype=np.float64),
+        }
+
+    def _send(self, address: str, method: str, arrays: dict[str, np.ndarray]) -> None:
+        with grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS) as channel:
+            call = channel.unary_unary(rpc.method_path(method))
+            call(codec.encode(arrays), metadata=rpc.auth_metadata(self.token), timeout=120)
+
+    def absorb(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
+        an empty ledger (new in this layout) adopts the sender's: every PS has applied the
+        same batches once the workers have paused."""
+        with self._apply_lock:
+            for name, table in self.tables.items():
+                prefix = f"table/{name}/"
+                part = {k[len(prefix) :]: v for k, v in req.items() if k.startswith(prefix)}
+                if part:
+                    table.absorb(part)
+            dense = {k: v for k, v in req.items() if k.startswith(("dense/", "dstate/"))}
+            if dense:
+                self.dense.restore(dense)
+            if not self.ledger.applied and "ledger/applied" in req:
+                self.ledger.applied.update(int(k) for k in req["ledger/applied"])
+        return {}
 
     flash: FlashCheckpointer | None = None
     """This PS's shared-memory slot and persister (``ps.flash``); made on first use."""
@@ -273,6 +369,8 @@ class ParameterServer:
             "Save": self.save,
             "Stats": self.stats,
             "Ledger": self.ledger_info,
+            "Reshard": self.reshard,
+            "Absorb": self.absorb,
         }
 
 
@@ -299,6 +397,7 @@ def start_server(
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads), options=rpc.CHANNEL_OPTIONS
     )
+    ps.token = token
     handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
     port = server.add_insecure_port(f"{host}:0")

@@ -8,6 +8,7 @@ its optimizer state and a 4-byte access counter (partial-recovery checkpoints ra
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -152,6 +153,40 @@ class EmbeddingTable:
             self._slot[ids] = np.arange(n, dtype=np.int32)
             self._size = n
 
+    def pop_rows(self, moving: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
+        """Remove the rows whose ids ``moving`` marks (a boolean mask over the ids it gets) and
+        return them as ``snapshot`` does: a PS resize hands them to their new owner."""
+        with self._lock:
+            n = self._size
+            mask = np.asarray(moving(self._ids[:n]), dtype=bool)
+            out: dict[str, np.ndarray] = {
+                "ids": self._ids[:n][mask],
+                "rows": self.rows[:n][mask],
+                "counts": self.counts[:n][mask],
+            }
+            out.update({f"state/{k}": v[:n][mask] for k, v in self.state.items()})
+            keep = np.flatnonzero(~mask)
+            self._slot[out["ids"]] = -1
+            for name in ("rows", "counts", "_ids"):
+                arr = getattr(self, name)
+                arr[: keep.size] = arr[keep]
+            for value in self.state.values():
+                value[: keep.size] = value[keep]
+            self._size = keep.size
+            self._slot[self._ids[: keep.size]] = np.arange(keep.size, dtype=np.int32)
+            return out
+
+    def absorb(self, arrays: dict[str, np.ndarray]) -> None:
+        """Take rows another PS hands over (``pop_rows``), replacing any copy held here."""
+        ids = np.asarray(arrays["ids"], dtype=np.int64)
+        self._check_ids(ids)
+        with self._lock:
+            slots = self._slots(ids)
+            self.rows[slots] = arrays["rows"]
+            self.counts[slots] = arrays["counts"]
+            for key in self.state:
+                self.state[key][slots] = arrays[f"state/{key}"]
+
     def snapshot(self) -> dict[str, np.ndarray]:
         with self._lock:
             n = self._size
@@ -207,6 +242,17 @@ class DenseStore:
                     self.state[name][slot] = np.array(value)
             if "dense_version" in arrays:
                 self.version = int(arrays["dense_version"][0])
+
+    def pop(self, names: list[str]) -> dict[str, np.ndarray]:
+        """Remove the named variables and return them (values and optimizer state) as
+        ``snapshot`` does: a PS resize hands them to their new owner."""
+        with self._lock:
+            out: dict[str, np.ndarray] = {}
+            for name in names:
+                out[f"dense/{name}"] = self.values.pop(name)
+                for slot, value in self.state.pop(name).items():
+                    out[f"dstate/{name}/{slot}"] = value
+            return out
 
     def read_versioned(
         self, known_version: int

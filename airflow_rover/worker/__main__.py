@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                 master,
                 spec.training.batch_size,
                 stop,
+                cluster.layout_version,
             )
         except grpc.RpcError as exc:
             if exc.code() not in _PS_LOST:
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
             report.logloss,
             report.samples,
         )
-    ps.close()
+    model.ps.close()  # the client of the last PS layout it trained against
     master.close()
 
 

@@ -166,6 +166,7 @@ class PSModel:
             "shard_id": tf.TensorSpec([], tf.int64),
             "key": tf.TensorSpec([], tf.int64),
             "last": tf.TensorSpec([], tf.bool),
+            "layout": tf.TensorSpec([], tf.int64),
         }
         for g in self.groups:
             spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)
@@ -301,25 +302,28 @@ def leased_batches(
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-) -> Iterator[tuple[Batch, int, bool, int]]:
-    """(batch, shard id, last batch of its shard, batch key) for every shard the master hands
-    out (from where it resumes: a requeued shard skips batches every PS already applied), and an
-    empty batch whenever the master has nothing to hand out yet (``wait``): the trainer then
-    flushes its pending gradients, which may be exactly what completes the queue."""
+    wait_s: float = 0.2,
+) -> Iterator[tuple[Batch, int, bool, int, int]]:
+    """(batch, shard id, last batch of its shard, batch key, PS layout version) for every shard
+    the master hands out (from where it resumes: a requeued shard skips batches every PS already
+    applied), and an empty batch whenever the master has nothing to hand out yet (``wait``): the
+    trainer then flushes its pending gradients, which may be exactly what completes the queue
+    (or lets a PS resize begin)."""
     while not stop.is_set():
         reply = master.lease(node_id)
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
-            yield reader.read(0, 0), NO_SHARD, False, NO_KEY
-            time.sleep(0.2)
+            yield reader.read(0, 0), NO_SHARD, False, NO_KEY, reply.layout_version
+            time.sleep(wait_s)
             continue
         shard = reply.shard
         samples = reader.read(shard.start, shard.end)
         for index, lo in enumerate(range(0, len(samples), batch_size)):
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
-            yield batch, shard.shard_id, hi == len(samples), shard.first_key + index
+            last = hi == len(samples)
+            yield batch, shard.shard_id, last, shard.first_key + index, reply.layout_version
 
 
 def train(
@@ -330,23 +334,27 @@ def train(
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
+    layout_version: int = 0,
 ) -> Progress:
-    """Lease shards until the master says the queue is done."""
+    """Lease shards until the master says the queue is done. ``layout_version``: that of the
+    PS list ``model.ps`` was made from."""
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop)
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        for batch, shard_id, last, key in leased_batches(node_id, reader, master, batch_size, stop):
+        batches = leased_batches(node_id, reader, master, batch_size, stop)
+        for batch, shard_id, last, key, layout in batches:
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
             element["key"] = np.array(key, dtype=np.int64)
             element["last"] = np.array(last)
+            element["layout"] = np.array(layout, dtype=np.int64)
             yield element
 
     pipeline = tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
-    loop = _TrainLoop(node_id, model, optimizer, master, progress)
+    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version)
     for element in pipeline:
         loop.feed(element if int(element["label"].shape[0]) else None)
     loop.feed(None)
@@ -384,8 +392,10 @@ class _TrainLoop:
         optimizer: Optimizer,
         master: MasterClient,
         progress: Progress,
+        layout_version: int = 0,
     ) -> None:
         self.node_id = node_id
+        self.layout_version = layout_version
         self.model = model
         self.optimizer = optimizer
         self.master = master
@@ -400,6 +410,8 @@ class _TrainLoop:
     def feed(self, element: dict[str, Any] | None) -> None:
         """The next element of the input pipeline, or None when there is none to train now
         (the master said wait, or the input ended): then everything pending is pushed."""
+        if element is not None and int(element["layout"]) != self.layout_version:
+            self._switch_layout()
         if self.current is None:
             if element is not None:
                 self.current = self._pull(element)
@@ -449,6 +461,26 @@ class _TrainLoop:
             self.optimizer.apply(rows, state, row_grads[g][at_cur])
             reply.rows[g][at_next] = rows
         return _Pulled(nxt, next_unique, reply.rows)
+
+    def _switch_layout(self) -> None:
+        """The PS were resized: read the new PS list and start over against it (rows and dense
+        weights are read afresh). The master resizes only once every worker has flushed, so
+        nothing is in flight here; if something were, it would belong to the old layout."""
+        if self.current is not None or self.pending is not None:
+            raise RuntimeError("the PS layout changed while a step was in flight")
+        cluster = self.master.cluster()
+        old = self.model.ps
+        self.model.ps = old.connected_to(cluster.ps)
+        old.close()
+        self.mirror = DenseMirror(self.model, self.optimizer)
+        log.info(
+            "%s: PS layout %d -> %d (%d PS)",
+            self.node_id,
+            self.layout_version,
+            cluster.layout_version,
+            len(cluster.ps),
+        )
+        self.layout_version = cluster.layout_version
 
     def close(self) -> None:
         self._sender.shutdown(wait=True)
