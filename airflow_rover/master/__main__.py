@@ -15,8 +15,19 @@ from pathlib import Path
 
 import uvicorn
 
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.layout import ENV_TOKEN_FILE, JobLayout, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES
+from airflow_rover.launchers.base import NodeLauncher
+from airflow_rover.launchers.kubernetes.config import (
+    ENV_LAUNCHER,
+    ENV_MASTER_ADVERTISE,
+    ENV_MASTER_HOST,
+    ENV_MASTER_PORT,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    KubernetesJob,
+)
 from airflow_rover.launchers.local import LocalNodeLauncher
 from airflow_rover.master.app import create_app
 from airflow_rover.master.service import JobMaster
@@ -58,6 +69,30 @@ def _supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> No
     server.should_exit = True
 
 
+def kubernetes_node_launcher(layout: JobLayout, restarts: int) -> NodeLauncher:
+    """The node launcher of a master running in its pod: in-cluster credentials (the master's
+    service account), the job's settings from ``kubernetes.json``, its own pod as the owner of
+    the node pods, and its restart count as the incarnation."""
+    from kubernetes import client, config
+
+    from airflow_rover.launchers.kubernetes.manifests import JobNames
+    from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
+
+    job = KubernetesJob.read(layout)
+    if job is None:
+        raise SystemExit(f"{ENV_LAUNCHER}=kubernetes but {layout.root} has no kubernetes.json")
+    missing = [v for v in (ENV_POD_NAME, ENV_POD_UID, ENV_NAMESPACE) if not os.environ.get(v)]
+    if missing:
+        raise SystemExit(f"the master pod's environment lacks {missing}")
+    config.load_incluster_config()
+    names = JobNames(layout.read_spec().job_id, os.environ[ENV_NAMESPACE])
+    if names.master_pod != os.environ[ENV_POD_NAME]:
+        raise SystemExit(f"pod {os.environ[ENV_POD_NAME]} is not {names.master_pod}")
+    return KubernetesNodeLauncher(
+        client.CoreV1Api(), job.config, names, layout, os.environ[ENV_POD_UID], restarts
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="airflow_rover.master")
     parser.add_argument("--job-dir", required=True, type=Path)
@@ -70,23 +105,31 @@ def main(argv: list[str] | None = None) -> None:
 
     layout = JobLayout(args.job_dir.resolve())
     spec = layout.read_spec()
-    token = layout.read_token()
+    on_kubernetes = os.environ.get(ENV_LAUNCHER) == "kubernetes"
+    token_file = os.environ.get(ENV_TOKEN_FILE) if on_kubernetes else None  # mounted Secret
+    token = Path(token_file).read_text().strip() if token_file else layout.read_token()
+    host = os.environ.get(ENV_MASTER_HOST, args.host) if on_kubernetes else args.host
+    port = int(os.environ.get(ENV_MASTER_PORT, "0")) if on_kubernetes else 0
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, 0))
-    address = f"http://{args.host}:{sock.getsockname()[1]}"
+    sock.bind((host, port))
+    address = f"http://{host}:{sock.getsockname()[1]}"
+    if on_kubernetes:  # reached through its Service, not on loopback
+        address = os.environ.get(ENV_MASTER_ADVERTISE, address)
 
-    threads = max(1, int(spec.plan.worker_cpu))
-    master = JobMaster(
-        layout, spec, LocalNodeLauncher(layout, address, threads), token, args.restarts
+    launcher = (
+        kubernetes_node_launcher(layout, args.restarts)
+        if on_kubernetes
+        else LocalNodeLauncher(layout, address, max(1, int(spec.plan.worker_cpu)))
     )
+    master = JobMaster(layout, spec, launcher, token, args.restarts)
     app = create_app(master, token)
     server = _MasterServer(uvicorn.Config(app, log_level="warning", access_log=False))
     master.mirror_state(force=True)
-    atomic_write_json(
-        layout.master_file,
-        {"address": address, "pid": os.getpid(), "keeper_pid": args.keeper_pid},
-    )
+    announced = {"address": address, "pid": os.getpid(), "keeper_pid": args.keeper_pid}
+    if on_kubernetes:
+        announced["pod"] = os.environ.get(ENV_POD_NAME)
+    atomic_write_json(layout.master_file, announced)
     log.info("master of job %s listening on %s", spec.job_id, address)
 
     supervisor = threading.Thread(

@@ -32,6 +32,14 @@ from airflow_rover.core.spec import (
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.launchers.kubernetes.config import (
+    KubernetesConfig,
+    KubernetesJob,
+    check_static_config,
+    check_visible,
+    parse_config,
+)
+from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
 from airflow_rover.operators._validation import (
     check_static_entries,
     describe,
@@ -44,7 +52,7 @@ from airflow_rover.store.connection import HistoryStoreHook
 from airflow_rover.store.records import record_from_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "kubernetes")
 RESULT_KEYS = (
     "samples_trained",
     "samples_resumed",
@@ -85,7 +93,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     :param train_data: dataset directory of the training split. (templated)
     :param eval_data: dataset directory of the held-out split scored at the end. (templated)
     :param output_dir: the job directory (model, logs, status); default
-        ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``. (templated)
+        ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``, on Kubernetes
+        ``<kubernetes.job_volume_mount_path>/jobs/...``. (templated)
     :param model: a reference model (``"wide_deep"``) or ``"package.module:factory"``. (templated)
     :param plan: initial resources: ``num_workers``, ``num_ps``, ``worker_cpu``,
         ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``; or a template rendering to such a
@@ -98,7 +107,15 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         retry of the task resumes from the last checkpoint and the shard queue. (templated)
     :param features: embedding tables and dense features; default: one table per column.
     :param embedding_dim: width of the default tables.
-    :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host).
+    :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host)
+        or ``"kubernetes"`` (pods; needs ``kubernetes``).
+    :param kubernetes: the pods' settings with ``launcher="kubernetes"``: ``image``,
+        ``job_volume_claim`` (required), ``namespace``, ``job_volume_mount_path``,
+        ``node_selector``, ``tolerations``, ``image_pull_secrets``, ``env``, ``volumes``,
+        ``volume_mounts``, ... (``KubernetesConfig``, ``docs/kubernetes.md``). Validated but
+        unused with the local launcher, so ``launcher`` alone switches a DAG. (templated)
+    :param kubernetes_conn_id: the cncf-kubernetes connection to the cluster (in-cluster or a
+        kubeconfig); default ``kubernetes_default``. (templated)
     :param poll_interval: seconds between the trigger's polls of the master.
     :param max_runtime: the job is failed if it runs longer than this.
     :param warm_start: start from the smoothed final plans of the most similar past jobs in the
@@ -125,8 +142,11 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         "recovery",
         "history_conn_id",
         "cluster_budget",
+        "kubernetes",
+        "kubernetes_conn_id",
     )
     template_fields_renderers = {
+        "kubernetes": "json",
         "plan": "json",
         "training": "json",
         "recovery": "json",
@@ -153,6 +173,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         warm_start: bool = False,
         history_conn_id: str | None = None,
         cluster_budget: dict[str, Any] | ClusterBudget | str | None = None,
+        kubernetes: dict[str, Any] | KubernetesConfig | str | None = None,
+        kubernetes_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -163,6 +185,17 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
         if launcher not in LAUNCHERS:
             raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(LAUNCHERS)}")
+        if launcher == "kubernetes" and kubernetes is None:
+            raise ValueError(
+                f"{owner}: launcher='kubernetes' needs kubernetes={{'image': ..., "
+                "'job_volume_claim': ...}"
+            )
+        if kubernetes is not None:  # checked even when unused: one switch flips the backend
+            check_static_config(owner, kubernetes)
+        if kubernetes_conn_id is not None and not isinstance(kubernetes_conn_id, str):
+            raise ValueError(
+                f"{owner}: kubernetes_conn_id must be a connection id, got {kubernetes_conn_id!r}"
+            )
         if not isinstance(poll_interval, int | float) or poll_interval <= 0:
             raise ValueError(f"{owner}: poll_interval must be > 0 seconds, got {poll_interval!r}")
         if not isinstance(max_runtime, timedelta) or max_runtime <= timedelta(0):
@@ -188,6 +221,12 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.warm_start = warm_start
         self.history_conn_id = history_conn_id
         self.cluster_budget = _static_cluster_budget(owner, cluster_budget)
+        self.kubernetes = (
+            kubernetes.model_dump(mode="json", by_alias=True)
+            if isinstance(kubernetes, KubernetesConfig)
+            else kubernetes
+        )
+        self.kubernetes_conn_id = kubernetes_conn_id
         self._launched_job_dir: str | None = None
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         if not (isinstance(self.plan, str) and has_template(self.plan)):  # e.g. an XCom pull
@@ -228,7 +267,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         run = re.sub(r"[^A-Za-z0-9._-]+", "_", ti.run_id)
         index = ti.map_index if ti.map_index is not None else -1
         task = self.task_id if index < 0 else f"{self.task_id}.{index}"
-        return default_jobs_root() / ti.dag_id / run / task
+        k8s = self.kubernetes_job()  # on Kubernetes: on the volume the pods mount
+        root = Path(k8s.config.job_volume_mount_path) / "jobs" if k8s else default_jobs_root()
+        return root / ti.dag_id / run / task
 
     def build_spec(self, context: Context) -> JobSpec:
         ti = context["ti"]
@@ -252,8 +293,22 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(message) from None
         return budget.model_dump(mode="json")
 
-    def hook_for(self, job_dir: str | Path) -> ElasticJobHook:
-        return ElasticJobHook(job_dir)
+    def kubernetes_job(self) -> KubernetesJob | None:
+        """The rendered Kubernetes settings (None with the local launcher); a bad rendered
+        value fails the task without retries."""
+        if self.launcher != "kubernetes":
+            return None
+        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        try:
+            config = parse_config(owner, _as_dict(self.kubernetes, "kubernetes"))
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        return KubernetesJob(config=config, kubernetes_conn_id=self.kubernetes_conn_id or None)
+
+    def hook_for(
+        self, job_dir: str | Path, kubernetes: KubernetesJob | None = None
+    ) -> ElasticJobHook:
+        return ElasticJobHook(job_dir, kubernetes=kubernetes)
 
     # -- ResumableJobMixin -------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -270,8 +325,22 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         if self.warm_start:
             spec = self._warm_started(context, spec)
+        k8s = self.kubernetes_job()
+        if k8s is not None:  # the pods must see the job dir and the data
+            paths = {
+                "output_dir": str(job_dir),
+                "train_data": spec.train_data,
+                "eval_data": spec.eval_data,
+            }
+            try:
+                check_visible(f"{type(self).__name__}(task_id={self.task_id!r})", k8s.config, paths)
+            except ValueError as exc:
+                raise AirflowFailException(str(exc)) from None
         self._launched_job_dir = str(job_dir)
-        self.hook_for(job_dir).launch(spec)
+        try:
+            self.hook_for(job_dir, k8s).launch(spec)
+        except KubernetesPermissionError as exc:  # RBAC is fixed by an admin, not a retry
+            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
         return str(job_dir)
 
@@ -395,12 +464,13 @@ def _static_cluster_budget(owner: str, value: Any) -> dict[str, Any] | str | Non
     return value if isinstance(value, dict) else budget.model_dump(mode="json")
 
 
-def _as_dict(plan: Any) -> Any:
-    """A rendered ``plan`` template as a dict; anything else as is (validation names it)."""
+def _as_dict(value: Any, param: str = "plan") -> Any:
+    """A rendered dict parameter (``plan``, ``kubernetes``) as a dict; anything else as is
+    (validation names it)."""
     try:
-        return rendered_dict(plan, "plan")
+        return rendered_dict(value, param)
     except ValueError:
-        return plan
+        return value
 
 
 def _resolved_features(layout: JobLayout, spec: JobSpec) -> FeatureConfig | None:

@@ -5,6 +5,10 @@ with the master. Re-created after a triggerer restart, it simply polls the same 
 Every ending is an event with the keys ``status`` (success / failed / stopped / error),
 ``job_id``, ``message`` and ``job`` (the last status); unexpected errors become ``error`` events.
 
+The training task's trigger (``stop_on_kill``: it owns the job) also keeps a Kubernetes job's
+objects: it recreates a missing Service or Secret when it starts and deletes the master pod (and
+so everything the pod owns) once the job has ended (``docs/kubernetes.md``).
+
 With a ``cluster_budget`` the trigger shares that budget with the jobs of other tasks and DAGs:
 on each poll it registers its job in the registry (``store.registry``, in the history store's
 database) and applies its master's proposal only when the cluster arbiter
@@ -24,7 +28,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_rover.core.cluster_budget import running_job, ttl_for
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.spec import ClusterBudget
-from airflow_rover.core.states import JobState
+from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.store.connection import HistoryStoreHook
 from airflow_rover.store.history import HistoryStore
@@ -93,15 +97,19 @@ class ElasticJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
         try:
+            if self.stop_on_kill:  # the job's owner: its Kubernetes objects are all there
+                await self._ensure(hook)
             while True:
                 job = await hook.async_get_status()
                 if self.milestone.reached(job):
                     await self._unregister(job.get("job_id"))
+                    await self._clean_up(hook, job)
                     yield TriggerEvent(job_event("success", job))
                     return
                 missed = self.milestone.missed(job)
                 if missed is not None:
                     await self._unregister(job.get("job_id"))
+                    await self._clean_up(hook, job)
                     status = _EVENT_STATUS.get(JobState(job["state"]), "failed")
                     yield TriggerEvent(job_event(status, job, f"{missed}: {job.get('message')}"))
                     return
@@ -124,6 +132,24 @@ class ElasticJobTrigger(BaseTrigger):
             if self._registry is not None:
                 self._registry.close()
                 self._registry = None
+
+    async def _ensure(self, hook: ElasticJobHook) -> None:
+        """Recreate what the running job misses; an unanswered check only delays that (the
+        status says whether the job lives)."""
+        try:
+            await hook.async_ensure()
+        except Exception as exc:
+            self.log.warning("Could not check the objects of job %s: %s", self.job_dir, exc)
+
+    async def _clean_up(self, hook: ElasticJobHook, job: dict[str, Any]) -> None:
+        """The owner's trigger removes an ended job's Kubernetes objects (a no-op locally); a
+        failed cleanup is logged, never turned into the job's outcome."""
+        if not self.stop_on_kill or job.get("state") not in TERMINAL_STATES:
+            return
+        try:
+            await hook.async_cleanup()
+        except Exception as exc:  # the objects are the master pod's: deleting it later suffices
+            self.log.warning("Could not clean up job %s: %s", job.get("job_id"), exc)
 
     async def _apply_proposed(self, hook: ElasticJobHook, job: dict[str, Any]) -> None:
         """Apply the plan the job's optimizer proposed (applying twice is a no-op there)."""

@@ -66,7 +66,7 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ),
     ({"recovery": {"max_retries": 3}}, ["recovery", "max_retries", "not permitted"]),
     ({"recovery": "forever"}, ["recovery", "dict or RecoveryConfig"]),
-    ({"launcher": "yarn"}, ["launcher", "'yarn'", "accepted: ['local']"]),
+    ({"launcher": "yarn"}, ["launcher", "'yarn'", "accepted: ['local', 'kubernetes']"]),
     ({"model": "not a path"}, ["model", "'wide_deep'", "import path"]),
     ({"train_data": ""}, ["train_data", "non-empty path"]),
     ({"poll_interval": 0}, ["poll_interval", "> 0 seconds"]),

@@ -1,0 +1,427 @@
+"""Pure builders of every Kubernetes object a job uses (plain dicts, no network).
+
+Names are deterministic from the job id and node id, so creating an object twice is harmless
+(``409 AlreadyExists`` means done) and a relaunched master or a re-created trigger finds the
+objects of its job by name. Every object carries the job's labels; everything but the master pod
+has an owner reference to the master pod, so deleting the master pod garbage-collects the job.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from airflow_rover.core.layout import (
+    ENV_FLASH_DIR,
+    ENV_JOB_DIR,
+    ENV_MASTER_ADDR,
+    ENV_NODE_ID,
+    ENV_TOKEN_FILE,
+)
+from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.launchers.base import Role
+from airflow_rover.launchers.kubernetes.config import (
+    ENV_ADVERTISE_HOST,
+    ENV_BIND_HOST,
+    ENV_LAUNCHER,
+    ENV_MASTER_ADVERTISE,
+    ENV_MASTER_HOST,
+    ENV_MASTER_PORT,
+    ENV_NAMESPACE,
+    ENV_POD_NAME,
+    ENV_POD_UID,
+    ENV_PS_PORT,
+    KubernetesConfig,
+)
+
+APP = "airflow-rover"
+LABEL_JOB = "airflow-rover/job"
+LABEL_NODE = "airflow-rover/node"
+LABEL_INCARNATION = "airflow-rover/incarnation"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+ANNOTATION_JOB_ID = "airflow-rover/job-id"
+TOKEN_KEY = "token"
+TOKEN_DIR = "/var/run/secrets/airflow-rover"
+TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_KEY}"
+FLASH_DIR = "/var/run/airflow-rover/flash"
+MAX_SLUG = 44  # "rover-" + slug + "-worker-1023" stays within a 63-character DNS label
+_NODE_ID = re.compile(r"^(ps|worker)-(\d{1,4})$|^evaluator$")
+_ROLE_MODULE: dict[Role, str] = {
+    "ps": "airflow_rover.ps",
+    "worker": "airflow_rover.worker",
+    "evaluator": "airflow_rover.worker",
+}
+
+
+def job_slug(job_id: str) -> str:
+    """``job_id`` as a DNS label of at most ``MAX_SLUG`` characters; a hash keeps long or
+    rewritten ids unique."""
+    clean = re.sub(r"[^a-z0-9-]+", "-", job_id.lower()).strip("-")
+    if clean == job_id and len(clean) <= MAX_SLUG:
+        return clean
+    digest = hashlib.sha1(job_id.encode()).hexdigest()[:10]
+    return f"{clean[: MAX_SLUG - 11].rstrip('-') or 'job'}-{digest}"
+
+
+@dataclass(frozen=True)
+class JobNames:
+    """The names of one job's objects, all derived from its id."""
+
+    job_id: str
+    namespace: str
+
+    @property
+    def slug(self) -> str:
+        return job_slug(self.job_id)
+
+    @property
+    def prefix(self) -> str:
+        return f"rover-{self.slug}"
+
+    @property
+    def master_pod(self) -> str:
+        return f"{self.prefix}-master"
+
+    @property
+    def master_service(self) -> str:
+        return f"{self.prefix}-master"
+
+    @property
+    def ps_service(self) -> str:
+        return f"{self.prefix}-ps"
+
+    @property
+    def secret(self) -> str:
+        return f"{self.prefix}-token"
+
+    def node_pod(self, node_id: str) -> str:
+        check_node_id(node_id)
+        return f"{self.prefix}-{node_id}"
+
+    def master_address(self, port: int) -> str:
+        return f"http://{self.master_service}.{self.namespace}.svc:{port}"
+
+    def ps_host(self, node_id: str) -> str:
+        """The stable DNS name of a PS pod (its hostname under the headless PS Service)."""
+        return f"{self.node_pod(node_id)}.{self.ps_service}.{self.namespace}.svc"
+
+    def job_selector(self) -> str:
+        return f"{LABEL_JOB}={self.slug}"
+
+    def nodes_selector(self, incarnation: int | None = None) -> str:
+        """Label selector of the job's node pods (of one master incarnation if given)."""
+        selector = f"{self.job_selector()},{LABEL_NODE}"
+        return selector if incarnation is None else f"{selector},{LABEL_INCARNATION}={incarnation}"
+
+
+def check_node_id(node_id: str) -> str:
+    if not _NODE_ID.match(node_id):
+        raise ValueError(f"node id {node_id!r}: expected ps-<n>, worker-<n> or evaluator")
+    return node_id
+
+
+# -- quantities ------------------------------------------------------------------------------
+def cpu_quantity(cores: float) -> str:
+    """Cores as a Kubernetes quantity: whole cores as ``"2"``, others in millicores."""
+    milli = max(1, math.ceil(round(cores * 1000, 6)))
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def memory_quantity(mb: int) -> str:
+    return f"{int(mb)}Mi"
+
+
+def resources(cpu: float, memory_mb: int) -> dict[str, Any]:
+    """Requests equal to limits (Guaranteed QoS): a plan's size is what the node gets."""
+    amount = {"cpu": cpu_quantity(cpu), "memory": memory_quantity(memory_mb)}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def node_size(plan: ResourcePlan, role: Role) -> tuple[float, int]:
+    """(cores, MB) of a node of ``role`` under ``plan``; the evaluator is sized as a worker."""
+    if role == "ps":
+        return plan.ps_cpu, plan.ps_memory_mb
+    return plan.worker_cpu, plan.worker_memory_mb
+
+
+# -- shared pieces ---------------------------------------------------------------------------
+def labels(cfg: KubernetesConfig, names: JobNames, component: str) -> dict[str, str]:
+    return {
+        **cfg.labels,
+        "app.kubernetes.io/name": APP,
+        "app.kubernetes.io/managed-by": APP,
+        LABEL_COMPONENT: component,
+        LABEL_JOB: names.slug,
+    }
+
+
+def metadata(
+    cfg: KubernetesConfig, names: JobNames, name: str, component: str, **extra_labels: str
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": cfg.namespace,
+        "labels": {**labels(cfg, names, component), **extra_labels},
+        "annotations": {ANNOTATION_JOB_ID: names.job_id},
+    }
+
+
+def owner_reference(master_pod: str, uid: str) -> dict[str, Any]:
+    """Makes an object a dependent of the master pod: deleting that pod collects it."""
+    return {"apiVersion": "v1", "kind": "Pod", "name": master_pod, "uid": uid, "controller": True}
+
+
+def owned(obj: dict[str, Any], master_pod: str, uid: str) -> dict[str, Any]:
+    """A copy of ``obj`` owned by the master pod ``uid``."""
+    meta = {**obj["metadata"], "ownerReferences": [owner_reference(master_pod, uid)]}
+    return {**obj, "metadata": meta}
+
+
+def owner_uid(obj: dict[str, Any]) -> str | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("kind") == "Pod"), None)
+
+
+def _security_context() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+    }
+
+
+def _pod_spec(
+    cfg: KubernetesConfig,
+    names: JobNames,
+    container: dict[str, Any],
+    volumes: list[dict[str, Any]],
+    *,
+    service_account: str | None,
+    restart_policy: str = "Never",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "automountServiceAccountToken": service_account is not None,
+        "enableServiceLinks": False,
+        "securityContext": {
+            "runAsUser": cfg.run_as_user,
+            "runAsGroup": cfg.run_as_group,
+            "fsGroup": cfg.run_as_group,
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "job", "persistentVolumeClaim": {"claimName": cfg.job_volume_claim}},
+            {
+                "name": "token",
+                "secret": {
+                    "secretName": names.secret,
+                    "defaultMode": 0o440,
+                    "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}],
+                },
+            },
+            *volumes,
+            *cfg.volumes,
+        ],
+    }
+    if service_account is not None:
+        spec["serviceAccountName"] = service_account
+    if cfg.node_selector:
+        spec["nodeSelector"] = dict(cfg.node_selector)
+    if cfg.tolerations:
+        spec["tolerations"] = [t.manifest() for t in cfg.tolerations]
+    if cfg.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": s} for s in cfg.image_pull_secrets]
+    return spec
+
+
+def _mounts(cfg: KubernetesConfig, *extra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"name": "job", "mountPath": cfg.job_volume_mount_path},
+        {"name": "token", "mountPath": TOKEN_DIR, "readOnly": True},
+        *extra,
+        *cfg.volume_mounts,
+    ]
+
+
+def _env(cfg: KubernetesConfig, values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in {**cfg.env, **values}.items()]
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+# -- the master's objects (created from Airflow) ---------------------------------------------
+def master_pod(cfg: KubernetesConfig, names: JobNames, job_dir: PurePosixPath) -> dict[str, Any]:
+    """The job master's pod: its keeper relaunches the master process inside it; the master
+    creates and deletes the node pods with its service account."""
+    container = {
+        "name": "master",
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", "airflow_rover.master.keeper", "--job-dir", str(job_dir)],
+        "ports": [{"name": "api", "containerPort": cfg.master_port, "protocol": "TCP"}],
+        "env": [
+            *_env(
+                cfg,
+                {
+                    ENV_LAUNCHER: "kubernetes",
+                    ENV_MASTER_HOST: "0.0.0.0",
+                    ENV_MASTER_PORT: str(cfg.master_port),
+                    ENV_MASTER_ADVERTISE: names.master_address(cfg.master_port),
+                    ENV_TOKEN_FILE: TOKEN_PATH,
+                    "PYTHONUNBUFFERED": "1",
+                },
+            ),
+            _field_env(ENV_POD_NAME, "metadata.name"),
+            _field_env(ENV_POD_UID, "metadata.uid"),
+            _field_env(ENV_NAMESPACE, "metadata.namespace"),
+        ],
+        "resources": resources(cfg.master_cpu, cfg.master_memory_mb),
+        "readinessProbe": {"tcpSocket": {"port": "api"}, "periodSeconds": 5},
+        "volumeMounts": _mounts(cfg),
+        "securityContext": _security_context(),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata(cfg, names, names.master_pod, "master"),
+        "spec": _pod_spec(cfg, names, container, [], service_account=cfg.master_service_account),
+    }
+
+
+def token_secret(cfg: KubernetesConfig, names: JobNames, token: str) -> dict[str, Any]:
+    """The job's bearer token, mounted as a file by every pod (never an env value)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata(cfg, names, names.secret, "token"),
+        "type": "Opaque",
+        "immutable": True,
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def master_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
+    """The master's stable address (``JobNames.master_address``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(cfg, names, names.master_service, "master"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_JOB: names.slug, LABEL_COMPONENT: "master"},
+            "ports": [
+                {"name": "api", "port": cfg.master_port, "targetPort": "api", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def ps_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
+    """Headless Service giving each PS pod a stable DNS name; published before readiness so a
+    relaunched PS is resolvable as soon as it runs."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(cfg, names, names.ps_service, "ps"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: names.slug, LABEL_COMPONENT: "ps"},
+            "ports": [
+                {"name": "grpc", "port": cfg.ps_port, "targetPort": "grpc", "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def master_dependents(
+    cfg: KubernetesConfig, names: JobNames, token: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """The objects created beside the master pod, as (resource plural, object)."""
+    return [
+        ("secrets", token_secret(cfg, names, token)),
+        ("services", master_service(cfg, names)),
+        ("services", ps_service(cfg, names)),
+    ]
+
+
+# -- the node pods (created by the master) ---------------------------------------------------
+def node_pod(
+    cfg: KubernetesConfig,
+    names: JobNames,
+    node_id: str,
+    role: Role,
+    job_dir: PurePosixPath,
+    size: tuple[float, int],
+    master_uid: str,
+    incarnation: int,
+) -> dict[str, Any]:
+    """A PS, worker or evaluator pod: no service account token, the job token as a file, the
+    size from the plan (resizable in place)."""
+    cpu, memory_mb = size
+    name = names.node_pod(node_id)
+    env = {
+        ENV_JOB_DIR: str(job_dir),
+        ENV_NODE_ID: node_id,
+        ENV_MASTER_ADDR: names.master_address(cfg.master_port),
+        ENV_TOKEN_FILE: TOKEN_PATH,
+        "OMP_NUM_THREADS": str(max(1, math.ceil(cpu))),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+    extra_mounts: list[dict[str, Any]] = []
+    extra_volumes: list[dict[str, Any]] = []
+    container: dict[str, Any] = {
+        "name": role,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", _ROLE_MODULE[role], "--role", role],
+        "resources": resources(cpu, memory_mb),
+        "resizePolicy": [
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "NotRequired"},
+        ],
+        "securityContext": _security_context(),
+    }
+    if role == "ps":
+        env.update(
+            {
+                ENV_BIND_HOST: "0.0.0.0",
+                ENV_ADVERTISE_HOST: names.ps_host(node_id),
+                ENV_PS_PORT: str(cfg.ps_port),
+                ENV_FLASH_DIR: FLASH_DIR,
+            }
+        )
+        container["ports"] = [{"name": "grpc", "containerPort": cfg.ps_port, "protocol": "TCP"}]
+        # Flash checkpoints live in memory; the slot counts against the pod's memory limit.
+        extra_volumes.append(
+            {"name": "flash", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory_mb}Mi"}}
+        )
+        extra_mounts.append({"name": "flash", "mountPath": FLASH_DIR})
+    container["env"] = _env(cfg, env)
+    container["volumeMounts"] = _mounts(cfg, *extra_mounts)
+    spec = _pod_spec(cfg, names, container, extra_volumes, service_account=None)
+    spec["terminationGracePeriodSeconds"] = 10
+    if role == "ps":
+        spec["hostname"] = name
+        spec["subdomain"] = names.ps_service
+    meta = metadata(
+        cfg, names, name, role, **{LABEL_NODE: node_id, LABEL_INCARNATION: str(incarnation)}
+    )
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return owned(pod, names.master_pod, master_uid)
+
+
+def resize_patch(role: Role, size: tuple[float, int]) -> dict[str, Any]:
+    """Strategic-merge patch of the ``resize`` subresource: the container's new size."""
+    cpu, memory_mb = size
+    return {"spec": {"containers": [{"name": role, "resources": resources(cpu, memory_mb)}]}}

@@ -1,0 +1,58 @@
+"""What a node pod's status says about its process (pure, no network)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# A pod stuck in one of these never starts by itself: report it as a failed start, so the
+# master's restart budget and failure message take over instead of waiting forever.
+FATAL_WAITING = frozenset(
+    {
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+EXIT_FAILED_START = 1
+EXIT_KILLED = 137  # a pod failed by the node without a container exit (eviction)
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return statuses[0] if statuses else {}
+
+
+def exit_code(pod: dict[str, Any]) -> int | None:
+    """The node process's exit code, or None while it runs (or may still start)."""
+    status = pod.get("status") or {}
+    state = _container(pod).get("state") or {}
+    terminated = state.get("terminated")
+    if terminated is not None:
+        return int(terminated.get("exitCode", EXIT_KILLED))
+    phase = status.get("phase")
+    if phase == "Succeeded":
+        return 0
+    if phase == "Failed":
+        return EXIT_KILLED
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in FATAL_WAITING:
+        return EXIT_FAILED_START
+    return None
+
+
+def failure_note(pod: dict[str, Any] | None, code: int) -> str:
+    """One line saying why a node pod ended, for the node's log in the job directory."""
+    if pod is None:
+        return f"pod gone (exit code {code}): deleted or evicted, not by the master"
+    status = pod.get("status") or {}
+    state = _container(pod).get("state") or {}
+    detail = state.get("terminated") or state.get("waiting") or {}
+    parts = [f"pod {pod['metadata']['name']}", f"phase {status.get('phase', '?')}"]
+    reason = detail.get("reason") or status.get("reason")
+    if reason:
+        parts.append(f"reason {reason}")
+    parts.append(f"exit code {code}")
+    message = detail.get("message") or status.get("message")
+    return ", ".join(parts) + (f": {message}" if message else "")

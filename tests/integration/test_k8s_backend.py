@@ -1,0 +1,467 @@
+"""The Kubernetes backend against an API server stand-in on loopback (kmock's emulator, see
+``tests/fixtures/k8s_emulator.py``): a job's launch, a scale-up, a scale-down, a hot-PS
+replacement (in place, and by replacing the pod where the cluster cannot resize) and the cleanup
+make exactly the expected create / patch / delete calls, and a re-created trigger creates
+nothing twice. The Airflow side goes through the cncf-kubernetes hooks and a kubeconfig
+connection; the master side through the kubernetes client, as in its pod."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+from typing import Any, cast
+
+import kubernetes_validate
+import pytest
+import uvicorn
+from airflow.triggers.base import TriggerEvent
+from kubernetes import client
+
+from airflow_rover.core.layout import atomic_write_json
+from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.launchers.kubernetes import manifests as m
+from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
+from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
+from airflow_rover.master.app import create_app
+from airflow_rover.master.protocol import NodeReady
+from airflow_rover.master.service import JobMaster
+from airflow_rover.triggers.elastic_job import ElasticJobTrigger
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from k8s_emulator import ApiServerStandIn, kubeconfig, serve
+
+NS = "ml"
+CONN_ID = "rover_standin"
+JOB = KubernetesJob(
+    config=KubernetesConfig(
+        image="airflow-rover:test", job_volume_claim="rover-jobs", namespace=NS
+    ),
+    kubernetes_conn_id=CONN_ID,
+)
+SPEC = JobSpec(
+    job_id="daily.train-0123456789",
+    train_data="/rover/data/train",
+    plan=ResourcePlan(num_ps=2, num_workers=2, ps_cpu=2, ps_memory_mb=4096, worker_cpu=1),
+)
+NAMES = m.JobNames(SPEC.job_id, NS)
+POD = NAMES.node_pod
+
+
+@pytest.fixture
+def cluster(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[ApiServerStandIn, client.CoreV1Api]]:
+    """The stand-in, a ``kubernetes_conn_id`` connection to it, and a plain client (what the
+    master uses in its pod)."""
+    with serve(resize_supported=getattr(request, "param", True)) as (api, url):
+        extra = {"kube_config": kubeconfig(url, NS)}
+        monkeypatch.setenv(
+            f"AIRFLOW_CONN_{CONN_ID.upper()}",
+            json.dumps({"conn_type": "kubernetes", "extra": extra}),
+        )
+        config = client.Configuration()
+        config.host = url
+        with client.ApiClient(config) as api_client:
+            yield api, client.CoreV1Api(api_client)
+
+
+def launched(tmp_path: Path, v1: client.CoreV1Api) -> tuple[ElasticJobHook, str]:
+    """A job launched from Airflow whose master pod runs; returns its hook and the pod's uid."""
+    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook.launch(SPEC)
+    set_status(v1, NAMES.master_pod, {"phase": "Running"})
+    uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid
+    return hook, str(uid)
+
+
+def set_status(v1: client.CoreV1Api, pod: str, status: dict[str, Any]) -> None:
+    """What the kubelet would report (the stand-in runs nothing)."""
+    v1.patch_namespaced_pod_status(pod, NS, {"status": status}, _preload_content=False)
+
+
+def container_status(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": "node",
+        "image": "airflow-rover:test",
+        "imageID": "",
+        "ready": "running" in state,
+        "restartCount": 0,
+        "state": state,
+    }
+
+
+def running(v1: client.CoreV1Api, *pods: str) -> None:
+    for pod in pods:
+        status = {"phase": "Running", "containerStatuses": [container_status({"running": {}})]}
+        set_status(v1, pod, status)
+
+
+def node_launcher(
+    v1: client.CoreV1Api, hook: ElasticJobHook, uid: str, incarnation: int = 0
+) -> KubernetesNodeLauncher:
+    return KubernetesNodeLauncher(
+        v1, JOB.config, NAMES, hook.layout, uid, incarnation, poll_s=0.0, wait_s=5.0
+    )
+
+
+def stored(v1: client.CoreV1Api, pod: str) -> dict[str, Any]:
+    raw = v1.read_namespaced_pod(pod, NS, _preload_content=False).data
+    data: dict[str, Any] = json.loads(raw)
+    return data
+
+
+def requests_of(v1: client.CoreV1Api, pod: str) -> dict[str, str]:
+    return stored(v1, pod)["spec"]["containers"][0]["resources"]["requests"]
+
+
+@pytest.mark.parametrize(
+    "cluster", [True, False], ids=["in-place-resize", "no-in-place-resize"], indirect=True
+)
+def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path
+) -> None:
+    api, v1 = cluster
+    # Launch (the operator, through the provider's KubernetesHook).
+    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook.launch(SPEC)
+    assert api.calls() == [
+        f"create pods/{NAMES.master_pod}",
+        f"create secrets/{NAMES.secret}",
+        f"create services/{NAMES.master_service}",
+        f"create services/{NAMES.ps_service}",
+    ]
+    for request in list(api):
+        kubernetes_validate.validate(request.data, "1.33", strict=True)
+    assert KubernetesJob.read(hook.layout) == JOB and hook.layout.read_spec() == SPEC
+    set_status(v1, NAMES.master_pod, {"phase": "Running"})
+    uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
+
+    # The master starts its PS, then its workers.
+    nodes = node_launcher(v1, hook, uid)
+    mark = api.count()
+    for node_id, role in [
+        ("ps-0", "ps"),
+        ("ps-1", "ps"),
+        ("worker-0", "worker"),
+        ("worker-1", "worker"),
+    ]:
+        nodes.start(node_id, role)  # type: ignore[arg-type]
+    assert api.calls(mark) == [
+        f"create pods/{POD(n)}" for n in ("ps-0", "ps-1", "worker-0", "worker-1")
+    ]
+    assert requests_of(v1, POD("ps-1")) == {"cpu": "2", "memory": "4096Mi"}
+    assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "2048Mi"}
+    assert all(m.owner_uid(stored(v1, POD(n))) == uid for n in ("ps-0", "worker-1"))
+    running(v1, *(POD(n) for n in ("ps-0", "ps-1", "worker-0", "worker-1")))
+    mark = api.count()
+    assert set(nodes.exit_codes().values()) == {None}
+    assert api.calls(mark) == ["list pods"]
+
+    # Scale-up: a plan with 3 workers.
+    mark = api.count()
+    nodes.start("worker-2", "worker")
+    assert api.calls(mark) == [f"create pods/{POD('worker-2')}"]
+    running(v1, POD("worker-2"))
+
+    # Scale-down back to 2 workers: the pod is deleted and gone before the master goes on.
+    mark = api.count()
+    nodes.stop("worker-2")
+    assert api.calls(mark) == [f"delete pods/{POD('worker-2')}", f"fetch pods/{POD('worker-2')}"]
+    assert nodes.exit_codes()["worker-2"] == -15
+
+    # Hot PS: ps-1 gets 4 cores and 8 GB.
+    mark = api.count()
+    outcome = nodes.resize("ps-1", "ps", 4.0, 8192)
+    if api.resize_supported:
+        assert outcome == "in-place"
+        assert api.calls(mark) == [f"update pods/{POD('ps-1')}/resize"]
+        assert requests_of(v1, POD("ps-1")) == {"cpu": "4", "memory": "8192Mi"}
+        assert nodes.exit_codes()["ps-1"] is None  # the process kept running
+    else:  # replaced: reported exited, so the master recovers it, then started bigger
+        assert outcome == "replace"
+        assert api.calls(mark) == [
+            f"update pods/{POD('ps-1')}/resize",
+            f"delete pods/{POD('ps-1')}",
+            f"fetch pods/{POD('ps-1')}",
+        ]
+        assert nodes.exit_codes()["ps-1"] == -15
+        assert "deleted to resize it" in hook.layout.log_file("ps-1").read_text()
+        mark = api.count()
+        nodes.start("ps-1", "ps")
+        assert api.calls(mark) == [f"create pods/{POD('ps-1')}"]
+        assert requests_of(v1, POD("ps-1")) == {"cpu": "4", "memory": "8192Mi"}
+
+    # The job ends: the master deletes its nodes, then the trigger deletes the master's objects.
+    mark = api.count()
+    nodes.stop_all()
+    remaining = ("ps-0", "ps-1", "worker-0", "worker-1")
+    assert api.calls(mark) == [
+        "list pods",
+        *(f"delete pods/{POD(n)}" for n in remaining),
+        *(f"fetch pods/{POD(n)}" for n in remaining),
+    ]
+    atomic_write_json(hook.layout.state_file, {"job_id": SPEC.job_id, "state": "succeeded"})
+    mark = api.count()
+    event = asyncio.run(first_event(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=True)))
+    assert event is not None and event["status"] == "success"
+    assert api.calls(mark) == [
+        *ensure_reads(),
+        f"fetch pods/{NAMES.master_pod}",  # alive? (the master did not answer)
+        f"fetch pods/{NAMES.master_pod}/log",
+        f"delete pods/{NAMES.master_pod}",
+        f"delete secrets/{NAMES.secret}",
+        f"delete services/{NAMES.master_service}",
+        f"delete services/{NAMES.ps_service}",
+    ]
+    assert f"last lines of {NAMES.master_pod}" in hook.layout.log_file("master").read_text()
+    assert v1.list_namespaced_pod(NS).items == []
+
+
+def ensure_reads() -> list[str]:
+    return [
+        f"fetch pods/{NAMES.master_pod}",
+        f"fetch secrets/{NAMES.secret}",
+        f"fetch services/{NAMES.master_service}",
+        f"fetch services/{NAMES.ps_service}",
+    ]
+
+
+async def first_event(trigger: ElasticJobTrigger, within_s: float = 1.0) -> dict[str, Any] | None:
+    """The trigger's first event, or None if it is still polling after ``within_s`` (then it
+    is stopped, as a triggerer restart stops it)."""
+    events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+    try:
+        event = await asyncio.wait_for(anext(events), within_s)
+        payload: dict[str, Any] = event.payload
+        return payload
+    except TimeoutError:
+        return None
+    finally:
+        await events.aclose()
+
+
+def test_a_recreated_trigger_creates_nothing_twice(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """The trigger is re-created from ``serialize()`` (a triggerer restart) while the job runs:
+    it only reads; a Service deleted behind its back is the one thing it recreates."""
+    api, v1 = cluster
+    hook, _ = launched(tmp_path, v1)
+    trigger = ElasticJobTrigger(str(hook.layout.root), poll_interval=30, stop_on_kill=True)
+    for _ in range(3):
+        mark = api.count()
+        path, kwargs = trigger.serialize()
+        assert path == "airflow_rover.triggers.elastic_job.ElasticJobTrigger"
+        trigger = ElasticJobTrigger(**kwargs)
+        assert asyncio.run(first_event(trigger, 0.5)) is None  # still running: no event
+        assert api.calls(mark) == [*ensure_reads(), f"fetch pods/{NAMES.master_pod}"]
+    v1.delete_namespaced_service(NAMES.ps_service, NS)
+    mark = api.count()
+    assert asyncio.run(first_event(ElasticJobTrigger(**kwargs), 0.5)) is None
+    created = [c for c in api.calls(mark) if not c.startswith("fetch")]
+    assert created == [f"create services/{NAMES.ps_service}"]
+    assert m.owner_uid(
+        json.loads(v1.read_namespaced_service(NAMES.ps_service, NS, _preload_content=False).data)
+    )
+
+
+def test_killing_the_task_removes_the_job(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """``on_kill`` (operator, sync) and the trigger's ``on_kill`` (async) delete the master pod
+    and what it owns; the master's log stays in the job directory."""
+    api, v1 = cluster
+    hook, _ = launched(tmp_path, v1)
+    mark = api.count()
+    hook.stop("the Airflow task was killed")
+    cleanup = [
+        f"fetch pods/{NAMES.master_pod}/log",
+        f"delete pods/{NAMES.master_pod}",
+        f"delete secrets/{NAMES.secret}",
+        f"delete services/{NAMES.master_service}",
+        f"delete services/{NAMES.ps_service}",
+    ]
+    assert api.calls(mark) == cleanup
+    assert v1.list_namespaced_pod(NS).items == [] and v1.list_namespaced_secret(NS).items == []
+    hook, _ = launched(tmp_path / "again", v1)
+    mark = api.count()
+    asyncio.run(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=True).on_kill())
+    assert api.calls(mark) == cleanup  # the master never announced itself: nothing to ask
+
+
+def test_a_retry_relaunches_in_the_same_directory(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """A failed try's objects are removed (and gone) before the new master pod is created."""
+    api, v1 = cluster
+    hook, old_uid = launched(tmp_path, v1)
+    set_status(v1, NAMES.master_pod, {"phase": "Failed"})
+    mark = api.count()
+    hook.launch(SPEC)
+    assert api.calls(mark) == [
+        f"fetch pods/{NAMES.master_pod}/log",
+        f"delete pods/{NAMES.master_pod}",
+        f"delete secrets/{NAMES.secret}",
+        f"delete services/{NAMES.master_service}",
+        f"delete services/{NAMES.ps_service}",
+        f"fetch pods/{NAMES.master_pod}",  # gone?
+        f"create pods/{NAMES.master_pod}",
+        f"create secrets/{NAMES.secret}",
+        f"create services/{NAMES.master_service}",
+        f"create services/{NAMES.ps_service}",
+    ]
+    new_uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid
+    assert new_uid != old_uid
+    secret = v1.read_namespaced_secret(NAMES.secret, NS)
+    assert secret.metadata.owner_references[0].uid == new_uid
+
+
+def test_nodes_die_restart_and_survive_a_master_relaunch(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path
+) -> None:
+    """A dead node's exit code and log reach the master; starting it again replaces its pod;
+    starting a running node twice is a no-op; a relaunched master replaces the nodes of the
+    master before it (they would die with it locally)."""
+    api, v1 = cluster
+    hook, uid = launched(tmp_path, v1)
+    nodes = node_launcher(v1, hook, uid)
+    nodes.start("ps-0", "ps")
+    nodes.start("worker-0", "worker")
+    running(v1, POD("ps-0"), POD("worker-0"))
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    set_status(
+        v1, POD("worker-0"), {"phase": "Failed", "containerStatuses": [container_status(oom)]}
+    )
+    assert nodes.exit_codes() == {"ps-0": None, "worker-0": 137}
+    saved = hook.layout.log_file("worker-0").read_text()
+    assert f"last lines of {POD('worker-0')}" in saved and "reason OOMKilled" in saved
+
+    mark = api.count()
+    nodes.start("worker-0", "worker")  # the master relaunches it
+    assert api.calls(mark) == [
+        f"create pods/{POD('worker-0')}",  # 409: the dead pod is still there
+        f"fetch pods/{POD('worker-0')}",
+        f"delete pods/{POD('worker-0')}",
+        f"fetch pods/{POD('worker-0')}",
+        f"create pods/{POD('worker-0')}",
+    ]
+    running(v1, POD("worker-0"))
+    mark = api.count()
+    nodes.start("ps-0", "ps")  # already running: nothing changes
+    assert api.calls(mark) == [f"create pods/{POD('ps-0')}", f"fetch pods/{POD('ps-0')}"]
+    assert nodes.exit_codes() == {"ps-0": None, "worker-0": None}
+
+    relaunched = node_launcher(v1, hook, uid, incarnation=1)
+    mark = api.count()
+    relaunched.start("ps-0", "ps")
+    assert api.calls(mark) == [
+        f"create pods/{POD('ps-0')}",
+        f"fetch pods/{POD('ps-0')}",
+        f"delete pods/{POD('ps-0')}",
+        f"fetch pods/{POD('ps-0')}",
+        f"create pods/{POD('ps-0')}",
+    ]
+    assert stored(v1, POD("ps-0"))["metadata"]["labels"][m.LABEL_INCARNATION] == "1"
+    assert PurePosixPath(
+        {
+            e["name"]: e.get("value")
+            for e in stored(v1, POD("ps-0"))["spec"]["containers"][0]["env"]
+        }["ROVER_JOB_DIR"]
+    ) == PurePosixPath(hook.layout.root)
+
+
+# -- plans go trigger -> master -> pods ------------------------------------------------------
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
+    root = tmp_path_factory.mktemp("data")
+    return generate_dataset(root, SyntheticConfig(num_train=2000, num_eval=200, seed=0))
+
+
+@contextmanager
+def master_api(master: JobMaster, token: str) -> Iterator[str]:
+    """The master's real HTTP API on loopback (as in its pod, behind its Service)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(create_app(master, token), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def propose(master: JobMaster, **changes: object) -> None:
+    """A proposal in the autoscaler's list, as its optimizer would put it."""
+    current = master.spec.plan
+    master.autoscaler.plans.append(
+        {
+            "id": len(master.autoscaler.plans) + 1,
+            "at": time.time(),
+            "plan": current.model_copy(update=changes).model_dump(),
+            "previous": current.model_dump(),
+            "rule": "idle_ps",
+            "reason": "test",
+            "state": "proposed",
+        }
+    )
+
+
+def test_plans_the_trigger_applies_create_and_delete_worker_pods(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """The training trigger applies the master's proposals through the master's API; the
+    master's Kubernetes launcher turns them into pod creates and deletes, nothing more."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=1, num_workers=2),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+        }
+    )
+    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook.launch(spec)
+    set_status(v1, NAMES.master_pod, {"phase": "Running"})
+    uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
+    token = hook.layout.read_token()
+    master = JobMaster(hook.layout, spec, node_launcher(v1, hook, uid), token)
+    mark = api.count()
+    master.step()  # starts the PS
+    master.node_ready("ps-0", NodeReady(address=f"{NAMES.ps_host('ps-0')}:50051"))
+    master.step()  # the PS is ready: starts the workers
+    assert master.state == "running"
+    assert [c for c in api.calls(mark) if c.startswith("create")] == [
+        f"create pods/{POD(n)}" for n in ("ps-0", "worker-0", "worker-1")
+    ]
+    running(v1, POD("ps-0"), POD("worker-0"), POD("worker-1"))
+    trigger = ElasticJobTrigger(str(hook.layout.root), poll_interval=30, stop_on_kill=True)
+    with master_api(master, token) as address:
+        atomic_write_json(hook.layout.master_file, {"address": address, "pod": NAMES.master_pod})
+        for workers, expected in [
+            (3, [f"create pods/{POD('worker-2')}"]),
+            (1, [f"delete pods/{POD(n)}" for n in ("worker-1", "worker-2")]),
+        ]:
+            propose(master, num_workers=workers)
+            mark = api.count()
+            assert asyncio.run(first_event(trigger, 0.5)) is None  # applied, still running
+            assert [c for c in api.calls(mark) if not c.startswith("fetch")] == expected
+            assert master.autoscaler.plans[-1]["state"] == "applied"
+            assert hook.layout.read_spec().plan.num_workers == workers
+            running(v1, *(POD(f"worker-{i}") for i in range(workers)))
+        master.request_stop("test over")
+        master.shutdown_nodes()
+    assert v1.list_namespaced_pod(NS, label_selector=NAMES.nodes_selector()).items == []
