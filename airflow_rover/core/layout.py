@@ -28,6 +28,11 @@ ENV_NODE_ID = "ROVER_NODE_ID"
 ENV_MASTER_ADDR = "ROVER_MASTER_ADDR"
 ENV_TOKEN_FILE = "ROVER_TOKEN_FILE"
 ENV_FLASH_DIR = "ROVER_FLASH_DIR"
+# Where a PS listens and what address it announces (pods: all interfaces, a stable DNS name and
+# port; local processes: loopback and a free port).
+ENV_BIND_HOST = "ROVER_BIND_HOST"
+ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
+ENV_PS_PORT = "ROVER_PS_PORT"
 CHECKPOINT_PREFIX = "ckpt-"
 
 

@@ -52,6 +52,7 @@ class NodeInfo:
         self.last_seen = time.time()
         self.exit_code: int | None = None
         self.stopping = False  # the master stopped it: its exit is not a failure
+        self.replacing = False  # deleted to come back at a new size: relaunched, not a failure
         self.restarts = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -427,9 +428,13 @@ class JobMaster:
                 continue
             node.state = NodeState.FAILED
             cause = f"{node_id} exited with code {code}"
-            released = self._worker_lost(node, code) if node.role == "worker" else []
-            # a worker that lost its PS is not at fault: its restart does not count
-            counted = not (node.role == "worker" and code == protocol.EXIT_PS_LOST)
+            replaced, node.replacing = node.replacing, False
+            if replaced:
+                cause = f"{node_id} replaced to resize it"
+            released = self._worker_lost(node, code, replaced) if node.role == "worker" else []
+            # a worker that lost its PS is not at fault, nor a node replaced to resize it:
+            # their restarts do not count
+            counted = not replaced and not (node.role == "worker" and code == protocol.EXIT_PS_LOST)
             if counted and self.restarts >= self.spec.recovery.max_node_restarts:
                 tail = _tail(self.layout.log_file(node_id))
                 self._finish(
@@ -440,7 +445,7 @@ class JobMaster:
                 )
                 return
             if node.role == "ps":
-                self._ps_lost(node, cause)
+                self._ps_lost(node, cause, counted)
             elif (node.role, self.state) in (
                 ("evaluator", JobState.EVALUATING),
                 ("worker", JobState.RUNNING),
@@ -448,10 +453,10 @@ class JobMaster:
                 self._restart(node, cause, counted)
             # a worker lost during PS recovery is started with the others when the PS is back
 
-    def _worker_lost(self, node: NodeInfo, code: int) -> list[Shard]:
+    def _worker_lost(self, node: NodeInfo, code: int, replaced: bool = False) -> list[Shard]:
         """Requeue a dead worker's shards from their first batch some PS has not applied; a
         death that was not the PS's fault counts against the shards (poison quarantine)."""
-        failed = code != protocol.EXIT_PS_LOST
+        failed = code != protocol.EXIT_PS_LOST and not replaced
         before = set(self.queue.quarantined)
         released = self.queue.release_worker(node.node_id, failed=failed)
         for shard in self.queue.quarantined_shards():
@@ -470,7 +475,7 @@ class JobMaster:
             self._reconcile_pending = True
         return released
 
-    def _ps_lost(self, node: NodeInfo, cause: str) -> None:
+    def _ps_lost(self, node: NodeInfo, cause: str, counted: bool = True) -> None:
         """Stop the workers, relaunch the PS (it restores its partition from the last
         checkpoint), and once it is up rebuild the queue from every PS's ledger."""
         self.state = JobState.RECOVERING
@@ -484,7 +489,7 @@ class JobMaster:
                 self.queue.release_worker(other.node_id)
         self._reconcile_pending = True
         node.address = None
-        self._restart(node, cause)
+        self._restart(node, cause, counted)
         self.mirror_state(force=True)
 
     def _restart(self, node: NodeInfo, cause: str, counted: bool = True) -> None:
@@ -603,11 +608,14 @@ class JobMaster:
                 return record
             counts = {"num_workers": current.num_workers, "num_ps": current.num_ps}
             if plan.model_copy(update=counts) != current:
+                why = self._resize_nodes(plan)
                 record.update(
-                    state="declined",
-                    note="node sizes are fixed on the local launcher (every node shares this "
-                    "machine); worker and PS counts change",
+                    state="declined" if why.startswith("declined") else "applied", note=why
                 )
+                if record["state"] == "applied":
+                    record["applied_at"] = time.time()
+                    self.autoscaler.applied(time.time())
+                    self.mirror_state(force=True)
                 return record
             if plan.num_ps != current.num_ps:
                 if self.resize is not None:
@@ -621,6 +629,31 @@ class JobMaster:
             log.info("applied plan %d: %s", plan_id, plan.model_dump())
             self.mirror_state(force=True)
             return record
+
+    def _resize_nodes(self, plan: ResourcePlan) -> str:
+        """New node sizes (a hot PS's bigger node, bigger workers): each running node of the
+        role is resized in place where the launcher and cluster can, else replaced (its exit
+        is then a relaunch at the new size, not a failure). Returns the plan's note."""
+        current = self.spec.plan
+        resize = getattr(self.launcher, "resize", None)
+        if resize is None:
+            return (
+                "declined: node sizes are fixed on this launcher (local nodes share one "
+                "machine); worker and PS counts change"
+            )
+        if (plan.num_ps, plan.num_workers) != (current.num_ps, current.num_workers):
+            return "declined: change node sizes and node counts in separate plans"
+        sizes, before = _node_sizes(plan), _node_sizes(current)
+        changed = {role for role in sizes if sizes[role] != before[role]}
+        done: dict[str, list[str]] = {"in-place": [], "replace": []}
+        for node in list(self.nodes.values()):
+            if node.role in changed and node.exit_code is None and not node.stopping:
+                how = resize(node.node_id, node.role, *sizes[node.role])
+                node.replacing = how == "replace"
+                done[how].append(node.node_id)
+        self.spec = self.spec.model_copy(update={"plan": plan})
+        self.layout.write_spec(self.spec)
+        return f"resized in place: {done['in-place']}; replaced (relaunched): {done['replace']}"
 
     def _set_workers(self, plan: ResourcePlan) -> None:
         """Start or stop workers to ``plan.num_workers`` and make ``plan`` the job's plan. A
@@ -808,6 +841,15 @@ class JobMaster:
                 if node.state in (NodeState.STARTING, NodeState.RUNNING):
                     node.state = NodeState.STOPPED
             self.mirror_state(force=True)
+
+
+def _node_sizes(plan: ResourcePlan) -> dict[str, tuple[float, int]]:
+    """(cores, MB) of each node role under ``plan``."""
+    return {
+        "ps": (plan.ps_cpu, plan.ps_memory_mb),
+        "worker": (plan.worker_cpu, plan.worker_memory_mb),
+        "evaluator": (plan.worker_cpu, plan.worker_memory_mb),
+    }
 
 
 def _tail(path: Any, lines: int = 15) -> str:

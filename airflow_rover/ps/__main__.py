@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -13,7 +14,13 @@ import numpy as np
 
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import JobLayout, NodeContext
+from airflow_rover.core.layout import (
+    ENV_ADVERTISE_HOST,
+    ENV_BIND_HOST,
+    ENV_PS_PORT,
+    JobLayout,
+    NodeContext,
+)
 from airflow_rover.master.client import MasterClient
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.optimizers import Optimizer
@@ -109,12 +116,14 @@ def main(argv: list[str] | None = None) -> None:
         ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
         for orphan in orphan_slots(ctx.layout.flash_dir, index):
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
-    server, port = start_server(ps, ctx.token)
+    host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
+    server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     master = MasterClient(ctx.master_addr, ctx.token)
-    master.ready(ctx.node_id, f"127.0.0.1:{port}")
+    advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")
+    master.ready(ctx.node_id, f"{advertised}:{port}")
     log.info("%s serving on port %d", ctx.node_id, port)
     stop.wait()
     server.stop(grace=2).wait()

@@ -391,15 +391,16 @@ def _unary(handler: Handler, token: str) -> grpc.RpcMethodHandler:
 
 
 def start_server(
-    ps: ParameterServer, token: str, host: str = "127.0.0.1", threads: int = 8
+    ps: ParameterServer, token: str, host: str = "127.0.0.1", threads: int = 8, port: int = 0
 ) -> tuple[grpc.Server, int]:
-    """Start serving ``ps``; returns the server and the port it bound (0 picks a free one)."""
+    """Start serving ``ps`` on ``host:port``; returns the server and the port it bound (0 picks a
+    free one)."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads), options=rpc.CHANNEL_OPTIONS
     )
     ps.token = token
     handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
-    port = server.add_insecure_port(f"{host}:0")
+    port = server.add_insecure_port(f"{host}:{port}")
     server.start()
     return server, port

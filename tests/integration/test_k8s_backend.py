@@ -462,6 +462,17 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
             assert master.autoscaler.plans[-1]["state"] == "applied"
             assert hook.layout.read_spec().plan.num_workers == workers
             running(v1, *(POD(f"worker-{i}") for i in range(workers)))
+        # A hot PS: the plan doubles the PS cores; the master resizes the PS pod in place.
+        propose(master, ps_cpu=2 * spec.plan.ps_cpu)
+        mark = api.count()
+        assert asyncio.run(first_event(trigger, 0.5)) is None
+        assert [c for c in api.calls(mark) if not c.startswith("fetch")] == [
+            f"update pods/{POD('ps-0')}/resize"
+        ]
+        assert master.autoscaler.plans[-1]["state"] == "applied"
+        assert "in place: ['ps-0']" in master.autoscaler.plans[-1]["note"]
+        assert hook.layout.read_spec().plan.ps_cpu == 2 * spec.plan.ps_cpu
+        assert master.restarts == 0
         master.request_stop("test over")
         master.shutdown_nodes()
     assert v1.list_namespaced_pod(NS, label_selector=NAMES.nodes_selector()).items == []

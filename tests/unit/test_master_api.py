@@ -156,7 +156,7 @@ def _drain(
     while True:
         reply = job.lease(workers[turn % len(workers)])
         if reply["status"] != "ok":
-            assert reply == {"status": "done", "shard": None}
+            assert reply == {"status": "done", "shard": None, "layout_version": 0}
             return shards
         shard = reply["shard"]
         if train is not None:
@@ -176,6 +176,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/shards/0/done", {"node_id": "worker-0"}),
     ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
     ("GET", "/plans", None),
+    ("POST", "/plans", {"num_workers": 9}),
     ("POST", "/plans/1/apply", None),
     ("POST", "/stop", {"reason": "intruder"}),
 ]
@@ -305,7 +306,11 @@ def test_status_shape_through_start_up(make_job) -> None:
     assert job.launcher.started == [("ps-0", "ps")]
 
     assert job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:5555"}) == {"ok": True}
-    assert job.get("/cluster") == {"job_id": "unit-job.1", "ps": ["127.0.0.1:5555"]}
+    assert job.get("/cluster") == {
+        "job_id": "unit-job.1",
+        "ps": ["127.0.0.1:5555"],
+        "layout_version": 0,
+    }
     job.master.step()
     assert job.launcher.started == [("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")]
     status = job.status()
@@ -322,7 +327,11 @@ def test_lease_while_pending_says_wait(make_job) -> None:
     job.master.step()
     reply = job.api.post(P + "/shards/lease", json={"node_id": "worker-0"}, headers=AUTH)
     assert reply.status_code == 404
-    assert job.post("/shards/lease", {"node_id": "ps-0"}) == {"status": "wait", "shard": None}
+    assert job.post("/shards/lease", {"node_id": "ps-0"}) == {
+        "status": "wait",
+        "shard": None,
+        "layout_version": 0,
+    }
 
 
 # -- shard dispatch ----------------------------------------------------------------------------
@@ -361,7 +370,7 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
         "fraction": 1.0,
         "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS, "quarantined": 0},
     }
-    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
 
 
 def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
@@ -372,9 +381,9 @@ def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
         shard = job.lease("worker-0")["shard"]
         assert job.done("worker-0", shard["shard_id"])
     last = job.lease("worker-0")["shard"]
-    assert job.lease("worker-1") == {"status": "wait", "shard": None}
+    assert job.lease("worker-1") == {"status": "wait", "shard": None, "layout_version": 0}
     assert job.done("worker-0", last["shard_id"])
-    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
 
 
 def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
@@ -528,7 +537,7 @@ def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> 
     # Survivors are told to stop and get no more work; the outcome is final.
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-1/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
     assert job.post("/stop", {"reason": "late"}) == {"state": "failed"}
     job.master.step()
     assert job.status()["message"] == status["message"]
@@ -616,7 +625,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
         "quarantined": 0,
     }
     assert status["recovery"]["restarts"] == 1
-    assert job.lease("worker-1") == {"status": "wait", "shard": None}
+    assert job.lease("worker-1") == {"status": "wait", "shard": None, "layout_version": 0}
     assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409  # no PS address yet
 
     job.launcher.exit("worker-0", -15)  # the stop the master asked for: not a failure
@@ -663,7 +672,7 @@ def test_stop_request(make_job) -> None:
     assert status["finished_at"] is not None
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-0/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
     # Later stops and ticks change nothing; a default reason is accepted.
     assert job.post("/stop") == {"state": "stopped"}
     job.master.step()
@@ -711,7 +720,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         if with_eval:
             assert status["state"] == "evaluating"
             assert job.launcher.started[-1] == ("evaluator", "evaluator")
-            assert job.lease("worker-0") == {"status": "done", "shard": None}
+            assert job.lease("worker-0") == {"status": "done", "shard": None, "layout_version": 0}
             body = {"node_id": "evaluator", "auc": 0.75, "logloss": 0.45, "samples": 500}
             assert job.post("/evaluation", body) == {"ok": True}
             job.master.step()
@@ -803,14 +812,40 @@ def test_fewer_workers_stop_the_last_and_return_its_shards(make_job) -> None:
     assert job.master.queue.failures[0] == 0
 
 
-def test_ps_changes_are_declined_with_the_reason(make_job) -> None:
+def test_a_ps_count_change_starts_the_new_ps_and_waits_for_them(make_job) -> None:
+    """The resize itself (rows moving) is tested on real PS: tests/unit/test_ps_resize.py and
+    tests/integration/test_elastic_resize.py."""
     job = make_job()
     _start_running(job)
     plan_id = _propose(job, num_ps=2)
     record = job.post(f"/plans/{plan_id}/apply")
+    assert record["state"] == "applying"
+    assert job.launcher.started.count(("ps-1", "ps")) == 1
+    assert job.post(f"/plans/{plan_id}/apply")["state"] == "applying"  # no second start
+    assert job.launcher.started.count(("ps-1", "ps")) == 1
+    assert job.lease("worker-0")["status"] == "ok"  # training goes on while ps-1 starts
+
+
+def test_node_size_changes_are_declined_where_the_launcher_cannot_resize(make_job) -> None:
+    job = make_job()
+    _start_running(job)
+    plan_id = _propose(job, ps_cpu=4.0)
+    record = job.post(f"/plans/{plan_id}/apply")
     assert record["state"] == "declined"
-    assert "live migration" in record["note"]
-    assert job.launcher.started.count(("ps-1", "ps")) == 0
+    assert "node sizes are fixed" in record["note"]
+
+
+def test_a_requested_plan_is_proposed_and_replaces_a_waiting_one(make_job) -> None:
+    job = make_job()
+    _start_running(job)
+    first = _propose(job, num_workers=3)
+    record = job.post("/plans", {"num_workers": 1, "reason": "cost cut"})
+    assert record["rule"] == "requested" and record["state"] == "proposed"
+    assert record["plan"]["num_workers"] == 1 and record["reason"] == "cost cut"
+    states = {p["id"]: p["state"] for p in job.get("/plans")}
+    assert states[first] == "superseded" and states[record["id"]] == "proposed"
+    bad = job.api.post(P + "/plans", json={"num_ps": 0}, headers=AUTH)
+    assert bad.status_code == 422 and "num_ps" in bad.text
 
 
 def test_applying_an_unknown_plan_is_404(make_job) -> None:

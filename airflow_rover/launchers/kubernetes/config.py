@@ -28,9 +28,6 @@ ENV_POD_NAME = "ROVER_POD_NAME"
 ENV_POD_UID = "ROVER_POD_UID"
 ENV_NAMESPACE = "ROVER_NAMESPACE"
 # A PS pod is reached at a stable DNS name, not on loopback: where it binds and what it announces.
-ENV_BIND_HOST = "ROVER_BIND_HOST"
-ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
-ENV_PS_PORT = "ROVER_PS_PORT"
 RESERVED_ENV_PREFIX = "ROVER_"
 
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

@@ -17,17 +17,18 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from airflow_rover.core.layout import (
+    ENV_ADVERTISE_HOST,
+    ENV_BIND_HOST,
     ENV_FLASH_DIR,
     ENV_JOB_DIR,
     ENV_MASTER_ADDR,
     ENV_NODE_ID,
+    ENV_PS_PORT,
     ENV_TOKEN_FILE,
 )
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.kubernetes.config import (
-    ENV_ADVERTISE_HOST,
-    ENV_BIND_HOST,
     ENV_LAUNCHER,
     ENV_MASTER_ADVERTISE,
     ENV_MASTER_HOST,
@@ -35,7 +36,6 @@ from airflow_rover.launchers.kubernetes.config import (
     ENV_NAMESPACE,
     ENV_POD_NAME,
     ENV_POD_UID,
-    ENV_PS_PORT,
     KubernetesConfig,
 )
 
