@@ -18,6 +18,8 @@ from pydantic import (
     model_validator,
 )
 
+from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
+
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -172,6 +174,7 @@ class JobSpec(_Strict):
     training: TrainingConfig = TrainingConfig()
     recovery: RecoveryConfig = RecoveryConfig()
     autoscale: AutoscaleConfig = AutoscaleConfig()
+    checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
 
     @field_validator("model")
     @classmethod

@@ -40,6 +40,16 @@ class PendingCheckpoint:
     number: int
     queue: dict[str, Any]  # the shard queue when the snapshot was taken
     started: float
+    pause_s: float = 0.0  # the longest a PS held its pushes for the snapshot
+
+
+@dataclass(frozen=True)
+class CheckpointTimes:
+    """What a committed checkpoint cost: the training pause, and how long until durable."""
+
+    pause_s: float
+    durable_s: float
+    bytes: int
 
 
 class Checkpointer:
@@ -52,6 +62,7 @@ class Checkpointer:
         ps_client: Callable[[], PSClient],
         queue_state: Callable[[], dict[str, Any]],
         number: int = 0,
+        on_commit: Callable[[Path, CheckpointTimes], None] | None = None,
     ) -> None:
         self.layout = layout
         self.interval_s = interval_s
@@ -60,6 +71,7 @@ class Checkpointer:
         self.number = number  # the last committed checkpoint (0: none)
         self.pending: PendingCheckpoint | None = None
         self._last_started = time.time()
+        self._on_commit = on_commit  # e.g. copy it to durable storage, re-plan the interval
 
     def tick(self) -> None:
         """On a supervisor tick: move a checkpoint in progress on, or start one when due. Never
@@ -113,7 +125,8 @@ class Checkpointer:
         except Exception as exc:  # a PS going away: the previous checkpoint stands
             log.warning("checkpoint %s failed: %s", directory.name, _rpc_error(exc))
             return False
-        self.pending = PendingCheckpoint(directory, number, queue, started)
+        pause = max((s.pause_s for s in snapshots), default=0.0)
+        self.pending = PendingCheckpoint(directory, number, queue, started, pause)
         log.info(
             "checkpoint %s: snapshot taken (%.1f MB; pushes paused %s ms)",
             directory.name,
@@ -172,12 +185,19 @@ class Checkpointer:
             number = checkpoint_number(old.name) or 0
             if number < pending.number and number != previous:
                 shutil.rmtree(old, ignore_errors=True)
+        size = sum(p.bytes for p in parts.values())
+        durable = time.time() - pending.started
         log.info(
             "checkpoint %s committed (%.1f MB, durable %.2f s after the snapshot)",
             directory.name,
-            sum(p.bytes for p in parts.values()) / 1e6,
-            time.time() - pending.started,
+            size / 1e6,
+            durable,
         )
+        if self._on_commit is not None:
+            try:
+                self._on_commit(directory, CheckpointTimes(pending.pause_s, durable, size))
+            except Exception:  # the checkpoint stands; what follows a commit must not undo it
+                log.exception("after committing %s", directory.name)
         return directory
 
     def _abandon_checkpoint(self, reason: str) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from airflow_rover.core.checkpoint_policy import CheckpointCosts, plan_checkpoints
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json
@@ -30,7 +32,7 @@ from airflow_rover.data.reader import open_dataset
 from airflow_rover.launchers.base import NodeLauncher, Role
 from airflow_rover.master import protocol
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
-from airflow_rover.master.checkpointer import Checkpointer
+from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
 from airflow_rover.ps.client import PSClient
 
 log = logging.getLogger(__name__)
@@ -115,7 +117,14 @@ class JobMaster:
             self._ps_client,
             lambda: self.queue.to_dict(),
             0 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[1]),
+            on_commit=self._checkpoint_committed,
         )
+        # The checkpoint policy in effect (CPR may fall back to full recovery once the save
+        # and load costs are measured) and what partial recovery lost so far.
+        self.policy: str = spec.checkpoint.policy
+        self.policy_reason = "as requested"
+        self.lost_batches = 0
+        self.lost_samples = 0
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
@@ -360,6 +369,9 @@ class JobMaster:
                 return
             if self.state in (JobState.PENDING, JobState.RECOVERING) and self._all_ps_ready():
                 if self._reconcile_pending:
+                    partial = self.state == JobState.RECOVERING and self.policy == "cpr"
+                    if partial and not self._forgive_lost():
+                        return  # the PS ledgers are needed first: next tick
                     if not self._reconcile(self.queue.shards()):
                         return  # the PS ledgers are needed before anyone trains: next tick
                     self._reconcile_pending = False
@@ -532,6 +544,61 @@ class JobMaster:
             return False
         self.queue.reconcile(shards, applied)
         return True
+
+    def _forgive_lost(self) -> bool:
+        """Partial recovery (CPR): the batches a restored PS lost are not trained again. Each
+        PS records the batches it lacks as applied, and the lost samples count towards the
+        job's PLS (portion of lost samples, ``docs/checkpoint-policies.md``)."""
+        try:
+            client = self._ps_client()
+            try:
+                ledgers = [applied for applied, _ in client.ledgers()]
+                anywhere = set.union(*ledgers)
+                missing = [anywhere - applied for applied in ledgers]
+                client.forgive(missing)
+            finally:
+                client.close()
+        except (LookupError, grpc.RpcError) as exc:
+            log.warning("PS ledgers unreadable (%s); partial recovery waits", exc)
+            return False
+        lost = set().union(*missing)
+        samples = self.queue.samples_in(lost)
+        self.lost_batches += len(lost)
+        self.lost_samples += samples
+        log.warning(
+            "partial recovery: %d batches (%d samples) lost on the restored PS, not retrained; "
+            "PLS now %.5f",
+            len(lost),
+            samples,
+            self.pls,
+        )
+        return True
+
+    @property
+    def pls(self) -> float:
+        """Portion of lost samples: lost updates over all samples times the embedding PS."""
+        total = self.queue.total_samples * self.spec.plan.num_ps
+        return self.lost_samples / total if total else 0.0
+
+    def _checkpoint_committed(self, directory: Path, times: CheckpointTimes) -> None:
+        """With a known failure rate, re-plan the checkpoint interval (and CPR's benefit
+        check) from what this checkpoint cost (``core.checkpoint_policy.plan_checkpoints``)."""
+        cfg = self.spec.checkpoint
+        if cfg.mtbf_s is None:
+            return
+        restores = [e["seconds"] for e in self.recoveries if e["role"] == "ps" and e["seconds"]]
+        costs = CheckpointCosts(
+            save_s=max(times.pause_s, 1e-3),
+            load_s=statistics.median(restores) if restores else times.durable_s,
+            mtbf_s=cfg.mtbf_s,
+            num_emb_ps=self.spec.plan.num_ps,
+        )
+        plan = plan_checkpoints(cfg, costs)
+        if plan.interval_s is not None:
+            self.checkpointer.interval_s = plan.interval_s
+        if (plan.policy, plan.reason) != (self.policy, self.policy_reason):
+            log.info("checkpoint policy %s: %s", plan.policy, plan.reason)
+        self.policy, self.policy_reason = plan.policy, plan.reason
 
     def _applied_samples(self) -> int:
         """Samples whose batches every PS has applied (0 if a PS cannot say)."""
@@ -832,6 +899,12 @@ class JobMaster:
             "checkpoints": self.checkpoints,
             "resumed_from": self.resumed_from,
             "quarantined": self.queue.quarantined_shards(),
+            "checkpoint_policy": self.policy,
+            "checkpoint_policy_reason": self.policy_reason,
+            "checkpoint_interval_s": self.checkpointer.interval_s,
+            "lost_batches": self.lost_batches,
+            "lost_samples": self.lost_samples,
+            "pls": round(self.pls, 6),
         }
 
     def shutdown_nodes(self) -> None:

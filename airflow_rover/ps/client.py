@@ -201,6 +201,15 @@ class PSClient:
         }
         return self._call_all("Reshard", [request] * self.num_ps)
 
+    def forgive(self, keys_by_ps: list[set[int]]) -> None:
+        """Partial recovery: PS i records ``keys_by_ps[i]`` as applied without their updates
+        (its restored rows lost them; CPR does not train them again)."""
+        requests = [
+            {"ledger/forgive": np.array(sorted(keys), dtype=np.int64)} if keys else {}
+            for keys in keys_by_ps
+        ]
+        self._call_all("Absorb", requests)
+
     def ledgers(self) -> list[tuple[set[int], int]]:
         """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""
         replies = self._call_all("Ledger", [{} for _ in range(self.num_ps)])

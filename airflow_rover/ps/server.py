@@ -309,6 +309,8 @@ class ParameterServer:
                 self.dense.restore(dense)
             if not self.ledger.applied and "ledger/applied" in req:
                 self.ledger.applied.update(int(k) for k in req["ledger/applied"])
+            if "ledger/forgive" in req:  # partial recovery: these updates are lost here
+                self.ledger.applied.update(int(k) for k in req["ledger/forgive"])
         return {}
 
     flash: FlashCheckpointer | None = None
