@@ -32,7 +32,10 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [
             {
                 "integration-name": "airflow-rover",
-                "python-modules": ["airflow_rover.sensors.elastic_job"],
+                "python-modules": [
+                    "airflow_rover.sensors.elastic_job",
+                    "airflow_rover.sensors.checkpoint",
+                ],
             }
         ],
         "hooks": [

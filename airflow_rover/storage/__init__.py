@@ -1,0 +1,58 @@
+"""Durable checkpoint storage: a local directory or S3, chosen by URI.
+
+``open_store("s3://bucket/prefix", aws_conn_id="aws_default")`` (or ``file:///path``, or a plain
+path) gives a ``CheckpointStore``; ``upload_checkpoint`` publishes a committed local checkpoint
+there (parts, then ``queue.json``, then ``LATEST``), ``latest_remote_checkpoint`` finds the
+newest one that verifies, ``download_checkpoint`` / ``restore_latest_checkpoint`` bring one
+back with every checksum checked. See ``docs/checkpoint-storage.md``.
+"""
+
+from airflow_rover.storage.base import (
+    ACCEPTED_URIS,
+    CheckpointStore,
+    StorageAccessDenied,
+    StorageError,
+    StoreLocation,
+    parse_checkpoint_uri,
+)
+from airflow_rover.storage.checkpoints import (
+    DEFAULT_KEEP,
+    LATEST,
+    CheckpointMirror,
+    StoredCheckpoint,
+    checkpoint_samples,
+    download_checkpoint,
+    inspect_checkpoint,
+    latest_remote_checkpoint,
+    restore_latest_checkpoint,
+    upload_checkpoint,
+)
+from airflow_rover.storage.local import LocalStore
+from airflow_rover.storage.s3 import AwsSettings, S3Store, aws_settings_from_connection
+from airflow_rover.storage.stores import async_open_store, open_store, store_for
+
+__all__ = [
+    "ACCEPTED_URIS",
+    "DEFAULT_KEEP",
+    "LATEST",
+    "AwsSettings",
+    "CheckpointMirror",
+    "CheckpointStore",
+    "LocalStore",
+    "S3Store",
+    "StorageAccessDenied",
+    "StorageError",
+    "StoreLocation",
+    "StoredCheckpoint",
+    "async_open_store",
+    "aws_settings_from_connection",
+    "checkpoint_samples",
+    "download_checkpoint",
+    "inspect_checkpoint",
+    "latest_remote_checkpoint",
+    "open_store",
+    "parse_checkpoint_uri",
+    "restore_latest_checkpoint",
+    "store_for",
+    "upload_checkpoint",
+]
