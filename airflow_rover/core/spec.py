@@ -175,6 +175,12 @@ class JobSpec(_Strict):
     recovery: RecoveryConfig = RecoveryConfig()
     autoscale: AutoscaleConfig = AutoscaleConfig()
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
+    checkpoint_uri: str | None = Field(
+        default=None,
+        pattern=r"^(file://|s3://|/)",
+        description="durable copies of each committed checkpoint: file:///path or "
+        "s3://bucket/prefix (credentials from the environment, never from this file)",
+    )
 
     @field_validator("model")
     @classmethod

@@ -81,10 +81,13 @@ class ElasticJobHook(BaseHook):
         return {"Authorization": f"Bearer {self.layout.read_token()}"}
 
     # -- launching and stopping --------------------------------------------------------------
-    def launch(self, spec: JobSpec) -> None:
-        """Start a fresh master for ``spec`` in the job dir (stopping a stale one first)."""
+    def launch(self, spec: JobSpec, env: dict[str, str] | None = None) -> None:
+        """Start a fresh master for ``spec`` in the job dir (stopping a stale one first);
+        ``env``: secrets for the master's environment (local launcher only)."""
         k8s = self.kubernetes
         if k8s is not None:
+            if env:
+                raise ValueError("extra environment for the master: local launcher only")
             pod = k8s.start_job(self.layout, spec)
             self.log.info(
                 "Launched job %s: master pod %s in namespace %s, dir %s",
@@ -94,7 +97,7 @@ class ElasticJobHook(BaseHook):
                 self.layout.root,
             )
             return
-        pid = self.launcher.start_job(self.layout, spec)
+        pid = self.launcher.start_job(self.layout, spec, env)
         self.log.info("Launched job %s: master pid %d, dir %s", spec.job_id, pid, self.layout.root)
 
     def stop_master_process(self) -> None:

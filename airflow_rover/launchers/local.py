@@ -42,6 +42,7 @@ _ROLE_MODULE: dict[Role, str] = {
     "evaluator": "airflow_rover.worker",
 }
 _PR_SET_PDEATHSIG = 1
+_MASTER_ONLY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 def _die_with_parent() -> None:
@@ -77,7 +78,8 @@ class LocalNodeLauncher:
         self._procs: dict[str, subprocess.Popen] = {}
 
     def _env(self, node_id: str) -> dict[str, str]:
-        env = dict(os.environ)
+        # The durable store's credentials are the master's alone: nodes never get them.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_MASTER_ONLY_ENV)}
         env.update(
             {
                 ENV_JOB_DIR: str(self.layout.root),
@@ -141,16 +143,17 @@ class JobLaunchError(RuntimeError):
 class LocalJobLauncher:
     """Starts and stops a job's master as a detached process (the operator's and CLI's side)."""
 
-    def start_job(self, layout: JobLayout, spec: JobSpec) -> int:
-        """Write the job's files and start a fresh master (stopping a stale one first);
-        returns the master's pid once it listens."""
+    def start_job(self, layout: JobLayout, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+        """Write the job's files and start a fresh master (stopping a stale one first), with
+        ``env`` added to its environment (secrets never go to the job's files); returns the
+        master's pid once it listens."""
         self.stop_job_master(layout)
         layout.root.mkdir(parents=True, exist_ok=True)
         for stale in (layout.master_file, layout.state_file):
             stale.unlink(missing_ok=True)
         layout.write_spec(spec)
         layout.ensure_token()
-        pid = self.launch_master(layout)
+        pid = self.launch_master(layout, env)
         deadline = time.monotonic() + MASTER_START_TIMEOUT_S
         while layout.master_info().get("keeper_pid") != pid:
             if not self.master_alive(pid) or time.monotonic() > deadline:
@@ -166,11 +169,10 @@ class LocalJobLauncher:
         if pid is not None:
             self.stop_master(pid)
 
-    def launch_master(self, layout: JobLayout) -> int:
+    def launch_master(self, layout: JobLayout, extra_env: dict[str, str] | None = None) -> int:
         """Start the master's keeper (which runs the master and relaunches it if it dies) in a
         session of its own; returns the keeper's pid."""
-        env = dict(os.environ)
-        env["PYTHONUNBUFFERED"] = "1"
+        env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "airflow_rover.master.keeper", "--job-dir", str(layout.root)]
         proc = _popen(cmd, layout.log_file("master"), env, start_new_session=True)
         return proc.pid

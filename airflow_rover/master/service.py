@@ -34,12 +34,14 @@ from airflow_rover.master import protocol
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
 from airflow_rover.ps.client import PSClient
+from airflow_rover.storage import CheckpointMirror, open_store, restore_latest_checkpoint
 
 log = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
 STRAGGLER_RATIO = 0.5
 STATE_MIRROR_INTERVAL_S = 2.0
+MIRROR_FLUSH_TIMEOUT_S = 600.0
 
 
 class NodeInfo:
@@ -103,7 +105,17 @@ class JobMaster:
         self.queue = ShardQueue(
             num_samples, t.shard_size, t.epochs, t.batch_size, r.max_shard_failures
         )
+        self.mirror = (
+            None
+            if spec.checkpoint_uri is None
+            else CheckpointMirror(open_store(spec.checkpoint_uri))
+        )
         checkpoint = layout.latest_checkpoint()
+        if checkpoint is None and self.mirror is not None:  # e.g. a retry on another machine
+            fetched = restore_latest_checkpoint(self.mirror.store, layout.checkpoints)
+            if fetched is not None:
+                layout.commit_checkpoint(fetched)
+                checkpoint = layout.latest_checkpoint()
         self.resumed_from: str | None = None
         if checkpoint is not None and (checkpoint / "queue.json").exists():
             saved = layout.read_json(checkpoint / "queue.json") or {}
@@ -581,8 +593,11 @@ class JobMaster:
         return self.lost_samples / total if total else 0.0
 
     def _checkpoint_committed(self, directory: Path, times: CheckpointTimes) -> None:
-        """With a known failure rate, re-plan the checkpoint interval (and CPR's benefit
-        check) from what this checkpoint cost (``core.checkpoint_policy.plan_checkpoints``)."""
+        """Copy it to durable storage (``checkpoint_uri``, in the background); with a known
+        failure rate, re-plan the checkpoint interval (and CPR's benefit check) from what this
+        checkpoint cost (``core.checkpoint_policy.plan_checkpoints``)."""
+        if self.mirror is not None:
+            self.mirror.submit(directory)
         cfg = self.spec.checkpoint
         if cfg.mtbf_s is None:
             return
@@ -884,6 +899,11 @@ class JobMaster:
                 f"; {len(quarantined)} shard(s) quarantined after repeated worker deaths and not "
                 f"trained: {[(q['shard_id'], q['start'], q['end']) for q in quarantined]}"
             )
+        if self.mirror is not None:  # the last checkpoint is durable before the job says done
+            if not self.mirror.flush(timeout=MIRROR_FLUSH_TIMEOUT_S):
+                message += f"; the last checkpoint was not copied to {self.spec.checkpoint_uri}"
+            elif self.mirror.last is not None:
+                self.result["durable_checkpoint"] = self.mirror.last.summary()
         self._finish(JobState.SUCCEEDED, message)
 
     def _recovery_summary(self) -> dict[str, Any]:

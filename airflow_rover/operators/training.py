@@ -49,6 +49,8 @@ from airflow_rover.operators._validation import (
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.preflight import PreflightError, preflight
+from airflow_rover.storage.base import parse_checkpoint_uri
+from airflow_rover.storage.s3 import aws_settings
 from airflow_rover.store.connection import HistoryStoreHook
 from airflow_rover.store.records import record_from_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
@@ -68,6 +70,7 @@ RESULT_KEYS = (
     "plan",
     "accounting",
     "recovery",
+    "durable_checkpoint",
 )
 
 
@@ -154,6 +157,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         "recovery",
         "checkpoint_policy",
         "checkpoint_options",
+        "checkpoint_uri",
+        "aws_conn_id",
         "history_conn_id",
         "cluster_budget",
         "kubernetes",
@@ -182,6 +187,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         recovery: dict[str, Any] | RecoveryConfig | None = None,
         checkpoint_policy: str = "full",
         checkpoint_options: dict[str, Any] | None = None,
+        checkpoint_uri: str | None = None,
+        aws_conn_id: str | None = None,
         features: dict[str, Any] | FeatureConfig | None = None,
         embedding_dim: int = 16,
         launcher: str = "local",
@@ -230,6 +237,13 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         )
         self.checkpoint_policy = checkpoint_policy
         self.checkpoint_options = checkpoint_options or {}
+        self.checkpoint_uri = checkpoint_uri
+        self.aws_conn_id = aws_conn_id
+        if checkpoint_uri is not None and not has_template(checkpoint_uri):
+            try:
+                parse_checkpoint_uri(checkpoint_uri)
+            except ValueError as exc:
+                raise ValueError(f"{owner}: {exc}") from None
         self.features = (
             parse_param(owner, "features", FeatureConfig, features) if features else None
         )
@@ -281,6 +295,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                     "training": self.training,
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
+                    "checkpoint_uri": self.checkpoint_uri or None,
                 }
             )
             checkpoint.check_cluster(spec.plan.num_ps)
@@ -366,13 +381,30 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 check_visible(f"{type(self).__name__}(task_id={self.task_id!r})", k8s.config, paths)
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
+        env = self._storage_env(spec, k8s is not None)
         self._launched_job_dir = str(job_dir)
         try:
-            self.hook_for(job_dir, k8s).launch(spec)
+            self.hook_for(job_dir, k8s).launch(spec, env)
         except KubernetesPermissionError as exc:  # RBAC is fixed by an admin, not a retry
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
         return str(job_dir)
+
+    def _storage_env(self, spec: JobSpec, on_kubernetes: bool) -> dict[str, str]:
+        """The durable store's credentials (``aws_conn_id``) for the job's master, resolved
+        here in the task: they go to the master's environment only, never to the job files,
+        the logs or XCom. A store that cannot be opened fails the task before any process."""
+        if spec.checkpoint_uri is None or not self.aws_conn_id:
+            return {}
+        if on_kubernetes:
+            raise AirflowFailException(
+                f"{self.task_id}: aws_conn_id with launcher='kubernetes': give the master pod's "
+                "service account access to the bucket (e.g. IRSA) and leave aws_conn_id unset"
+            )
+        try:
+            return aws_settings(self.aws_conn_id).to_env()
+        except ValueError as exc:
+            raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
         return str(self.hook_for(external_id).get_status()["state"])

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,15 @@ import psutil
 import pytest
 from test_retry_resume import node_processes, processes_of, tail
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the S3 stand-in's helpers
+from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
+
+from airflow_rover.core.checkpoint_files import verify_checkpoint
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.storage import AwsSettings, restore_latest_checkpoint, store_for
+from airflow_rover.storage.base import parse_checkpoint_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -34,6 +41,7 @@ FIXTURE_DAGS = REPO / "tests" / "fixtures" / "dags"
 DAG_ID = "rover_policies_test"
 NUM_TRAIN = 40_000
 RUN_TIMEOUT_S = 240
+BUCKET, PREFIX, CONN_ID = "rover", "policies/cpr", "rover_s3"
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +55,15 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return generate_dataset(root, SyntheticConfig(num_train=NUM_TRAIN, num_eval=10_000, seed=8))
 
 
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    with moto_server() as url:
+        s3_client(url).create_bucket(Bucket=BUCKET)
+        yield url
+
+
 def run_with_ps_killed(
-    policy: str, airflow_env: dict[str, str], dataset: Any, root: Path
+    policy: str, airflow_env: dict[str, str], dataset: Any, root: Path, uri: str = ""
 ) -> dict[str, Any]:
     job_dir = root / f"job-{policy}"
     layout = JobLayout(job_dir)
@@ -58,6 +73,8 @@ def run_with_ps_killed(
         "eval_data": str(dataset.eval_dir),
         "job_dir": str(job_dir),
         "checkpoint_policy": policy,
+        "checkpoint_uri": uri,
+        "aws_conn_id": CONN_ID if uri else "",
     }
     killed: dict[str, Any] | None = None
     with open(log_path, "w") as log:
@@ -101,15 +118,30 @@ def run_with_ps_killed(
     print(
         f"\n{policy}: killed {killed}; recovery {result.get('recovery')}; auc {result.get('auc')}"
     )
-    return {**outcome, "result": result}
+    return {**outcome, "result": result, "log": log_path.read_text(errors="replace")}
 
 
 @pytest.fixture(scope="module")
 def runs(
-    airflow_env: dict[str, str], dataset: Any, tmp_path_factory: pytest.TempPathFactory
+    airflow_env: dict[str, str],
+    dataset: Any,
+    s3_endpoint: str,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, dict[str, Any]]:
+    """``full`` keeps its checkpoints local; ``cpr`` also copies them to S3 (moto on
+    loopback) through an Airflow connection the task resolves."""
     root = tmp_path_factory.mktemp("policies")
-    return {p: run_with_ps_killed(p, airflow_env, dataset, root) for p in ("full", "cpr")}
+    connection = {
+        "conn_type": "aws",
+        "login": ACCESS_KEY,
+        "password": SECRET_KEY,
+        "extra": {"endpoint_url": s3_endpoint, "region_name": "us-east-1"},
+    }
+    env = {**airflow_env, f"AIRFLOW_CONN_{CONN_ID.upper()}": json.dumps(connection)}
+    return {
+        "full": run_with_ps_killed("full", env, dataset, root),
+        "cpr": run_with_ps_killed("cpr", env, dataset, root, f"s3://{BUCKET}/{PREFIX}"),
+    }
 
 
 @pytest.mark.parametrize("policy", ["full", "cpr"])
@@ -135,3 +167,26 @@ def test_full_recovery_loses_nothing_and_partial_recovery_reports_what_it_lost(
     assert cpr["lost_batches"] > 0 and cpr["lost_samples"] > 0
     total = NUM_TRAIN * 3 * 2  # samples x epochs x embedding PS
     assert cpr["pls"] == pytest.approx(cpr["lost_samples"] / total, abs=1e-6)
+
+
+def test_cpr_checkpoints_are_in_the_bucket_and_restorable(
+    runs: dict[str, dict[str, Any]], s3_endpoint: str, tmp_path: Path
+) -> None:
+    keys = {
+        o["Key"]
+        for o in s3_client(s3_endpoint).list_objects_v2(Bucket=BUCKET, Prefix=PREFIX)["Contents"]
+    }
+    latest = runs["cpr"]["result"]["durable_checkpoint"]
+    name = latest["name"]
+    assert {f"{PREFIX}/{name}/ps-0.npz", f"{PREFIX}/{name}/ps-1.npz"} <= keys
+    assert f"{PREFIX}/{name}/queue.json" in keys and f"{PREFIX}/LATEST" in keys
+    assert latest["samples"] == NUM_TRAIN * 3  # the final checkpoint: training done
+    settings = AwsSettings(
+        access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY, endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+    )  # fmt: skip
+    store = store_for(parse_checkpoint_uri(f"s3://{BUCKET}/{PREFIX}"), settings)
+    restored = restore_latest_checkpoint(store, tmp_path / "checkpoints")
+    assert restored is not None and restored.name == name
+    assert verify_checkpoint(restored) is None
+    assert SECRET_KEY not in runs["cpr"]["log"] and SECRET_KEY not in json.dumps(runs["cpr"])
