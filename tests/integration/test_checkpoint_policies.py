@@ -9,19 +9,16 @@ lost samples are reported as PLS) and the other PS keep their progress.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from test_retry_resume import node_processes, processes_of, tail
+from dag_runs import end_dag_test, node_processes, start_dag_test, tail
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the S3 stand-in's helpers
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
@@ -29,14 +26,12 @@ from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
 from airflow_rover.core.checkpoint_files import verify_checkpoint
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.storage import AwsSettings, restore_latest_checkpoint, store_for
 from airflow_rover.storage.base import parse_checkpoint_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_DAG = Path(__file__).with_name("run_dag.py")
 FIXTURE_DAGS = REPO / "tests" / "fixtures" / "dags"
 DAG_ID = "rover_policies_test"
 NUM_TRAIN = 40_000
@@ -77,16 +72,7 @@ def run_with_ps_killed(
         "aws_conn_id": CONN_ID if uri else "",
     }
     killed: dict[str, Any] | None = None
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, str(RUN_DAG), DAG_ID, "2026-12-02"),
-                *("--conf", json.dumps(conf), "--out", str(out)),
-            ],
-            env=airflow_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_dag_test(DAG_ID, "2026-12-02", conf, out, log_path, airflow_env)
     t0 = time.monotonic()
     try:
         while proc.poll() is None:
@@ -103,14 +89,7 @@ def run_with_ps_killed(
                     killed = {"at_s": round(time.monotonic() - t0, 2), "checkpoint": latest.name}
             time.sleep(0.1)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        with contextlib.suppress(Exception):
-            ElasticJobHook(job_dir).stop("test cleanup")
-        for leftover in processes_of(job_dir):
-            with contextlib.suppress(psutil.Error):
-                leftover.kill()
+        end_dag_test(proc, job_dir)
     assert proc.returncode == 0 and out.exists(), f"dag.test failed:\n{tail(log_path)}"
     assert killed is not None, "ps-0 was never killed"
     outcome = json.loads(out.read_text())

@@ -10,27 +10,22 @@ checkpoint did not hold. The DAG run succeeds with every batch applied exactly o
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from dag_runs import end_dag_test, node_processes, start_dag_test, tail
 
-from airflow_rover.core.layout import ENV_JOB_DIR, ENV_NODE_ID, JobLayout
+from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.hooks.elastic_job import ElasticJobHook
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-RUN_DAG = Path(__file__).with_name("run_dag.py")
 FIXTURE_DAGS = REPO / "tests" / "fixtures" / "dags"
 DAG_ID = "rover_retry_test"
 
@@ -49,41 +44,8 @@ def airflow_env(airflow_env: dict[str, str]) -> dict[str, str]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
-    """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
-    pid = layout.master_info().get("pid")
-    if pid is None:
-        return {}
-    out = {}
-    try:
-        for child in psutil.Process(pid).children():
-            with contextlib.suppress(psutil.Error):
-                node = child.environ().get(ENV_NODE_ID)
-                if node and child.status() != psutil.STATUS_ZOMBIE:
-                    out[node] = child
-    except psutil.Error:
-        return {}
-    return out
-
-
-def processes_of(job_dir: Path) -> list[psutil.Process]:
-    """Every process of the job, even orphaned ones: keeper and master (``--job-dir``
-    argument) and nodes (``ROVER_JOB_DIR`` environment)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-    return found
-
-
 def done_shards(queue: dict[str, Any] | None) -> int:
     return len((queue or {}).get("done", []))
-
-
-def tail(path: Path, chars: int = 6000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.exists() else f"(no {path.name})"
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -107,16 +69,7 @@ def retried(
         "job_dir": str(job_dir),
     }
     seen: dict[str, Any] = {"queues": {}, "kill": None, "try1": None}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                *(sys.executable, str(RUN_DAG), DAG_ID, "2026-12-01"),
-                *("--conf", json.dumps(conf), "--out", str(out)),
-            ],
-            env=airflow_env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_dag_test(DAG_ID, "2026-12-01", conf, out, log_path, airflow_env)
     t0 = time.monotonic()
     try:
         while proc.poll() is None:
@@ -162,14 +115,7 @@ def retried(
             time.sleep(0.1)
         run_s = time.monotonic() - t0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        with contextlib.suppress(Exception):
-            ElasticJobHook(job_dir).stop("test cleanup")
-        for leftover in processes_of(job_dir):
-            with contextlib.suppress(psutil.Error):
-                leftover.kill()
+        end_dag_test(proc, job_dir)
     log_text = log_path.read_text(errors="replace")
     assert proc.returncode == 0 and out.exists(), f"dag.test failed:\n{log_text[-8000:]}"
     assert seen["kill"] is not None, (
