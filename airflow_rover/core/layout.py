@@ -101,6 +101,15 @@ class JobLayout:
             log.warning("checkpoint %s skipped: %s", directory.name, reason)
         return None
 
+    def partial_dir(self, base: int, seq: int) -> Path:
+        """CPR partial save ``seq`` taken after checkpoint ``base`` (its most-used rows)."""
+        return self.checkpoints / f"partial-{base:06d}-{seq:04d}"
+
+    def partial_dirs(self, base: int | None = None) -> list[Path]:
+        """The partial saves after checkpoint ``base`` (every one for None), oldest first."""
+        pattern = "partial-*" if base is None else f"partial-{base:06d}-*"
+        return sorted(p for p in self.checkpoints.glob(pattern) if p.is_dir())
+
     def checkpoint_dirs(self) -> list[Path]:
         """Every ``ckpt-<n>`` directory, committed or not, oldest first."""
         found = [

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import shutil
 import statistics
 import threading
 import time
@@ -22,7 +23,7 @@ import grpc
 from airflow_rover.core.checkpoint_policy import CheckpointCosts, plan_checkpoints
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.layout import JobLayout, atomic_write_json, checkpoint_number
 from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.shards import Shard, ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan
@@ -137,6 +138,8 @@ class JobMaster:
         self.policy_reason = "as requested"
         self.lost_batches = 0
         self.lost_samples = 0
+        self._last_partial = time.time()
+        self.partial_saves = 0
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
@@ -418,6 +421,7 @@ class JobMaster:
                         self._complete()
                 elif self.resize is None:
                     self.checkpointer.tick()
+                    self._partial_tick()
                     self._autoscale()
                 elif self.checkpointer.pending is not None:
                     self.checkpointer.tick()  # only moves the one in flight on: none starts
@@ -586,6 +590,30 @@ class JobMaster:
         )
         return True
 
+    def _partial_tick(self) -> None:
+        """CPR-MFU/SSU: every ``r * T_save`` each PS saves its ``r`` most-used (or sampled)
+        rows next to the last checkpoint; a restored PS takes them over the checkpoint's."""
+        cpr = self.spec.checkpoint.cpr
+        base = self.checkpointer.number
+        if self.policy != "cpr" or cpr.variant == "vanilla" or base == 0:
+            return
+        now = time.time()
+        if now - self._last_partial < cpr.r * self.checkpointer.interval_s:
+            return
+        self._last_partial = now
+        directory = self.layout.partial_dir(base, len(self.layout.partial_dirs(base)) + 1)
+        try:
+            client = self._ps_client()
+            try:
+                rows = client.partial_save(directory, cpr.variant, cpr.r)
+            finally:
+                client.close()
+        except (LookupError, grpc.RpcError) as exc:
+            log.warning("partial save %s failed (%s); the next one is due", directory.name, exc)
+            return
+        self.partial_saves += 1
+        log.info("partial save %s (%s): %d rows", directory.name, cpr.variant, rows)
+
     @property
     def pls(self) -> float:
         """Portion of lost samples: lost updates over all samples times the embedding PS."""
@@ -598,6 +626,10 @@ class JobMaster:
         checkpoint cost (``core.checkpoint_policy.plan_checkpoints``)."""
         if self.mirror is not None:
             self.mirror.submit(directory)
+        kept = {checkpoint_number(d.name) for d in self.layout.checkpoint_dirs()}
+        for partial in self.layout.partial_dirs():  # partial saves of removed checkpoints
+            if int(partial.name.split("-")[1]) not in kept:
+                shutil.rmtree(partial, ignore_errors=True)
         cfg = self.spec.checkpoint
         if cfg.mtbf_s is None:
             return
@@ -922,6 +954,7 @@ class JobMaster:
             "checkpoint_policy": self.policy,
             "checkpoint_policy_reason": self.policy_reason,
             "checkpoint_interval_s": self.checkpointer.interval_s,
+            "partial_saves": self.partial_saves,
             "lost_batches": self.lost_batches,
             "lost_samples": self.lost_samples,
             "pls": round(self.pls, 6),

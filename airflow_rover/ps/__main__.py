@@ -12,14 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
+from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_digest
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
+from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.layout import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
     ENV_PS_PORT,
     JobLayout,
     NodeContext,
+    checkpoint_number,
 )
 from airflow_rover.master.client import MasterClient
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
@@ -37,6 +40,7 @@ def restore(
     flash = FlashCheckpointer.for_job(layout.checkpoints, index)
     choice = choose_restore(layout, index)
     ps = None
+    from_newer_slot = False  # partial saves after the checkpoint are older than that snapshot
     if choice.slot is not None and choice.slot_meta is not None:
         ps = new_ps()
         try:
@@ -49,6 +53,7 @@ def restore(
             log.warning("%s: restoring from shared memory failed (%s); using disk", node_id, exc)
             ps = None
         else:
+            from_newer_slot = choice.newer
             flash.adopt(choice.slot, choice.slot_meta)
             log.info(
                 "%s restored from shared memory: %s (%d batches applied)",
@@ -63,8 +68,41 @@ def restore(
         ps = new_ps()
         if choice.checkpoint is not None:
             restore_checkpoint(ps, choice.checkpoint, node_id)
+    if choice.checkpoint is not None and not from_newer_slot:
+        apply_partial_saves(ps, layout, choice.checkpoint, node_id)
     ps.flash = flash
     return ps
+
+
+def apply_partial_saves(
+    ps: ParameterServer, layout: JobLayout, checkpoint: Path, node_id: str
+) -> None:
+    """CPR-MFU/SSU: the rows saved after ``checkpoint`` (most-used or sampled ones, fresher
+    than the checkpoint) replace theirs, oldest save first; a damaged one is skipped."""
+    number = checkpoint_number(checkpoint.name)
+    if number is None:
+        return
+    applied = 0
+    for directory in layout.partial_dirs(number):
+        part = directory / f"ps-{ps.index}.npz"
+        if not part.exists():
+            continue
+        try:
+            read_digest(part)
+            with np.load(part) as saved:
+                arrays = dict(saved)
+        except (CorruptCheckpoint, OSError, ValueError) as exc:
+            log.warning("%s: partial save %s skipped: %s", node_id, directory.name, exc)
+            continue
+        for name, table in ps.tables.items():
+            prefix = f"table/{name}/"
+            rows = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+            if rows and rows["ids"].size:
+                mine = partition_of(name, rows["ids"].astype(np.int64), ps.num_ps) == ps.index
+                table.absorb({k: v[mine] for k, v in rows.items()})
+                applied += int(mine.sum())
+    if applied:
+        log.info("%s: %d rows from partial saves after %s", node_id, applied, checkpoint.name)
 
 
 def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> None:
@@ -116,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
         for orphan in orphan_slots(ctx.layout.flash_dir, index):
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
+    cpr = spec.checkpoint.cpr
+    if spec.checkpoint.policy == "cpr" and cpr.variant == "ssu":
+        for table in ps.tables.values():
+            table.enable_ssu(cpr.r, cpr.ssu_sample_period, spec.training.seed + index)
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
     server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
     stop = threading.Event()

@@ -201,6 +201,17 @@ class PSClient:
         }
         return self._call_all("Reshard", [request] * self.num_ps)
 
+    def partial_save(self, directory: Path, variant: str, r: float) -> int:
+        """CPR partial save: every PS writes its ``r`` most-used (``mfu``) or sampled (``ssu``)
+        rows to ``directory/ps-<i>.npz``; returns the rows saved."""
+        extra = {
+            "mode": _text("partial"),
+            "variant": _text(variant),
+            "r": np.array([r], dtype=np.float64),
+        }
+        replies = self._call_all("Save", self._save_requests(directory, extra))
+        return sum(int(reply["rows"][0]) for reply in replies)
+
     def forgive(self, keys_by_ps: list[set[int]]) -> None:
         """Partial recovery: PS i records ``keys_by_ps[i]`` as applied without their updates
         (its restored rows lost them; CPR does not train them again)."""

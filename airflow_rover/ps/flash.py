@@ -378,6 +378,7 @@ class RestoreChoice:
     slot_meta: dict[str, Any] | None
     why: str
     orphans: list[ShmSlot]  # every orphan slot found (the caller removes the unused ones)
+    newer: bool = False  # the slot holds a snapshot newer than ``checkpoint`` (case b)
 
 
 def choose_restore(layout: JobLayout, index: int) -> RestoreChoice:
@@ -414,6 +415,6 @@ def choose_restore(layout: JobLayout, index: int) -> RestoreChoice:
     if newer and current is not None and meta.get("owner") == current:
         state = "persisted" if persisted else "not persisted yet"
         why = f"shared memory holds a newer snapshot ({target.parent.name}, {state})"
-        return RestoreChoice(chosen, slot, meta, why, orphans)
+        return RestoreChoice(chosen, slot, meta, why, orphans, newer=True)
     why = "the snapshot in shared memory is not usable here"
     return RestoreChoice(chosen, None, None, why, orphans)

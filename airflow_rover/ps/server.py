@@ -322,6 +322,8 @@ class ParameterServer:
         - ``sync`` (default; the trained model): write it durably, then reply;
         - ``flash`` (checkpoints): copy the state into shared memory (pushes wait only for
           that copy), reply, and persist it in the background;
+        - ``partial``: a CPR partial save (``variant`` mfu or ssu, fraction ``r``) of this
+          PS's most-used or sampled rows, written durably before the reply;
         - ``status``: how the background persist of ``path`` stands (``state``: 0 unknown,
           1 persisting, 2 done with ``sha256`` and ``bytes``, 3 failed with ``error``).
         """
@@ -333,8 +335,18 @@ class ParameterServer:
             return {"rows": rows}
         if mode == "status":
             return _persist_reply(self.flash.status(path) if self.flash else None)
+        if mode == "partial":  # CPR-MFU/SSU: the chosen rows only, written before the reply
+            variant = req["variant"].tobytes().decode()
+            r = float(req["r"][0])
+            arrays: dict[str, np.ndarray] = {}
+            for name, table in self.tables.items():
+                part = table.partial_rows(variant, r)
+                arrays.update({f"table/{name}/{k}": v for k, v in part.items()})
+            write_npz(path, arrays.items())
+            saved = sum(v.shape[0] for k, v in arrays.items() if k.endswith("/ids"))
+            return {"rows": np.array([saved], dtype=np.int64)}
         if mode != "flash":
-            raise ValueError(f"save mode {mode!r}: expected sync, flash or status")
+            raise ValueError(f"save mode {mode!r}: expected sync, flash, partial or status")
         if self.flash is None:  # a PS started outside ``ps.__main__``: same slot it would use
             self.flash = FlashCheckpointer.for_job(path.parent.parent, self.index)
         flash = self.flash

@@ -7,11 +7,13 @@ its optimizer state and a 4-byte access counter (partial-recovery checkpoints ra
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 
 import numpy as np
 
+from airflow_rover.core.cpr import SsuTracker, top_rows
 from airflow_rover.core.hashing import initial_rows
 from airflow_rover.ps.optimizers import Optimizer
 
@@ -37,6 +39,39 @@ class EmbeddingTable:
         self.counts = np.empty(0, dtype=np.uint32)
         self._size = 0
         self._lock = threading.Lock()
+        self.ssu: SsuTracker | None = None  # CPR-SSU: sub-sampled accesses (``enable_ssu``)
+
+    def enable_ssu(self, r: float, sample_period: int, seed: int) -> None:
+        """Track a sub-sample of the accessed rows for CPR-SSU partial saves."""
+        self.ssu = SsuTracker(self._size, r, sample_period, seed)
+
+    def _accessed(self, slots: np.ndarray) -> None:
+        """Count an access to ``slots`` (caller holds the lock): the 4-byte counter CPR-MFU
+        ranks by, and the SSU sample when it is on."""
+        self.counts[slots] += 1
+        if self.ssu is not None:
+            self.ssu.grow(self._size)
+            self.ssu.record(slots)
+
+    def partial_rows(self, variant: str, r: float) -> dict[str, np.ndarray]:
+        """The rows a CPR partial save writes (``snapshot``'s arrays): ``mfu`` the ``r``
+        most-accessed since their last save (their counters are then cleared), ``ssu`` the
+        sub-sampled list (then emptied)."""
+        with self._lock:
+            n = self._size
+            if variant == "mfu":
+                slots = top_rows(self.counts[:n], math.ceil(r * n))
+            elif variant == "ssu":
+                if self.ssu is None:
+                    raise ValueError(f"table {self.name!r}: ssu partial save without SSU sampling")
+                slots = self.ssu.take()
+            else:
+                raise ValueError(f"partial save: variant={variant!r}; accepted: mfu, ssu")
+            out = {"ids": self._ids[slots], "rows": self.rows[slots], "counts": self.counts[slots]}
+            out.update({f"state/{k}": v[slots] for k, v in self.state.items()})
+            if variant == "mfu":
+                self.counts[slots] = 0
+            return out
 
     @property
     def size(self) -> int:
@@ -91,7 +126,7 @@ class EmbeddingTable:
         with self._lock:
             if create:
                 slots = self._slots(ids)
-                self.counts[slots] += 1
+                self._accessed(slots)
                 return self.rows[slots]
             slots = self._slot[ids]
             out = initial_rows(self.name, ids, self.dim, self.seed, INIT_SCALE)
@@ -109,7 +144,7 @@ class EmbeddingTable:
         self._check_ids(state_ids)
         with self._lock:
             slots = self._slots(ids)
-            self.counts[slots] += 1
+            self._accessed(slots)
             state_slots = self._slot[state_ids]
             if state_slots.size and state_slots.min() < 0:
                 raise ValueError(f"table {self.name!r}: state_ids must be a subset of ids")
@@ -174,6 +209,8 @@ class EmbeddingTable:
                 value[: keep.size] = value[keep]
             self._size = keep.size
             self._slot[self._ids[: keep.size]] = np.arange(keep.size, dtype=np.int32)
+            if self.ssu is not None:  # its entries were slots of the old order
+                self.ssu = SsuTracker(keep.size, self.ssu.r, self.ssu.sample_period)
             return out
 
     def absorb(self, arrays: dict[str, np.ndarray]) -> None:

@@ -4,7 +4,8 @@
 policy comes from the run's conf. Once a checkpoint holding finished shards is committed, the
 test kills ``ps-0``; the master relaunches it from that checkpoint and the DAG run succeeds.
 ``full`` trains the batches the restored PS lost again (nothing lost); ``cpr`` does not (its
-lost samples are reported as PLS) and the other PS keep their progress.
+lost samples are reported as PLS; its MFU partial saves give the restored PS its most-used rows
+as they were shortly before the kill) and the other PS keep their progress.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def run_with_ps_killed(
         "eval_data": str(dataset.eval_dir),
         "job_dir": str(job_dir),
         "checkpoint_policy": policy,
+        "checkpoint_options": {"variant": "mfu", "r": 0.25} if policy == "cpr" else {},
         "checkpoint_uri": uri,
         "aws_conn_id": CONN_ID if uri else "",
     }
@@ -144,6 +146,7 @@ def test_full_recovery_loses_nothing_and_partial_recovery_reports_what_it_lost(
     full, cpr = runs["full"]["result"]["recovery"], runs["cpr"]["result"]["recovery"]
     assert full["lost_batches"] == 0 and full["pls"] == 0
     assert cpr["lost_batches"] > 0 and cpr["lost_samples"] > 0
+    assert cpr["partial_saves"] > 0 and full["partial_saves"] == 0  # CPR-MFU
     total = NUM_TRAIN * 3 * 2  # samples x epochs x embedding PS
     assert cpr["pls"] == pytest.approx(cpr["lost_samples"] / total, abs=1e-6)
 

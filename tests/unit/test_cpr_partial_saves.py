@@ -1,0 +1,91 @@
+"""CPR partial saves on a real parameter server: MFU writes the most-accessed rows and clears
+their counters, SSU its bounded sample; a PS restored from a checkpoint takes the fresher rows of
+the partial saves after it (a damaged one is skipped)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_ps import ADAGRAD, LAYOUT, SEED
+
+from airflow_rover.core.checkpoint_files import write_npz
+from airflow_rover.core.layout import JobLayout
+from airflow_rover.ps.__main__ import apply_partial_saves
+from airflow_rover.ps.server import ParameterServer
+
+GROUP = "dim4"
+
+
+def text(value: str) -> np.ndarray:
+    return np.frombuffer(value.encode(), dtype=np.uint8)
+
+
+def trained_ps() -> ParameterServer:
+    """One PS whose rows 0..99 were pulled: row i (i < 10) 20 times more than the others."""
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    everything = np.arange(100, dtype=np.int64)
+    ps.pull({f"ids/{GROUP}": everything})
+    for _ in range(20):
+        ps.pull({f"ids/{GROUP}": np.arange(10, dtype=np.int64)})
+    ps.push({f"ids/{GROUP}": everything, f"grad/{GROUP}": np.ones((100, 4), np.float32)})
+    return ps
+
+
+def partial_save(ps: ParameterServer, path: Path, variant: str, r: float) -> dict:
+    req = {"path": text(str(path)), "mode": text("partial"), "variant": text(variant)}
+    reply = ps.save({**req, "r": np.array([r])})
+    with np.load(path) as saved:
+        return {"rows": int(reply["rows"][0]), **dict(saved)}
+
+
+def test_mfu_saves_the_most_accessed_rows_and_clears_their_counters(tmp_path: Path) -> None:
+    ps = trained_ps()
+    saved = partial_save(ps, tmp_path / "p1" / "ps-0.npz", "mfu", 0.1)
+    ids = np.sort(saved[f"table/{GROUP}/ids"])
+    np.testing.assert_array_equal(ids, np.arange(10))  # the 10% most accessed
+    assert saved["rows"] == 10 and (saved[f"table/{GROUP}/counts"] == 21).all()
+    table = ps.tables[GROUP]
+    slots = table._slot[np.arange(10)]
+    assert (table.counts[slots] == 0).all()  # cleared: the next save ranks fresh accesses
+    again = partial_save(ps, tmp_path / "p2" / "ps-0.npz", "mfu", 0.1)
+    assert not set(again[f"table/{GROUP}/ids"]) & set(range(10))
+
+
+def test_ssu_saves_its_bounded_sample(tmp_path: Path) -> None:
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    for table in ps.tables.values():
+        table.enable_ssu(r=0.1, sample_period=1, seed=3)
+    for _ in range(5):
+        ps.pull({f"ids/{GROUP}": np.arange(200, dtype=np.int64)})
+    saved = partial_save(ps, tmp_path / "p" / "ps-0.npz", "ssu", 0.1)
+    assert 0 < saved["rows"] <= 20  # at most r * rows
+    assert len(ps.tables[GROUP].ssu or []) == 0  # taken
+    with pytest.raises(ValueError, match="without SSU sampling"):
+        partial_save(ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED), tmp_path / "x.npz", "ssu", 0.1)
+    with pytest.raises(ValueError, match="accepted: mfu, ssu"):
+        partial_save(ps, tmp_path / "y.npz", "lru", 0.1)
+
+
+def test_a_restored_ps_takes_the_partial_saves_after_its_checkpoint(tmp_path: Path) -> None:
+    layout = JobLayout(tmp_path / "job")
+    ps = trained_ps()
+    checkpoint = layout.checkpoint_dir(3)
+    write_npz(checkpoint / "ps-0.npz", ps.snapshot().items())
+    ps.push({f"ids/{GROUP}": np.arange(10), f"grad/{GROUP}": np.ones((10, 4), np.float32)})
+    partial_save(ps, layout.partial_dir(3, 1) / "ps-0.npz", "mfu", 0.1)
+    damaged = layout.partial_dir(3, 2) / "ps-0.npz"
+    partial_save(ps, damaged, "mfu", 0.1)
+    damaged.write_bytes(damaged.read_bytes()[:-10])  # truncated: skipped
+    fresh = ps.tables[GROUP].lookup(np.arange(100), create=False)
+
+    restored = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    with np.load(checkpoint / "ps-0.npz") as saved:
+        restored.restore(dict(saved))
+    stale = restored.tables[GROUP].lookup(np.arange(100), create=False)
+    assert not np.array_equal(stale[:10], fresh[:10])
+    apply_partial_saves(restored, layout, checkpoint, "ps-0")
+    now = restored.tables[GROUP].lookup(np.arange(100), create=False)
+    np.testing.assert_array_equal(now[:10], fresh[:10])  # the most used: as they were
+    np.testing.assert_array_equal(now[10:], stale[10:])  # the rest: as in the checkpoint
