@@ -4,6 +4,11 @@
     rover train --config job.yaml [--job-dir DIR]
     rover status --job-dir DIR
     rover stop --job-dir DIR
+    rover plan --job-dir DIR [--workers N] [--ps M] [--apply]
+
+``status``, ``stop`` and ``plan`` work on any job directory, local or Kubernetes (through
+``ElasticJobHook``). ``plan`` asks the running job for other counts; an Airflow task's trigger
+applies it, ``--apply`` applies it at once (a job started with ``rover train`` has no trigger).
 
 ``job.yaml`` holds the fields of ``JobSpec`` (the operator validates the same schema).
 """
@@ -11,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 import sys
@@ -18,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from pydantic import ValidationError
 
@@ -78,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("status", "stop"):
         cmd = sub.add_parser(name, help=f"{name} of a job")
         cmd.add_argument("--job-dir", type=Path, required=True)
+    plan = sub.add_parser("plan", help="ask a running job for other worker/PS counts")
+    plan.add_argument("--job-dir", type=Path, required=True)
+    plan.add_argument("--workers", type=int)
+    plan.add_argument("--ps", type=int)
+    plan.add_argument("--apply", action="store_true", help="apply it now (no trigger)")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["data", "gen"]:  # its own parser: flags belong to the generator
         from airflow_rover.data.synthetic import generate_main
@@ -98,10 +110,26 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0 if status["state"] == JobState.SUCCEEDED else 1
-    layout = JobLayout(args.job_dir.resolve())
+    from airflow_rover.hooks.elastic_job import ElasticJobHook
+
+    hook = ElasticJobHook(args.job_dir.resolve())
     if args.command == "stop":
-        LocalJobLauncher().stop_job_master(layout)
-    print(json.dumps(local_job_status(layout), indent=2))
+        hook.stop("stopped with rover stop")
+    if args.command == "plan":
+        if args.workers is None and args.ps is None:
+            print("rover plan: give --workers and/or --ps", file=sys.stderr)
+            return 2
+        try:
+            record = hook.request_plan(args.workers, args.ps, "requested with rover plan")
+            if args.apply:
+                record = asyncio.run(hook.async_apply_plan(int(record["id"])))
+        except (httpx.HTTPStatusError, RuntimeError) as exc:
+            detail = exc.response.text if isinstance(exc, httpx.HTTPStatusError) else str(exc)
+            print(f"rover plan: {detail}", file=sys.stderr)
+            return 1
+        print(json.dumps(record, indent=2))
+        return 0
+    print(json.dumps(hook.get_status(), indent=2))
     return 0
 
 
