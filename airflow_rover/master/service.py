@@ -128,7 +128,7 @@ class JobMaster:
             layout,
             spec.recovery.checkpoint_interval_s,
             self._ps_client,
-            lambda: self.queue.to_dict(),
+            lambda: {**self.queue.to_dict(), "job_id": self.spec.job_id},  # whose it is
             0 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[1]),
             on_commit=self._checkpoint_committed,
         )

@@ -7,6 +7,7 @@ it runs.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -49,6 +50,7 @@ from airflow_rover.operators._validation import (
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.preflight import PreflightError, preflight
+from airflow_rover.storage import StorageError, latest_remote_checkpoint, open_store
 from airflow_rover.storage.base import parse_checkpoint_uri
 from airflow_rover.storage.s3 import aws_settings
 from airflow_rover.store.connection import HistoryStoreHook
@@ -394,7 +396,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         """The durable store's credentials (``aws_conn_id``) for the job's master, resolved
         here in the task: they go to the master's environment only, never to the job files,
         the logs or XCom. A store that cannot be opened fails the task before any process."""
-        if spec.checkpoint_uri is None or not self.aws_conn_id:
+        if spec.checkpoint_uri is None:
+            return {}
+        self._check_store_is_this_jobs(spec)
+        if not self.aws_conn_id:
             return {}
         if on_kubernetes:
             raise AirflowFailException(
@@ -405,6 +410,25 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             return aws_settings(self.aws_conn_id).to_env()
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
+
+    def _check_store_is_this_jobs(self, spec: JobSpec) -> None:
+        """A job resumes from the newest checkpoint at ``checkpoint_uri`` (a retry, another
+        machine) and keeps the last two there: one of another job would be resumed from or
+        deleted. So the newest one there must be this job's (or none)."""
+        assert spec.checkpoint_uri is not None
+        try:
+            store = open_store(spec.checkpoint_uri, self.aws_conn_id or None)
+            latest = latest_remote_checkpoint(store)
+            raw = store.read_bytes(f"{latest.name}/queue.json") if latest else None
+        except (ValueError, StorageError) as exc:
+            raise AirflowFailException(f"{self.task_id}: checkpoint_uri: {exc}") from None
+        owner = json.loads(raw).get("job_id", spec.job_id) if raw else spec.job_id
+        if owner != spec.job_id:
+            raise AirflowFailException(
+                f"{self.task_id}: checkpoint_uri={spec.checkpoint_uri!r} holds checkpoints of "
+                f"job {owner!r}, not of {spec.job_id!r}: give each run its own prefix, e.g. "
+                "'s3://bucket/ctr/{{ ds }}'"
+            )
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
         return str(self.hook_for(external_id).get_status()["state"])

@@ -146,7 +146,11 @@ def shard_queue(done_shards: int) -> ShardQueue:
 
 
 def commit_checkpoint(
-    layout: JobLayout, number: int, done_shards: int, pss: list[ParameterServer]
+    layout: JobLayout,
+    number: int,
+    done_shards: int,
+    pss: list[ParameterServer],
+    job_id: str | None = None,
 ) -> Path:
     """Checkpoint ``number`` of the job in ``layout``, committed as the master does: every
     PS's part (``write_npz`` of its snapshot, as its persister writes it), then ``queue.json``
@@ -156,7 +160,8 @@ def commit_checkpoint(
         f"ps-{ps.index}.npz": write_npz(directory / f"ps-{ps.index}.npz", ps.snapshot().items())
         for ps in pss
     }
-    record = checkpoint_record(shard_queue(done_shards).to_dict(), parts)
+    queue = shard_queue(done_shards).to_dict()
+    record = checkpoint_record(queue if job_id is None else {**queue, "job_id": job_id}, parts)
     atomic_write_json(directory / "queue.json", record)
     layout.commit_checkpoint(directory)
     return directory

@@ -1,0 +1,92 @@
+"""``bench/recovery.py --quick``: it runs within a minute, prints a row for every policy at
+every failure size, and every row ECRM decoded is the lost one (the goals' outcomes are the
+full run's business, not this test's)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+POLICIES = ("full", "partial (naive)", "cpr-vanilla", "cpr-mfu", "cpr-ssu", "ecrm k=2", "ecrm k=4")
+SIZES = {"12.5%": 8, "25%": 4, "50%": 2}
+
+pytestmark = pytest.mark.slow  # about 30 s on 2 cores
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, float]:
+    work = tmp_path_factory.mktemp("recovery")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "recovery.py"), "--quick", "--work-dir", str(work)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    elapsed = time.perf_counter() - started
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: some goal not met
+    return proc.stdout, elapsed
+
+
+def section(out: str, title: str) -> list[str]:
+    start = out.index(f"== {title}")
+    end = out.find("\n== ", start + 3)
+    return out[start : end if end > 0 else None].splitlines()
+
+
+def test_quick_run_is_fast(quick_run: tuple[str, float]) -> None:
+    assert quick_run[1] < 60.0
+
+
+def test_table_has_every_policy_at_every_failure_size(quick_run: tuple[str, float]) -> None:
+    lines = section(quick_run[0], "Overhead, accuracy and PLS")
+    for policy in POLICIES:
+        for size, num_ps in SIZES.items():
+            row = next(
+                (line for line in lines if re.match(rf"^{re.escape(policy)}\s+{size}\s", line)),
+                None,
+            )
+            assert row is not None, f"no row for {policy} at {size}"
+            cells = row[len(policy) :].split()
+            assert cells[1] == str(num_ps)
+            k = int(policy[-1]) if policy.startswith("ecrm") else 0
+            if k and num_ps < k + 1:
+                assert f"needs k+1 = {k + 1} PS" in row
+                continue
+            overhead, _, _, auc_delta, pls = cells[2], cells[3], cells[4], cells[5], cells[6]
+            assert overhead.endswith("%") and float(overhead[:-1]) >= 0
+            assert abs(float(auc_delta)) < 0.05 and 0 <= float(pls) <= 1
+            if policy in ("full",) or policy.startswith("ecrm"):
+                assert float(pls) == 0.0
+            if policy == "full":  # a rollback retrains exactly what was lost
+                assert float(auc_delta) == 0.0
+
+
+def test_ecrm_decodes_exactly_the_lost_rows(quick_run: tuple[str, float]) -> None:
+    lines = section(quick_run[0], "ECRM: each failure's rebuild")
+    rows = [line for line in lines if line.startswith("ecrm k=")]
+    assert len(rows) == 6  # 2 failures x (k=2 at 8 and 4 PS, k=4 at 8 PS)
+    for row in rows:
+        cells = row.split()
+        decoded, exact, max_err, ok = int(cells[5]), cells[6], float(cells[7]), cells[8]
+        done, total = map(int, exact.split("/"))
+        assert decoded > 0 and total > 0
+        assert ok == "yes" and max_err <= 1e-6
+        assert done >= total - total // 1000  # float64 parity: bit for bit in (almost) all
+
+
+def test_costs_and_goals_are_printed(quick_run: tuple[str, float]) -> None:
+    out = quick_run[0]
+    costs = section(out, "Measured costs")
+    assert sum(1 for line in costs if re.match(r"^(12\.5|25|50)%\s", line)) == 3
+    goals = [g for g in section(out, "Goals")[1:] if g.strip() and not g.startswith("(")]
+    assert len(goals) == 3 * 5 + 2 * 2 + 2  # CPR x3 + AUC x2 per size; ECRM (k, size) x2
+    assert all(re.match(r"^(MET|NOT MET) ", g) for g in goals)
+    assert re.search(r"^\(seed 0, quick run, [\d.]+ s\)$", out, flags=re.M)
