@@ -145,8 +145,8 @@ class ShardQueue:
         """Extend every lease ``worker`` holds (its heartbeat); returns how many."""
         renewed = 0
         for sid, lease in self._doing.items():
-            if lease.worker == worker:
-                self._doing[sid] = Lease(worker, now + lease_s)
+            if lease.worker == worker:  # a slice stays a slice
+                self._doing[sid] = Lease(worker, now + lease_s, lease.end)
                 renewed += 1
         return renewed
 

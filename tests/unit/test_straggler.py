@@ -44,6 +44,18 @@ def test_a_slice_lease_returns_the_rest_of_the_shard_to_the_front() -> None:
     assert queue.is_done(0) and queue.completions[0] == 1
 
 
+def test_a_renewed_slice_lease_is_still_a_slice() -> None:
+    """A heartbeat renews the lease; completing the slice must not complete the shard (the
+    batches past the slice were never trained: 8 of them went missing under load)."""
+    queue = ShardQueue(num_samples=3 * SHARD, shard_size=SHARD, batch_size=BATCH)
+    queue.lease("slow", 0.0, 60.0, max_batches=4)
+    assert queue.renew("slow", 30.0, 60.0) == 1
+    assert queue.complete(0, "slow")
+    assert not queue.is_done(0)
+    rest = queue.lease("fast", 40.0, 60.0)
+    assert rest is not None and (rest.shard_id, rest.start) == (0, 4 * BATCH)
+
+
 def test_a_slice_larger_than_the_shard_is_the_whole_shard() -> None:
     queue = ShardQueue(num_samples=SHARD, shard_size=SHARD, batch_size=BATCH)
     whole = queue.lease("w", 0.0, 60.0, max_batches=100)
