@@ -139,6 +139,8 @@ class JobMaster:
         self.lost_batches = 0
         self.lost_samples = 0
         self._last_partial = time.time()
+        self._wrapping_up = False  # training done: final checkpoint taken, evaluation started
+        self._durable_wait_since: float | None = None
         self.partial_saves = 0
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
@@ -404,7 +406,8 @@ class JobMaster:
                 for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
                 self._reconcile(expired)
-                if self.queue.finished:
+                if self.queue.finished and not self._wrapping_up:
+                    self._wrapping_up = True  # until a PS restore sends training back
                     if self.resize is not None:
                         self._cancel_resize(self.resize, "training ended before the PS resize")
                     self.train_finished_at = time.time()
@@ -417,7 +420,8 @@ class JobMaster:
                         self.message = "scoring the held-out split"
                         self._start("evaluator", "evaluator")
                         self.mirror_state(force=True)
-                    else:
+                if self.queue.finished:
+                    if self.state == JobState.RUNNING and self._durable():
                         self._complete()
                 elif self.resize is None:
                     self.checkpointer.tick()
@@ -425,9 +429,27 @@ class JobMaster:
                     self._autoscale()
                 elif self.checkpointer.pending is not None:
                     self.checkpointer.tick()  # only moves the one in flight on: none starts
-            elif self.state == JobState.EVALUATING and self._evaluation_finished():
+            elif (
+                self.state == JobState.EVALUATING
+                and self._evaluation_finished()
+                and self._durable()
+            ):
                 self._complete()
             self.mirror_state()
+
+    def _durable(self) -> bool:
+        """Whether the last checkpoint is copied to ``checkpoint_uri`` (or there is none to
+        copy), asked on each tick: the job reports success once it is, or once
+        ``MIRROR_FLUSH_TIMEOUT_S`` has passed, saying so. Never waited for under the lock: the
+        API (status, the trigger) keeps answering meanwhile."""
+        if self.mirror is None or self.mirror.flush(timeout=0):
+            return True
+        now = time.time()
+        if self._durable_wait_since is None:
+            self._durable_wait_since = now
+            self.message = f"copying the last checkpoint to {self.spec.checkpoint_uri}"
+            self.mirror_state(force=True)
+        return now - self._durable_wait_since > MIRROR_FLUSH_TIMEOUT_S
 
     def _evaluation_finished(self) -> bool:
         return self.evaluation is not None and self.nodes["evaluator"].exit_code is not None
@@ -507,6 +529,7 @@ class JobMaster:
         """Stop the workers, relaunch the PS (it restores its partition from the last
         checkpoint), and once it is up rebuild the queue from every PS's ledger."""
         self.state = JobState.RECOVERING
+        self._wrapping_up = False  # the restore may send training back: wrap up again
         self.message = f"{cause}; relaunching it from the last checkpoint"
         log.warning(self.message)
         for other in self.nodes.values():
@@ -931,10 +954,10 @@ class JobMaster:
                 f"; {len(quarantined)} shard(s) quarantined after repeated worker deaths and not "
                 f"trained: {[(q['shard_id'], q['start'], q['end']) for q in quarantined]}"
             )
-        if self.mirror is not None:  # the last checkpoint is durable before the job says done
-            if not self.mirror.flush(timeout=MIRROR_FLUSH_TIMEOUT_S):
+        if self.mirror is not None:  # ``_durable`` waited for the copy (or gave up)
+            if not self.mirror.flush(timeout=0) or self.mirror.last_error:
                 message += f"; the last checkpoint was not copied to {self.spec.checkpoint_uri}"
-            elif self.mirror.last is not None:
+            if self.mirror.last is not None:
                 self.result["durable_checkpoint"] = self.mirror.last.summary()
         self._finish(JobState.SUCCEEDED, message)
 

@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -57,10 +58,13 @@ def moto_server(env: dict[str, str] | None = None) -> Iterator[str]:
     port = free_port()
     exe = Path(sys.executable).with_name("moto_server")
     command = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    # Its request log goes to a file: a pipe nobody reads fills up after a few hundred
+    # requests and then blocks the server (a job that checkpoints every second hung on it).
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in the finally below
     proc = subprocess.Popen(
         [*command, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=log,
         env={**os.environ, **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
@@ -68,7 +72,8 @@ def moto_server(env: dict[str, str] | None = None) -> Iterator[str]:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
+                log.seek(0)
+                err = log.read().decode(errors="replace")
                 raise RuntimeError(f"moto_server exited with {proc.returncode}: {err[-2000:]}")
             try:
                 with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
@@ -85,8 +90,7 @@ def moto_server(env: dict[str, str] | None = None) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        log.close()
 
 
 def s3_client(endpoint: str) -> Any:

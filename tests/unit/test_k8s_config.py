@@ -142,7 +142,7 @@ def test_the_pods_must_see_the_job_dir_and_the_data(monkeypatch: pytest.MonkeyPa
     launched: list[Any] = []
     monkeypatch.setattr(
         "airflow_rover.hooks.elastic_job.ElasticJobHook.launch",
-        lambda hook, spec: launched.append(spec),
+        lambda hook, spec, env=None: launched.append(spec),
     )
     context: Any = {
         **run_context(),

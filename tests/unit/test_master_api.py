@@ -279,6 +279,13 @@ def test_status_shape_through_start_up(make_job) -> None:
         "checkpoints": 0,
         "resumed_from": None,
         "quarantined": [],
+        "checkpoint_policy": "full",
+        "checkpoint_policy_reason": "as requested",
+        "checkpoint_interval_s": job.master.spec.recovery.checkpoint_interval_s,
+        "partial_saves": 0,
+        "lost_batches": 0,
+        "lost_samples": 0,
+        "pls": 0.0,
     }
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []

@@ -422,7 +422,7 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
     launched: list[JobSpec] = []
     monkeypatch.setattr(
         "airflow_rover.hooks.elastic_job.ElasticJobHook.launch",
-        lambda self, spec: launched.append(spec),
+        lambda self, spec, env=None: launched.append(spec),
     )
 
     # no history: the given plan is the cold start
