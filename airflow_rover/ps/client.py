@@ -221,6 +221,44 @@ class PSClient:
         ]
         self._call_all("Absorb", requests)
 
+    def _ecrm_request(
+        self, op: str, k: int, rows_per_lock: int, addresses: list[str], epochs: list[int]
+    ) -> dict[str, np.ndarray]:
+        return {
+            "op": _text(op),
+            "k": np.array([k], dtype=np.int64),
+            "rows_per_lock": np.array([rows_per_lock], dtype=np.int64),
+            "addresses": _text("\n".join(addresses)),
+            "epochs": np.array(epochs, dtype=np.int64),
+        }
+
+    def ecrm_setup(
+        self, k: int, rows_per_lock: int, addresses: list[str], epochs: list[int], encode: bool
+    ) -> None:
+        """Start ECRM on every PS (``ps.ecrm``); ``encode``: re-encode the parity from rows
+        restored from a checkpoint (once every PS is set up, before anyone trains)."""
+        request = self._ecrm_request("setup", k, rows_per_lock, addresses, epochs)
+        self._call_all("Ecrm", [request] * self.num_ps)
+        if encode:
+            self._call_all("Ecrm", [{"op": _text("encode")}] * self.num_ps)
+
+    def ecrm_rebuild(
+        self, index: int, k: int, rows_per_lock: int, addresses: list[str], epochs: list[int]
+    ) -> dict[str, np.ndarray]:
+        """PS ``index`` (a replacement, started empty) rebuilds the lost one in the background."""
+        request = self._ecrm_request("rebuild", k, rows_per_lock, addresses, epochs)
+        return self._call_one(index, "Ecrm", request)
+
+    def ecrm_status(self, index: int) -> dict[str, np.ndarray]:
+        """How PS ``index``'s rebuild stands (``EcrmPeer.status``)."""
+        return self._call_one(index, "Ecrm", {"op": _text("status")})
+
+    def _call_one(self, index: int, method: str, request: dict[str, np.ndarray]) -> dict:
+        reply = self._stubs[index][method](
+            codec.encode(request), metadata=self._metadata, timeout=self._timeout
+        )
+        return codec.decode(reply)
+
     def ledgers(self) -> list[tuple[set[int], int]]:
         """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""
         replies = self._call_all("Ledger", [{} for _ in range(self.num_ps)])

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 SERVICE = "rover.ParameterServer"
-METHODS = ("Pull", "Push", "PushPull", "InitDense", "Save", "Stats", "Ledger", "Reshard", "Absorb")
+METHODS = (
+    "Pull",
+    "Push",
+    "PushPull",
+    "InitDense",
+    "Save",
+    "Stats",
+    "Ledger",
+    "Reshard",
+    "Absorb",
+    "Ecrm",
+)
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

@@ -25,6 +25,7 @@ from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.ecrm import EcrmPeer, read_text
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
@@ -116,6 +117,10 @@ class ParameterServer:
             state_ids = req.get(f"state_ids/{name}")
             if state_ids is not None and not create:
                 raise ValueError("state_ids: only a training pull (create) returns row state")
+            pending = self.ecrm.pending(name, ids) if self.ecrm is not None else None
+            if pending is not None:  # ECRM: rows this replacement has not rebuilt yet
+                out.update(self._degraded_pull(name, ids, pending, create, state_ids))
+                continue
             if state_ids is None:
                 out[f"rows/{name}"] = self._table(name).lookup(ids, create=create)
                 continue
@@ -129,6 +134,41 @@ class ParameterServer:
             out.update({f"dense/{k}": v for k, v in values.items()})
             for name, slots in state.items():
                 out.update({f"dstate/{name}/{k}": v for k, v in slots.items()})
+        return out
+
+    def _degraded_pull(
+        self,
+        name: str,
+        ids: np.ndarray,
+        pending: np.ndarray,
+        create: bool,
+        state_ids: np.ndarray | None,
+    ) -> dict[str, np.ndarray]:
+        """A pull touching rows a replacement has not rebuilt yet (``ps.ecrm``): those are
+        decoded from parity (not created here: the rebuild writes them), the rest read as
+        usual."""
+        assert self.ecrm is not None
+        table = self._table(name)
+        decoded = self.ecrm.degraded_read(name, ids[pending])
+        rows = np.empty((ids.size, table.dim), dtype=np.float32)
+        rows[pending] = decoded["row"]
+        rest = ids[~pending]
+        out: dict[str, np.ndarray] = {}
+        if state_ids is None:
+            rows[~pending] = table.lookup(rest, create=create)
+        else:
+            in_rest = np.isin(state_ids, rest)
+            got, state = table.lookup_with_state(rest, state_ids[in_rest])
+            rows[~pending] = got
+            lost = ids[pending]
+            order = np.argsort(lost)
+            where = order[np.searchsorted(lost, state_ids[~in_rest], sorter=order)]
+            for k, v in state.items():
+                full = np.empty((state_ids.size, *v.shape[1:]), dtype=v.dtype)
+                full[in_rest] = v
+                full[~in_rest] = decoded[f"state/{k}"][where]
+                out[f"rstate/{name}/{k}"] = full
+        out[f"rows/{name}"] = rows
         return out
 
     def push(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -145,8 +185,11 @@ class ParameterServer:
         with self._apply_lock:
             if not self.ledger.admit(key):  # a retried batch this PS already applied
                 return {"duplicate": np.ones(1, dtype=np.uint8)}
-            for table, ids, grads in sparse:
-                table.apply_gradients(ids, grads)
+            if self.ecrm is not None:  # ECRM: the differences go to the parity holders
+                self.ecrm.apply_push(sparse, key)
+            else:
+                for table, ids, grads in sparse:
+                    table.apply_gradients(ids, grads)
             if dense:
                 self.dense.apply_gradients(dense)
             self.pushes += 1
@@ -329,6 +372,8 @@ class ParameterServer:
         """
         path = Path(req["path"].tobytes().decode())
         mode = req["mode"].tobytes().decode() if "mode" in req else "sync"
+        if mode != "status" and self.ecrm is not None and self.ecrm.pending_rebuild:
+            raise ValueError("save: this PS is still rebuilding its rows (ECRM); save later")
         rows = np.array([sum(t.size for t in self.tables.values())], dtype=np.int64)
         if mode == "sync":
             write_npz(path, self.snapshot().items())
@@ -368,6 +413,32 @@ class ParameterServer:
         total = sum(v.nbytes for _, v in _live_views(self.tables.values(), self.dense))
         return total + 8 * (len(self.ledger.applied) + 2 * len(self.ledger.rejected)) + 4096
 
+    ecrm: EcrmPeer | None = None
+    """ECRM's parity and rebuild (``ps.ecrm``), once the master set it up."""
+
+    def ecrm_call(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """ECRM operations (``ps.ecrm``): ``setup`` and ``rebuild`` (on a replacement) start
+        it with the layout the master gives; every other op goes to ``EcrmPeer.handle``."""
+        op = read_text(req["op"])
+        if op in ("setup", "rebuild"):
+            if self.ecrm is not None:
+                self.ecrm.close()
+            self.ecrm = EcrmPeer(
+                self,
+                int(req["k"][0]),
+                int(req["rows_per_lock"][0]),
+                read_text(req["addresses"]).split("\n"),
+                [int(e) for e in req["epochs"]],
+                self.token,
+            )
+            if op == "rebuild":
+                return self.ecrm.start_rebuild()
+            self.ecrm.send_ledger()
+            return {}
+        if self.ecrm is None:
+            raise ValueError(f"ecrm op {op!r}: ECRM is not set up on PS {self.index}")
+        return self.ecrm.handle(req)
+
     def stats(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return {
             "rows": np.array([sum(t.size for t in self.tables.values())], dtype=np.int64),
@@ -385,6 +456,7 @@ class ParameterServer:
             "Ledger": self.ledger_info,
             "Reshard": self.reshard,
             "Absorb": self.absorb,
+            "Ecrm": self.ecrm_call,
         }
 
 

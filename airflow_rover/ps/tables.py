@@ -77,6 +77,10 @@ class EmbeddingTable:
     def size(self) -> int:
         return self._size
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self._slot.size)
+
     def _check_ids(self, ids: np.ndarray) -> None:
         """Ids must be a 1-D integer array without repeats (a repeat would create a row twice)."""
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
@@ -223,6 +227,39 @@ class EmbeddingTable:
             self.counts[slots] = arrays["counts"]
             for key in self.state:
                 self.state[key][slots] = arrays[f"state/{key}"]
+
+    def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Row (``row``) and optimizer state (``state/<slot>``) of unique ``ids``, as
+        ``core.ecrm`` codes them: read without creating rows or counting an access (a row not
+        created yet reads as its seeded initial value and fresh state)."""
+        self._check_ids(ids)
+        with self._lock:
+            slots = self._slot[ids]
+            known = slots >= 0
+            if known.all():
+                out = {"row": self.rows[slots]}
+                out.update({f"state/{k}": v[slots] for k, v in self.state.items()})
+                return out
+            out = self.initial_fields(ids)
+            have = slots[known]
+            out["row"][known] = self.rows[have]
+            for k, v in self.state.items():
+                out[f"state/{k}"][known] = v[have]
+            return out
+
+    def initial_fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """What ``fields`` reads for rows never created: seeded rows, fresh optimizer state."""
+        out = {"row": initial_rows(self.name, ids, self.dim, self.seed, INIT_SCALE)}
+        fresh = self.optimizer.init_state((ids.size, self.dim), rows=True)
+        out.update({f"state/{k}": v for k, v in fresh.items()})
+        return out
+
+    def put_fields(self, ids: np.ndarray, fields: dict[str, np.ndarray]) -> None:
+        """Set rows and optimizer state (``fields``' layout) of unique ``ids``: an ECRM
+        rebuild writes the decoded rows of a lost PS this way."""
+        arrays = {"ids": ids, "rows": fields["row"], "counts": np.zeros(ids.size, np.uint32)}
+        arrays.update({k: v for k, v in fields.items() if k.startswith("state/")})
+        self.absorb(arrays)
 
     def snapshot(self) -> dict[str, np.ndarray]:
         with self._lock:

@@ -1,0 +1,670 @@
+"""ECRM on a running PS process (ECRM section 3): parity of the other PS's rows, difference
+propagation after each applied push, and the rebuild of a lost PS while training goes on.
+
+``core.ecrm`` has the coding (placement, codecs, propagation, decode plans, the chunked
+rebuild state machine); this module runs it over gRPC between PS processes. Every call is one
+``Ecrm`` RPC whose ``op`` picks the operation (``EcrmPeer.handle``):
+
+- ``setup`` (master, every PS, before training): the layout (``k``), the PS addresses and
+  incarnations. Each PS then sends its batch ledger to its parity holders, so a holder knows
+  every batch a source has applied (a replacement's ledger is what its holders know).
+- ``encode`` (master, every PS, after a restore): re-encode the parity this PS holds from the
+  restored rows of its sources, before any worker trains.
+- ``rebuild`` (master, a replacement PS started empty): fence the dead incarnation at the
+  holders (they hand back its ledger and the last replica of its dense variables), re-point
+  its sources' channels at it, and rebuild it chunk by chunk in a thread (``_Rebuild``).
+- ``parity`` (a source, in order per holder), ``parity_read``, ``applied``, ``fence``,
+  ``reset_holder``, ``created``, ``fields``, ``lock``, ``unlock``, ``status``.
+
+Threads: the PS's apply lock covers a push, its propagation and the update buffer (so a
+lock's ``sent()`` watermark is exact); ``_parity_lock`` covers the ``ParityStore``. A sender
+thread per holder delivers the messages in order and retries until the holder (or its
+replacement, which re-points the channel) takes them. Dense variables are small and updated
+by every push, so instead of coding them each PS copies them to its first holder every
+``DENSE_REPLICA_S`` (the paper recovers them from a worker; a replica up to that old is a state
+asynchronous training could have reached).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+
+from airflow_rover.core.ecrm import (
+    DifferencePropagator,
+    EcrmLayout,
+    Fields,
+    ParityDelta,
+    ParityStore,
+    RebuildPlan,
+    RowStatus,
+    SumCodec,
+    TableDelta,
+    UpdateBuffer,
+    plan_decode,
+    plan_encode,
+    rows_to_rebuild,
+)
+from airflow_rover.ps import codec, rpc
+
+if TYPE_CHECKING:
+    from airflow_rover.ps.server import ParameterServer
+    from airflow_rover.ps.tables import EmbeddingTable
+
+log = logging.getLogger(__name__)
+
+DENSE_REPLICA_S = 1.0
+MAX_FRAME_ENTRIES = 256  # messages per parity RPC: a backlog goes in several
+RETRY_S = 0.2
+DRAIN_POLL_S = 0.002
+
+
+def text(value: str) -> np.ndarray:
+    return np.frombuffer(value.encode(), dtype=np.uint8)
+
+
+def read_text(value: np.ndarray) -> str:
+    return value.tobytes().decode()
+
+
+def _ints(values: Mapping[int, int]) -> dict[str, np.ndarray]:
+    keys = sorted(values)
+    return {
+        "keys": np.array(keys, dtype=np.int64),
+        "values": np.array([values[k] for k in keys], dtype=np.int64),
+    }
+
+
+def _read_ints(reply: Mapping[str, np.ndarray]) -> dict[int, int]:
+    return {int(k): int(v) for k, v in zip(reply["keys"], reply["values"], strict=True)}
+
+
+# ----------------------------------------------------------------------------- the wire
+
+
+def encode_frame(
+    source: int, epoch: int, deltas: list[ParityDelta], keys: list[int], dense: Fields | None
+) -> dict[str, np.ndarray]:
+    """One parity RPC: messages in channel order, the batch keys they come from, and (now and
+    then) the source's dense variables."""
+    out = {
+        "op": text("parity"),
+        "source": np.array([source, epoch], dtype=np.int64),
+        "batch_keys": np.array(keys, dtype=np.int64),
+        "n": np.array([len(deltas)], dtype=np.int64),
+    }
+    for i, d in enumerate(deltas):
+        out[f"d{i}/meta"] = np.array(
+            [d.source, d.epoch, d.holder, d.holder_epoch, d.seq], dtype=np.int64
+        )
+        for j, part in enumerate(d.tables):
+            out[f"d{i}/t{j}/table"] = text(part.table)
+            out[f"d{i}/t{j}/ids"] = part.ids
+            out.update({f"d{i}/t{j}/f/{name}": v for name, v in part.fields.items()})
+    if dense:
+        out.update({f"replica/{k}": v for k, v in dense.items()})
+    return out
+
+
+def decode_frame(frame: Mapping[str, np.ndarray]) -> list[ParityDelta]:
+    deltas = []
+    for i in range(int(frame["n"][0])):
+        source, epoch, holder, holder_epoch, seq = (int(x) for x in frame[f"d{i}/meta"])
+        parts = []
+        j = 0
+        while f"d{i}/t{j}/table" in frame:
+            prefix = f"d{i}/t{j}/f/"
+            fields = {k[len(prefix) :]: v for k, v in frame.items() if k.startswith(prefix)}
+            parts.append(
+                TableDelta(read_text(frame[f"d{i}/t{j}/table"]), frame[f"d{i}/t{j}/ids"], fields)
+            )
+            j += 1
+        deltas.append(ParityDelta(source, epoch, holder, holder_epoch, seq, tuple(parts)))
+    return deltas
+
+
+class Peers:
+    """gRPC channels to the other PS of the job, by index (addresses change on replacement)."""
+
+    def __init__(self, addresses: list[str], token: str) -> None:
+        self.addresses = list(addresses)
+        self._token = token
+        self._channels: dict[str, grpc.Channel] = {}
+        self._lock = threading.Lock()
+
+    def call(self, index: int, arrays: dict[str, np.ndarray], timeout: float = 60) -> Fields:
+        address = self.addresses[index]
+        with self._lock:
+            channel = self._channels.get(address)
+            if channel is None:
+                channel = grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS)
+                self._channels[address] = channel
+        stub = channel.unary_unary(rpc.method_path("Ecrm"))
+        reply = stub(codec.encode(arrays), metadata=rpc.auth_metadata(self._token), timeout=timeout)
+        return codec.decode(reply)
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels.values():
+                channel.close()
+            self._channels.clear()
+
+
+@dataclass
+class _Entry:
+    holder_epoch: int
+    delta: ParityDelta | None
+    key: int | None
+
+
+class _Channel:
+    """The ordered channel from this PS to one parity holder: a thread sends whatever is queued
+    in one RPC and drops it only once the holder took it; a failed send is retried (the
+    holder's replacement re-points the channel, and messages to the dead one are dropped)."""
+
+    def __init__(self, peer: EcrmPeer, holder: int, holder_epoch: int) -> None:
+        self.peer = peer
+        self.holder = holder
+        self.holder_epoch = holder_epoch
+        self._queue: list[_Entry] = []
+        self._dense: Fields | None = None
+        self._cond = threading.Condition()
+        self._closed = False
+        self.sent_frames = 0
+        self._thread = threading.Thread(
+            target=self._run, name=f"parity-to-ps-{holder}", daemon=True
+        )
+        self._thread.start()
+
+    def put(self, delta: ParityDelta | None, key: int | None) -> None:
+        with self._cond:
+            self._queue.append(_Entry(self.holder_epoch, delta, key))
+            self._cond.notify()
+
+    def put_dense(self, dense: Fields) -> None:
+        with self._cond:
+            self._dense = dense
+            self._cond.notify()
+
+    def retarget(self, holder_epoch: int) -> None:
+        """The holder was replaced: what was queued for the dead one is dropped."""
+        with self._cond:
+            self.holder_epoch = holder_epoch
+            self._queue = [e for e in self._queue if e.holder_epoch >= holder_epoch]
+            self._cond.notify()
+
+    def backlog(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and self._dense is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                entries = self._queue[:MAX_FRAME_ENTRIES]
+                dense = self._dense
+                self._dense = None
+                epoch = self.holder_epoch
+            entries = [e for e in entries if e.holder_epoch == epoch]
+            frame = encode_frame(
+                self.peer.index,
+                self.peer.epoch,
+                [e.delta for e in entries if e.delta is not None],
+                [e.key for e in entries if e.key is not None],
+                dense,
+            )
+            frame["holder_epoch"] = np.array([epoch], dtype=np.int64)
+            try:
+                self.peer.peers.call(self.holder, frame)
+            except grpc.RpcError as exc:
+                with self._cond:
+                    if dense is not None and self._dense is None:
+                        self._dense = dense
+                    if self._closed:
+                        return
+                log.debug("parity to PS %d not delivered (%s); retrying", self.holder, exc.code())
+                time.sleep(RETRY_S)
+                continue
+            with self._cond:
+                sent = {id(e) for e in entries}
+                self._queue = [e for e in self._queue if id(e) not in sent]
+                self.sent_frames += 1
+
+
+# ----------------------------------------------------------------------------- rebuild
+
+
+@dataclass
+class _Rebuild:
+    """A replacement PS rebuilding its rows (and the parity it holds) from the others."""
+
+    plan: RebuildPlan
+    started: float
+    rows_done_at: float | None = None
+    done_at: float | None = None
+    chunks: int = 0
+    held_rows: int = 0  # updates held back by locks, applied on release
+    degraded_rows: int = 0  # rows served by decoding before they were rebuilt
+    error: str | None = None
+    thread: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def active(self) -> bool:
+        return self.done_at is None
+
+
+class EcrmPeer:
+    """The ECRM side of one PS: its parity store, propagator, update buffer and channels."""
+
+    def __init__(
+        self,
+        ps: ParameterServer,
+        k: int,
+        rows_per_lock: int,
+        addresses: list[str],
+        epochs: list[int],
+        token: str,
+    ) -> None:
+        self.ps = ps
+        self.index = ps.index
+        self.k = k
+        self.rows_per_lock = rows_per_lock
+        self.epochs = list(epochs)
+        self.epoch = self.epochs[self.index]
+        vocab = {name: t.vocab_size for name, t in ps.tables.items()}
+        self.layout = EcrmLayout(ps.num_ps, k, vocab)
+        self.codec = SumCodec()
+        self.store = ParityStore(self.layout, self.index, self.codec, self._initial, self.epoch)
+        self.propagator = DifferencePropagator(self.layout, self.index, self.codec, self.epoch)
+        self.buffer = UpdateBuffer()
+        self.peers = Peers(addresses, token)
+        self._parity_lock = threading.Lock()
+        self._src_epoch = {s: self.epochs[s] for s in self.layout.sources_of(self.index)}
+        self.keys_from: dict[int, set[int]] = {s: set() for s in self._src_epoch}
+        self.replica: dict[int, Fields] = {}  # sources' dense variables (first holder only)
+        self.channels = {
+            h: _Channel(self, h, self.epochs[h]) for h in self.layout.holders_of(self.index)
+        }
+        self.rebuild: _Rebuild | None = None
+        self._closed = threading.Event()
+        self._replicator = threading.Thread(target=self._replicate, daemon=True)
+        self._replicator.start()
+
+    # -- normal operation
+
+    def _initial(self, table: str, ids: np.ndarray) -> Fields:
+        return self.ps.tables[table].initial_fields(np.asarray(ids, dtype=np.int64))
+
+    def apply_push(
+        self, sparse: list[tuple[EmbeddingTable, np.ndarray, np.ndarray]], key: int
+    ) -> None:
+        """Apply a push's rows (under the PS's apply lock) and queue their differences: rows
+        locked by a rebuild wait in the buffer. Every holder gets the batch key."""
+        updates = {}
+        for table, ids, grads in sparse:
+            now, payload = self.buffer.admit(table.name, ids, {"grad": grads})
+            if now.size:
+                updates[table.name] = self._apply(table, now, payload["grad"])
+        self._send(updates, key)
+
+    def _apply(self, table: EmbeddingTable, ids: np.ndarray, grads: np.ndarray) -> Any:
+        old = table.fields(ids)
+        table.apply_gradients(ids, grads)
+        return ids, old, table.fields(ids)
+
+    def _send(self, updates: Mapping[str, Any], key: int | None) -> None:
+        by_holder = {d.holder: d for d in self.propagator.deltas(updates)}
+        for holder, channel in self.channels.items():
+            delta = by_holder.get(holder)
+            if delta is not None or key is not None:
+                channel.put(delta, key)
+
+    def send_ledger(self) -> None:
+        """Tell every holder the batches this PS has applied so far (after setup)."""
+        with self.ps._apply_lock:
+            for key in sorted(self.ps.ledger.applied):
+                for channel in self.channels.values():
+                    channel.put(None, key)
+
+    def _replicate(self) -> None:
+        first = self.layout.holders_of(self.index)[0]
+        version = -1
+        while not self._closed.wait(DENSE_REPLICA_S):
+            if self.ps.dense.version != version and self.ps.dense.values:
+                version = self.ps.dense.version
+                self.channels[first].put_dense(self.ps.dense.snapshot())
+
+    @property
+    def pending_rebuild(self) -> bool:
+        """Whether this PS is a replacement still rebuilding (its state is incomplete)."""
+        return self.rebuild is not None and self.rebuild.active
+
+    # -- pulls (a replacement serves rows not rebuilt yet by decoding them)
+
+    def pending(self, table: str, ids: np.ndarray) -> np.ndarray | None:
+        """Mask of ``ids`` this replacement has not rebuilt yet; None if there are none."""
+        rebuild = self.rebuild
+        if rebuild is None or rebuild.plan.done:
+            return None
+        mask = rebuild.plan.status(table, ids) != RowStatus.DONE
+        return mask if mask.any() else None
+
+    def degraded_read(self, table: str, ids: np.ndarray) -> Fields:
+        """Lost rows not rebuilt yet: their parity minus the group's other members, with the
+        updates held for them applied. Not drained: a member's difference still in flight
+        makes the row off by that update (a stale read, as asynchronous training has)."""
+        plan = plan_decode(self.layout, table, self.index, ids)
+        parity = {
+            h: self.peers.call(h, {"op": text("parity_read"), "table": text(table), "slots": slots})
+            for h, (_, slots) in plan.parity.items()
+        }
+        members = {q: self._fields(q, table, got) for q, got in plan.member_ids.items()}
+        if self.rebuild is not None:
+            self.rebuild.degraded_rows += ids.size
+        fields = plan.decode(self.codec, parity, members, self._dtypes(table))
+        with self.ps._apply_lock:  # updates waiting in the buffer: the reader sees them
+            held = [(got, p["grad"]) for got, p in self.buffer.peek(table)]
+        optimizer = self.ps.tables[table].optimizer
+        state_names = [k for k in fields if k.startswith("state/")]
+        for got, grads in held:
+            mine, at_ids, at_held = np.intersect1d(ids, got, return_indices=True)
+            if mine.size == 0:
+                continue
+            rows = fields["row"][at_ids]
+            state = {k[6:]: fields[k][at_ids] for k in state_names}
+            optimizer.apply(rows, state, grads[at_held])
+            fields["row"][at_ids] = rows
+            for k in state_names:
+                fields[k][at_ids] = state[k[6:]]
+        return fields
+
+    def _fields(self, ps: int, table: str, ids: np.ndarray) -> Fields:
+        if ps == self.index:
+            return self.ps.tables[table].fields(ids)
+        return self.peers.call(ps, {"op": text("fields"), "table": text(table), "ids": ids})
+
+    def _dtypes(self, table: str) -> dict[str, np.dtype]:
+        return self.store.spec(table)[0]
+
+    # -- the RPC
+
+    def handle(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        op = read_text(req["op"])
+        table = read_text(req["table"]) if "table" in req else ""
+        if op == "parity":
+            return self._receive(req)
+        if op == "fields":
+            return self.ps.tables[table].fields(req["ids"].astype(np.int64))
+        if op == "parity_read":
+            with self._parity_lock:
+                return self.store.read(table, req["slots"])
+        if op == "applied":
+            with self._parity_lock:
+                return _ints(self.store.applied())
+        if op == "lock":
+            with self.ps._apply_lock:
+                self.buffer.lock(table, req["ids"])
+                return _ints(self.propagator.sent())
+        if op == "unlock":
+            with self.ps._apply_lock:
+                held = self._release(table, req["ids"])
+            return {"held": np.array([held], dtype=np.int64)}
+        if op == "fence":
+            return self._fence(int(req["source"][0]), int(req["epoch"][0]))
+        if op == "reset_holder":
+            holder, epoch = int(req["holder"][0]), int(req["epoch"][0])
+            self.peers.addresses[holder] = read_text(req["address"])
+            with self.ps._apply_lock:
+                self.propagator.reset_holder(holder, epoch)
+                self.epochs[holder] = epoch
+                self.channels[holder].retarget(epoch)
+            return {}
+        if op == "created":
+            t = self.ps.tables[table]
+            with t._lock:
+                return {"ids": t._ids[: t.size].copy()}
+        if op == "encode":
+            return self._encode_all()
+        if op == "status":
+            return self.status()
+        raise ValueError(f"ecrm op {op!r}: unknown")
+
+    def _receive(self, frame: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        source, epoch = (int(x) for x in frame["source"])
+        if int(frame["holder_epoch"][0]) != self.epoch:
+            return {"fenced": np.ones(1, dtype=np.uint8)}
+        with self._parity_lock:
+            if epoch < self._src_epoch.get(source, 0):
+                return {"fenced": np.ones(1, dtype=np.uint8)}
+            if epoch > self._src_epoch[source]:  # a new incarnation speaks first
+                self._src_epoch[source] = epoch
+                self.keys_from[source] = set()
+            for delta in decode_frame(frame):
+                self.store.apply(delta)
+            self.keys_from[source].update(int(k) for k in frame["batch_keys"])
+            dense = {k[8:]: v for k, v in frame.items() if k.startswith("replica/")}
+            if dense:
+                self.replica[source] = dense
+        return {}
+
+    def _fence(self, source: int, epoch: int) -> dict[str, np.ndarray]:
+        """The dead incarnation of ``source`` is fenced: hand back what this holder knows of
+        it (the batches it applied, the replica of its dense variables) and materialised
+        parity slots, from which its replacement is rebuilt."""
+        with self._parity_lock:
+            self.store.fence(source, epoch)
+            self._src_epoch[source] = max(self._src_epoch[source], epoch)
+            keys = self.keys_from.get(source, set())
+            self.keys_from[source] = set()
+            out = {"batch_keys": np.array(sorted(keys), dtype=np.int64)}
+            out.update({f"replica/{k}": v for k, v in self.replica.pop(source, {}).items()})
+            for t in self.layout.tables:
+                out[f"materialised/{t}"] = self.store.materialised(t)
+        return out
+
+    def _release(self, table: str, ids: np.ndarray) -> int:
+        """Unlock rows (caller holds the apply lock) and apply their held updates in order."""
+        held = 0
+        t = self.ps.tables[table]
+        for got, payload in self.buffer.release(table, ids):
+            held += got.size
+            self._send({table: self._apply(t, got, payload["grad"])}, None)
+        return held
+
+    def _encode_all(self) -> dict[str, np.ndarray]:
+        """Re-encode this holder's parity from its sources' rows (after a restore, before
+        training: nothing changes meanwhile)."""
+        slots_done = 0
+        for t in self.layout.tables:
+            slots = self._slots_with_rows(t)
+            if slots.size == 0:
+                continue
+            plan = plan_encode(self.layout, t, self.index, slots)
+            members = {q: self._fields(q, t, ids) for q, ids in plan.member_ids.items()}
+            fields = plan.encode(self.codec, members, self._dtypes(t))
+            with self._parity_lock:
+                self.store.write(t, slots, fields)
+            slots_done += slots.size
+        return {"slots": np.array([slots_done], dtype=np.int64)}
+
+    def _slots_with_rows(self, table: str) -> np.ndarray:
+        """This holder's parity slots with a member some source has created; the others are
+        the code of initial values, which the store computes by itself."""
+        created = [
+            self.peers.call(s, {"op": text("created"), "table": text(table)})["ids"]
+            for s in self.layout.sources_of(self.index)
+        ]
+        ids = np.concatenate(created) if created else np.empty(0, np.int64)
+        where, slots = self.layout.parity_location(table, ids.astype(np.int64))
+        return np.unique(slots[where == self.index])
+
+    # -- rebuilding a lost PS (on its replacement)
+
+    def start_rebuild(self) -> dict[str, np.ndarray]:
+        """This PS replaces a lost one (started empty): adopt what the holders knew of it, take
+        over its sources' channels, and rebuild its rows and parity in the background."""
+        started = time.perf_counter()
+        holders = self.layout.holders_of(self.index)
+        keys: set[int] = set()
+        dense: Fields = {}
+        materialised: dict[int, dict[str, np.ndarray]] = {}
+        for h in holders:
+            reply = self.peers.call(
+                h,
+                {
+                    "op": text("fence"),
+                    "source": np.array([self.index], dtype=np.int64),
+                    "epoch": np.array([self.epoch], dtype=np.int64),
+                },
+            )
+            keys.update(int(k) for k in reply["batch_keys"])
+            dense = dense or {k[8:]: v for k, v in reply.items() if k.startswith("replica/")}
+            materialised[h] = {t: reply[f"materialised/{t}"] for t in self.layout.tables}
+        address = text(self.peers.addresses[self.index])
+        for s in self.layout.sources_of(self.index):  # before reading what they created
+            self.peers.call(
+                s,
+                {
+                    "op": text("reset_holder"),
+                    "holder": np.array([self.index], dtype=np.int64),
+                    "epoch": np.array([self.epoch], dtype=np.int64),
+                    "address": address,
+                },
+            )
+        plan = RebuildPlan(
+            self.layout,
+            self.index,
+            self.rows_per_lock,
+            data_ids=rows_to_rebuild(self.layout, self.index, materialised),
+            parity_slots={t: self._slots_with_rows(t) for t in self.layout.tables},
+        )
+        with self.ps._apply_lock:
+            self.ps.ledger.applied.update(keys)
+            if dense:
+                self.ps.dense.restore(dense)
+            for t in self.layout.tables:
+                self.buffer.lock(t, plan.data_ids(t))
+            with self._parity_lock:
+                for t in self.layout.tables:
+                    self.store.mark_stale(t, plan.parity_slots(t))
+            rebuild = _Rebuild(plan, started)
+            self.rebuild = rebuild
+        self.send_ledger()  # so a later loss of this PS finds its holders knowing it
+        rebuild.thread = threading.Thread(target=self._run_rebuild, args=(rebuild,), daemon=True)
+        rebuild.thread.start()
+        log.info(
+            "PS %d (incarnation %d): rebuilding %d rows and %d parity slots from %d holders "
+            "(%d batches applied, dense replica: %s)",
+            self.index,
+            self.epoch,
+            sum(plan.data_ids(t).size for t in self.layout.tables),
+            sum(plan.parity_slots(t).size for t in self.layout.tables),
+            len(holders),
+            len(keys),
+            "yes" if dense else "none",
+        )
+        return self.status()
+
+    def _run_rebuild(self, rebuild: _Rebuild) -> None:
+        try:
+            self._rebuild(rebuild)
+        except Exception as exc:  # reported by status(); the master gives up on the PS
+            log.exception("PS %d: rebuild failed", self.index)
+            rebuild.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            rebuild.done_at = time.perf_counter()
+            if rebuild.rows_done_at is None:
+                rebuild.rows_done_at = rebuild.done_at
+
+    def _rebuild(self, rebuild: _Rebuild) -> None:
+        plan = rebuild.plan
+        while (chunk := plan.next_chunk()) is not None:
+            t = chunk.table
+            sent: dict[int, dict[int, int]] = {}
+            for q in chunk.lock_ps:
+                ids = chunk.locks[q]
+                if q == self.index:
+                    with self.ps._apply_lock:
+                        self.buffer.lock(t, ids)
+                    sent[q] = {}
+                else:
+                    reply = self.peers.call(q, {"op": text("lock"), "table": text(t), "ids": ids})
+                    sent[q] = _read_ints(reply)
+            plan.locks_installed(sent)
+            while not plan.drained({h: self._applied(h) for h in chunk.holders}):
+                time.sleep(DRAIN_POLL_S)
+            members = {q: self._fields(q, t, ids) for q, ids in chunk.member_ids.items()}
+            if chunk.kind == "decode":
+                parity = {
+                    h: self.peers.call(
+                        h, {"op": text("parity_read"), "table": text(t), "slots": slots}
+                    )
+                    for h, (_, slots) in chunk.parity.items()
+                }
+                fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
+                with self.ps._apply_lock:
+                    self.ps.tables[t].put_fields(chunk.ids, fields)
+                    plan.chunk_written()
+                    rebuild.held_rows += self._release(t, chunk.locks[self.index])
+                rebuild.rows_done_at = time.perf_counter()
+            else:
+                fields = chunk.encode(self.codec, members, self._dtypes(t))
+                with self._parity_lock:
+                    self.store.write(t, chunk.slots, fields)
+                plan.chunk_written()
+            for q in chunk.lock_ps:
+                if q != self.index:
+                    reply = self.peers.call(
+                        q, {"op": text("unlock"), "table": text(t), "ids": chunk.locks[q]}
+                    )
+                    rebuild.held_rows += int(reply["held"][0])
+            rebuild.chunks += 1
+
+    def _applied(self, holder: int) -> dict[int, int]:
+        if holder == self.index:
+            with self._parity_lock:
+                return self.store.applied()
+        return _read_ints(self.peers.call(holder, {"op": text("applied")}))
+
+    def status(self) -> dict[str, np.ndarray]:
+        """How a rebuild stands (``rebuilding`` 0 when none runs or it ended)."""
+        r = self.rebuild
+        now = time.perf_counter()
+        out = {
+            "rebuilding": np.array([int(r is not None and r.active)], dtype=np.int64),
+            "backlog": np.array([sum(c.backlog() for c in self.channels.values())], np.int64),
+        }
+        if r is not None:
+            plan = r.plan
+            out["rows_total"] = np.array([plan.rows_total], dtype=np.int64)
+            out["rows_done"] = np.array([plan.rows_done], dtype=np.int64)
+            out["chunks"] = np.array([r.chunks], dtype=np.int64)
+            out["held_rows"] = np.array([r.held_rows], dtype=np.int64)
+            out["degraded_rows"] = np.array([r.degraded_rows], dtype=np.int64)
+            out["seconds"] = np.array([(r.done_at or now) - r.started], dtype=np.float64)
+            out["rows_seconds"] = np.array([(r.rows_done_at or now) - r.started], dtype=np.float64)
+            if r.error:
+                out["error"] = text(r.error)
+        return out
+
+    def close(self) -> None:
+        self._closed.set()
+        for channel in self.channels.values():
+            channel.close()
+        self.peers.close()
