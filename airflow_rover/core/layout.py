@@ -126,6 +126,11 @@ class JobLayout:
         atomic_write_text(self.checkpoints / "LATEST", directory.name)
         fsync_path(self.checkpoints)
 
+    def ecrm_rebuild_marker(self, ps_index: int) -> Path:
+        """Present while PS ``ps_index`` is to be rebuilt from parity (ECRM): its replacement
+        starts empty instead of restoring the last checkpoint."""
+        return self.root / "ecrm" / f"ps-{ps_index}.rebuild"
+
     @property
     def flash_dir(self) -> Path:
         """Where this job's PS keep their flash (shared-memory) snapshots."""

@@ -124,6 +124,12 @@ class JobMaster:
             self.queue.release_all()
             self.resumed_from = str(checkpoint)
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
+        # ECRM: parity is kept once every PS was set up (re-encoded from restored rows); a lost
+        # PS's replacement is rebuilt from it (``ps.ecrm``).
+        self._ecrm_live = False
+        self._ecrm_encode = checkpoint is not None
+        self._ecrm_pending: set[int] = set()  # replacements to rebuild once they are up
+        self.rebuilds: dict[int, dict[str, Any]] = {}  # PS index -> its last rebuild
         self.checkpointer = Checkpointer(
             layout,
             spec.recovery.checkpoint_interval_s,
@@ -385,6 +391,8 @@ class JobMaster:
             if self.state in TERMINAL_STATES:
                 return
             if self.state in (JobState.PENDING, JobState.RECOVERING) and self._all_ps_ready():
+                if self._ecrm and not self._ecrm_ready():
+                    return  # a PS could not be reached: next tick
                 if self._reconcile_pending:
                     partial = self.state == JobState.RECOVERING and self.policy == "cpr"
                     if partial and not self._forgive_lost():
@@ -400,13 +408,17 @@ class JobMaster:
                 self.message = "training"
                 self.mirror_state(force=True)
             elif self.state == JobState.RUNNING:
+                if self._rebuilding:
+                    self._poll_rebuilds()
+                    if self.state in TERMINAL_STATES:
+                        return
                 if self.resize is not None:
                     self._advance_resize(self.resize)
                 expired = self.queue.expire(time.time())
                 for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
                 self._reconcile(expired)
-                if self.queue.finished and not self._wrapping_up:
+                if self.queue.finished and not self._wrapping_up and not self._rebuilding:
                     self._wrapping_up = True  # until a PS restore sends training back
                     if self.resize is not None:
                         self._cancel_resize(self.resize, "training ended before the PS resize")
@@ -421,8 +433,10 @@ class JobMaster:
                         self._start("evaluator", "evaluator")
                         self.mirror_state(force=True)
                 if self.queue.finished:
-                    if self.state == JobState.RUNNING and self._durable():
+                    if self._wrapping_up and self.state == JobState.RUNNING and self._durable():
                         self._complete()
+                elif self._rebuilding:
+                    pass  # no checkpoint or plan until the replacement holds all its rows
                 elif self.resize is None:
                     self.checkpointer.tick()
                     self._partial_tick()
@@ -527,10 +541,28 @@ class JobMaster:
 
     def _ps_lost(self, node: NodeInfo, cause: str, counted: bool = True) -> None:
         """Stop the workers, relaunch the PS (it restores its partition from the last
-        checkpoint), and once it is up rebuild the queue from every PS's ledger."""
+        checkpoint, or under ECRM starts empty and is rebuilt from parity once it is up), and
+        then resume the queue from every PS's ledger."""
+        index = int(node.node_id.rsplit("-", 1)[1])
+        if self._ecrm_live:
+            others = sorted(
+                i for i in (*self._ecrm_pending, *self._active_rebuilds()) if i != index
+            )
+            if others:
+                self._finish(
+                    JobState.FAILED,
+                    f"{cause} while ps-{others[0]} is being rebuilt from parity: ECRM recovers "
+                    "one lost PS at a time; a retry resumes from the last checkpoint",
+                )
+                return
+            marker = self.layout.ecrm_rebuild_marker(index)
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
+            self._ecrm_pending.add(index)
         self.state = JobState.RECOVERING
         self._wrapping_up = False  # the restore may send training back: wrap up again
-        self.message = f"{cause}; relaunching it from the last checkpoint"
+        how = "to rebuild it from parity (ECRM)" if self._ecrm_live else "from the last checkpoint"
+        self.message = f"{cause}; relaunching it {how}"
         log.warning(self.message)
         for other in self.nodes.values():
             if other.role in ("worker", "evaluator") and other.exit_code is None:
@@ -559,6 +591,91 @@ class JobMaster:
         self._start(node.node_id, node.role)
         self.nodes[node.node_id].restarts = restarts
         log.warning("%s; relaunched it (restart %d of the job)", cause, self.restarts)
+
+    # -- ECRM (``ps.ecrm``) -------------------------------------------------------------------
+    @property
+    def _ecrm(self) -> bool:
+        return self.spec.checkpoint.policy == "ecrm"
+
+    def _ecrm_ready(self) -> bool:
+        """Before anyone trains: set ECRM up on every PS (its parity re-encoded from the rows a
+        restore brought), or start the rebuild of each replacement PS; False (logged) if a PS
+        could not be reached."""
+        cfg = self.spec.checkpoint.ecrm
+        num_ps = self.spec.plan.num_ps
+        addresses = self.cluster().ps
+        epochs = [self.nodes[f"ps-{i}"].restarts for i in range(num_ps)]
+        try:
+            client = self._ps_client()
+            try:
+                if not self._ecrm_live:
+                    client.ecrm_setup(
+                        cfg.k, cfg.rows_per_lock, addresses, epochs, self._ecrm_encode
+                    )
+                    self._ecrm_live = True
+                    log.info("ECRM: parity of k=%d rows on the next PS, %d PS", cfg.k, num_ps)
+                for index in sorted(self._ecrm_pending):
+                    reply = client.ecrm_rebuild(index, cfg.k, cfg.rows_per_lock, addresses, epochs)
+                    self._ecrm_pending.discard(index)
+                    self.rebuilds[index] = {
+                        "node": f"ps-{index}",
+                        "incarnation": epochs[index],
+                        "started_at": time.time(),
+                        "done": False,
+                        "rows": int(reply.get("rows_total", [0])[0]),
+                    }
+            finally:
+                client.close()
+        except grpc.RpcError as exc:
+            log.warning("ECRM setup or rebuild could not reach a PS (%s); next tick", exc)
+            return False
+        return True
+
+    def _active_rebuilds(self) -> list[int]:
+        return [i for i, r in self.rebuilds.items() if not r["done"]]
+
+    @property
+    def _rebuilding(self) -> bool:
+        return bool(self._active_rebuilds())
+
+    def _poll_rebuilds(self) -> None:
+        """Follow each replacement's rebuild; once done, its checkpoints and plans resume."""
+        for index in self._active_rebuilds():
+            record = self.rebuilds[index]
+            try:
+                client = self._ps_client()
+                try:
+                    status = client.ecrm_status(index)
+                finally:
+                    client.close()
+            except (LookupError, grpc.RpcError):
+                continue  # the replacement died: the exit is handled as a PS loss
+            if int(status["rebuilding"][0]):
+                continue
+            record.update(
+                done=True,
+                rows=int(status["rows_total"][0]),
+                chunks=int(status["chunks"][0]),
+                seconds=round(float(status["seconds"][0]), 3),
+                rows_seconds=round(float(status["rows_seconds"][0]), 3),
+                held_rows=int(status["held_rows"][0]),
+                degraded_rows=int(status["degraded_rows"][0]),
+            )
+            self.layout.ecrm_rebuild_marker(index).unlink(missing_ok=True)
+            if "error" in status:
+                error = status["error"].tobytes().decode()
+                record["error"] = error
+                self._finish(JobState.FAILED, f"ps-{index}: ECRM rebuild failed: {error}")
+                return
+            log.info(
+                "ps-%d rebuilt from parity: %d rows and parity slots in %.2f s while training "
+                "went on (%d updates held, %d rows served by decoding)",
+                index,
+                record["rows"],
+                record["seconds"],
+                record["held_rows"],
+                record["degraded_rows"],
+            )
 
     def _applied_everywhere(self, purpose: str) -> set[int] | None:
         """The batch keys every PS has applied, or None (logged) if a PS cannot say."""
@@ -755,6 +872,10 @@ class JobMaster:
                     self.mirror_state(force=True)
                 return record
             if plan.num_ps != current.num_ps:
+                if self._ecrm:
+                    note = "checkpoint_policy='ecrm': a PS resize would need the parity encoded "
+                    record.update(state="declined", note=note + "again for the new PS count")
+                    return record
                 if self.resize is not None:
                     record.update(state="declined", note="another PS resize is in progress")
                     return record
@@ -981,6 +1102,7 @@ class JobMaster:
             "lost_batches": self.lost_batches,
             "lost_samples": self.lost_samples,
             "pls": round(self.pls, 6),
+            "ecrm_rebuilds": [self.rebuilds[i] for i in sorted(self.rebuilds)],
         }
 
     def shutdown_nodes(self) -> None:

@@ -79,10 +79,11 @@ RESULT_KEYS = (
 def _checkpoint_config(policy: Any, options: Any) -> CheckpointPolicyConfig:
     """The validated checkpoint policy; errors name the option and what it accepts."""
     config = CheckpointPolicyConfig.from_task_params(policy, options)
-    if config.policy == "ecrm":
+    if config.policy == "ecrm" and config.ecrm.codec != "sum":
         raise CheckpointPolicyError(
-            "checkpoint_policy='ecrm': erasure-coded recovery is not in the runtime yet "
-            "(its coding is in core/ecrm.py); accepted for now: full, cpr"
+            f"ecrm.codec={config.ecrm.codec!r}: the runtime serves a lost PS's rows by decoding "
+            "them while it is rebuilt, which only the summation code tolerates while updates "
+            "are in flight; accepted: sum"
         )
     return config
 

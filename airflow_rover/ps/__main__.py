@@ -147,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
             spec.training.seed,
         )
 
-    if index < spec.plan.num_ps:
+    rebuild = spec.checkpoint.policy == "ecrm" and ctx.layout.ecrm_rebuild_marker(index).exists()
+    if index < spec.plan.num_ps and not rebuild:
         ps = restore(new_ps, ctx.layout, ctx.node_id, index)
-    else:  # joining a resize: empty until the others hand over its rows (``reshard``)
+    else:  # joining a resize: empty until the others hand over its rows (``reshard``); or
+        # replacing a lost PS under ECRM: empty until rebuilt from parity (``ps.ecrm``)
         ps = new_ps()
         ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
         for orphan in orphan_slots(ctx.layout.flash_dir, index):

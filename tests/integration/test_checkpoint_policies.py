@@ -5,7 +5,9 @@ policy comes from the run's conf. Once a checkpoint holding finished shards is c
 test kills ``ps-0``; the master relaunches it from that checkpoint and the DAG run succeeds.
 ``full`` trains the batches the restored PS lost again (nothing lost); ``cpr`` does not (its
 lost samples are reported as PLS; its MFU partial saves give the restored PS its most-used rows
-as they were shortly before the kill) and the other PS keep their progress.
+as they were shortly before the kill) and the other PS keep their progress. ``ecrm`` (3 PS,
+k=2) restores nothing: the relaunched PS starts empty and is rebuilt from the parity the other
+two hold while the workers train again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ DAG_ID = "rover_policies_test"
 NUM_TRAIN = 40_000
 RUN_TIMEOUT_S = 240
 BUCKET, PREFIX, CONN_ID = "rover", "policies/cpr", "rover_s3"
+OPTIONS = {"cpr": {"variant": "mfu", "r": 0.25}, "ecrm": {"k": 2, "rows_per_lock": 4096}}
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +72,10 @@ def run_with_ps_killed(
         "eval_data": str(dataset.eval_dir),
         "job_dir": str(job_dir),
         "checkpoint_policy": policy,
-        "checkpoint_options": {"variant": "mfu", "r": 0.25} if policy == "cpr" else {},
+        "checkpoint_options": OPTIONS.get(policy, {}),
         "checkpoint_uri": uri,
         "aws_conn_id": CONN_ID if uri else "",
+        "plan": {"num_ps": 3 if policy == "ecrm" else 2, "num_workers": 2},
     }
     killed: dict[str, Any] | None = None
     proc = start_dag_test(DAG_ID, "2026-12-02", conf, out, log_path, airflow_env)
@@ -99,7 +103,13 @@ def run_with_ps_killed(
     print(
         f"\n{policy}: killed {killed}; recovery {result.get('recovery')}; auc {result.get('auc')}"
     )
-    return {**outcome, "result": result, "log": log_path.read_text(errors="replace")}
+    master_log = layout.log_file("master").read_text(errors="replace")
+    return {
+        **outcome,
+        "result": result,
+        "log": log_path.read_text(errors="replace"),
+        "master_log": master_log,
+    }
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +132,11 @@ def runs(
     return {
         "full": run_with_ps_killed("full", env, dataset, root),
         "cpr": run_with_ps_killed("cpr", env, dataset, root, f"s3://{BUCKET}/{PREFIX}"),
+        "ecrm": run_with_ps_killed("ecrm", env, dataset, root),
     }
 
 
-@pytest.mark.parametrize("policy", ["full", "cpr"])
+@pytest.mark.parametrize("policy", ["full", "cpr", "ecrm"])
 def test_the_job_survives_a_killed_ps_under_each_policy(
     runs: dict[str, dict[str, Any]], policy: str
 ) -> None:
@@ -149,6 +160,19 @@ def test_full_recovery_loses_nothing_and_partial_recovery_reports_what_it_lost(
     assert cpr["partial_saves"] > 0 and full["partial_saves"] == 0  # CPR-MFU
     total = NUM_TRAIN * 3 * 2  # samples x epochs x embedding PS
     assert cpr["pls"] == pytest.approx(cpr["lost_samples"] / total, abs=1e-6)
+
+
+def test_ecrm_rebuilds_the_killed_ps_from_parity_while_training_goes_on(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    run = runs["ecrm"]
+    recovery = run["result"]["recovery"]
+    assert recovery["lost_batches"] == 0 and recovery["pls"] == 0
+    (rebuild,) = recovery["ecrm_rebuilds"]
+    assert rebuild["node"] == "ps-0" and rebuild["done"] and "error" not in rebuild
+    assert rebuild["rows"] > 0 and rebuild["incarnation"] == 1
+    assert "to rebuild it from parity (ECRM)" in run["master_log"]
+    assert "ps-0 rebuilt from parity" in run["master_log"]
 
 
 def test_cpr_checkpoints_are_in_the_bucket_and_restorable(
