@@ -64,7 +64,7 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
 
     @app.post(f"{P}/shards/lease")
     def lease(body: protocol.LeaseRequest) -> protocol.LeaseReply:
-        reply: protocol.LeaseReply = _known(master.lease, body.node_id)
+        reply: protocol.LeaseReply = _known(master.lease, body.node_id, body.layout_version)
         return reply
 
     @app.post(f"{P}/shards/{{shard_id}}/done")

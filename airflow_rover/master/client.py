@@ -54,8 +54,8 @@ class MasterClient:
     def heartbeat(self, node_id: str, beat: protocol.Heartbeat) -> bool:
         return bool(self._request("POST", f"/nodes/{node_id}/heartbeat", beat)["stop"])
 
-    def lease(self, node_id: str) -> protocol.LeaseReply:
-        body = protocol.LeaseRequest(node_id=node_id)
+    def lease(self, node_id: str, layout_version: int | None = None) -> protocol.LeaseReply:
+        body = protocol.LeaseRequest(node_id=node_id, layout_version=layout_version)
         return protocol.LeaseReply.model_validate(self._request("POST", "/shards/lease", body))
 
     def shard_done(self, node_id: str, shard_id: int) -> bool:

@@ -31,6 +31,9 @@ class Heartbeat(_Body):
 
 class LeaseRequest(_Body):
     node_id: str = Field(min_length=1, max_length=100)
+    # The PS layout the trainer uses: no shard for a trainer of an older one (it has not yet
+    # noticed a PS relaunch or resize; what it would train could not land).
+    layout_version: int | None = None
 
 
 class ShardOut(_Body):

@@ -233,7 +233,7 @@ class JobMaster:
             self._record_samples()
             return self.state in TERMINAL_STATES
 
-    def lease(self, node_id: str) -> protocol.LeaseReply:
+    def lease(self, node_id: str, layout_version: int | None = None) -> protocol.LeaseReply:
         with self._lock:
             self._node(node_id).last_seen = time.time()
             version = self.layout_version
@@ -242,6 +242,8 @@ class JobMaster:
                 return protocol.LeaseReply(
                     status="done" if done else "wait", layout_version=version
                 )
+            if layout_version is not None and layout_version != version:
+                return protocol.LeaseReply(status="wait", layout_version=version)
             if self.resize is not None and self.resize.phase == "draining":
                 return protocol.LeaseReply(status="wait", layout_version=version)
             shard = self.queue.lease(
@@ -402,8 +404,13 @@ class JobMaster:
                     self._reconcile_pending = False
                     if self.state == JobState.PENDING:  # resuming from a checkpoint
                         self.samples_resumed = self._applied_samples()
+                recovered = self.state == JobState.RECOVERING
                 for i in range(self.spec.plan.num_workers):
-                    self._start(f"worker-{i}", "worker")
+                    worker = self.nodes.get(f"worker-{i}")
+                    if worker is None or worker.exit_code is not None:
+                        self._start(f"worker-{i}", "worker")
+                if recovered:  # the workers that waited it out reconnect to the relaunched PS
+                    self.layout_version += 1
                 self.state = JobState.RUNNING
                 self.message = "training"
                 self.mirror_state(force=True)
@@ -565,10 +572,10 @@ class JobMaster:
         self.message = f"{cause}; relaunching it {how}"
         log.warning(self.message)
         for other in self.nodes.values():
-            if other.role in ("worker", "evaluator") and other.exit_code is None:
-                other.stopping = True  # the evaluator scores again once training is over
+            if other.role == "evaluator" and other.exit_code is None:
+                other.stopping = True  # it scores again once training is over
                 self.launcher.stop(other.node_id)
-            if other.role == "worker":
+            if other.role == "worker":  # it waits for the PS (``worker.runtime.train``)
                 self.queue.release_worker(other.node_id)
         self._reconcile_pending = True
         node.address = None

@@ -64,6 +64,7 @@ DENSE_REPLICA_S = 1.0
 MAX_FRAME_ENTRIES = 256  # messages per parity RPC: a backlog goes in several
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
+DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
 
 
 def text(value: str) -> np.ndarray:
@@ -367,17 +368,39 @@ class EcrmPeer:
 
     def degraded_read(self, table: str, ids: np.ndarray) -> Fields:
         """Lost rows not rebuilt yet: their parity minus the group's other members, with the
-        updates held for them applied. Not drained: a member's difference still in flight
-        makes the row off by that update (a stale read, as asynchronous training has)."""
+        updates held for them applied (ECRM section 3.4).
+
+        The members are read with how many differences their PS had sent, and the parity once
+        the holders have applied those (a bounded wait). Without locks, a member updated
+        between the two reads still makes the row off by that one update: the read is the
+        input of one step, as stale as asynchronous training allows, and its optimizer state
+        is put back in range; what the rebuild writes is exact (it locks)."""
         plan = plan_decode(self.layout, table, self.index, ids)
+        members: dict[int, Fields] = {}
+        sent: dict[int, dict[int, int]] = {}
+        for q, got in plan.member_ids.items():
+            request = {"op": text("fields"), "table": text(table), "ids": got, "sent": text("1")}
+            reply = self.peers.call(q, request)
+            sent[q] = _read_ints(
+                {"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")}
+            )
+            members[q] = reply
+        deadline = time.perf_counter() + DEGRADED_DRAIN_S
+        for h in plan.parity:
+            while time.perf_counter() < deadline:
+                applied = self._applied(h)
+                if all(applied.get(q, 0) >= marks.get(h, 0) for q, marks in sent.items()):
+                    break
+                time.sleep(DRAIN_POLL_S)
         parity = {
             h: self.peers.call(h, {"op": text("parity_read"), "table": text(table), "slots": slots})
             for h, (_, slots) in plan.parity.items()
         }
-        members = {q: self._fields(q, table, got) for q, got in plan.member_ids.items()}
         if self.rebuild is not None:
             self.rebuild.degraded_rows += ids.size
         fields = plan.decode(self.codec, parity, members, self._dtypes(table))
+        state = {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
+        self.ps.tables[table].optimizer.clamp_state(state)
         with self.ps._apply_lock:  # updates waiting in the buffer: the reader sees them
             held = [(got, p["grad"]) for got, p in self.buffer.peek(table)]
         optimizer = self.ps.tables[table].optimizer
@@ -409,8 +432,14 @@ class EcrmPeer:
         table = read_text(req["table"]) if "table" in req else ""
         if op == "parity":
             return self._receive(req)
-        if op == "fields":
-            return self.ps.tables[table].fields(req["ids"].astype(np.int64))
+        if op == "fields":  # with "sent": and the differences sent so far, read atomically
+            if "sent" not in req:
+                return self.ps.tables[table].fields(req["ids"].astype(np.int64))
+            with self.ps._apply_lock:
+                out = self.ps.tables[table].fields(req["ids"].astype(np.int64))
+                marks = _ints(self.propagator.sent())
+            out.update({f"sent/{k}": v for k, v in marks.items()})
+            return out
         if op == "parity_read":
             with self._parity_lock:
                 return self.store.read(table, req["slots"])

@@ -61,3 +61,12 @@ class Optimizer:
             v += (grad * grad - v) * np.float32(1 - ADAM_BETA_2)
             alpha = lr * np.sqrt(1 - ADAM_BETA_2**step) / (1 - ADAM_BETA_1**step)
             param -= (m * alpha / (np.sqrt(v) + np.float32(EPSILON))).astype(np.float32)
+
+    def clamp_state(self, state: dict[str, np.ndarray]) -> None:
+        """Put state that was not produced by ``apply`` (an ECRM degraded read, off by an
+        update in flight) back into the range ``apply`` keeps it in, in place."""
+        if self.name == "adagrad":
+            np.maximum(state["accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR), out=state["accum"])
+        elif self.name == "adam":
+            np.maximum(state["v"], np.float32(0), out=state["v"])
+            np.maximum(np.rint(state["step"]), np.float32(0), out=state["step"])

@@ -19,7 +19,6 @@ from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
 
 log = logging.getLogger("airflow_rover.worker")
-_PS_LOST = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     import tensorflow as tf
 
     from airflow_rover.worker.models import load_factory
-    from airflow_rover.worker.runtime import PSModel, evaluate, train
+    from airflow_rover.worker.runtime import PS_LOST_CODES, PSLost, PSModel, evaluate, train
 
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -68,8 +67,11 @@ def main(argv: list[str] | None = None) -> None:
                 stop,
                 cluster.layout_version,
             )
+        except PSLost as exc:
+            log.error("a parameter server went away and is not back: %s", exc)
+            sys.exit(EXIT_PS_LOST)
         except grpc.RpcError as exc:
-            if exc.code() not in _PS_LOST:
+            if exc.code() not in PS_LOST_CODES:
                 raise
             log.error("a parameter server went away: %s", exc)
             sys.exit(EXIT_PS_LOST)

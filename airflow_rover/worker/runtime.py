@@ -16,11 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+import httpx
 import keras
 import numpy as np
 import tensorflow as tf
@@ -303,14 +305,16 @@ def leased_batches(
     batch_size: int,
     stop: threading.Event,
     wait_s: float = 0.2,
+    layout: Callable[[], int | None] = lambda: None,
 ) -> Iterator[tuple[Batch, int, bool, int, int]]:
     """(batch, shard id, last batch of its shard, batch key, PS layout version) for every shard
     the master hands out (from where it resumes: a requeued shard skips batches every PS already
     applied), and an empty batch whenever the master has nothing to hand out yet (``wait``): the
     trainer then flushes its pending gradients, which may be exactly what completes the queue
-    (or lets a PS resize begin)."""
+    (or lets a PS resize begin). ``layout()``: the PS layout the trainer uses now; the master
+    hands no shard to a trainer of another layout (one that has not noticed a PS change)."""
     while not stop.is_set():
-        reply = master.lease(node_id)
+        reply = master.lease(node_id, layout())
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
@@ -326,6 +330,14 @@ def leased_batches(
             yield batch, shard.shard_id, last, shard.first_key + index, reply.layout_version
 
 
+PS_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+RELAUNCH_WAIT_S = 60.0  # how long a worker waits for a lost PS to be back before giving up
+
+
+class PSLost(Exception):
+    """A PS went away and did not come back within ``RELAUNCH_WAIT_S`` (or the job ended)."""
+
+
 def train(
     node_id: str,
     model: PSModel,
@@ -337,13 +349,54 @@ def train(
     layout_version: int = 0,
 ) -> Progress:
     """Lease shards until the master says the queue is done. ``layout_version``: that of the
-    PS list ``model.ps`` was made from."""
+    PS list ``model.ps`` was made from.
+
+    A lost PS does not end the worker: its training loop stops (what was in flight is dropped;
+    the master requeues those shards from the PS ledgers), it waits for the master to announce
+    the relaunched PS (a new layout version) and trains on against it, TensorFlow warm. Raises
+    ``PSLost`` if that does not happen within ``RELAUNCH_WAIT_S``."""
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop)
+    layout = layout_version
+    while True:
+        loop = _TrainLoop(node_id, model, optimizer, master, progress, layout)
+        try:
+            _run_loop(loop, model, reader, master, batch_size, stop)
+            break
+        except grpc.RpcError as exc:
+            if exc.code() not in PS_LOST_CODES:
+                raise
+            log.warning("%s: a parameter server went away (%s); waiting for it", node_id, exc)
+        finally:
+            loop.close()
+        cluster = _wait_for_relaunch(master, loop.layout_version, stop)
+        old = model.ps
+        model.ps = old.connected_to(cluster.ps)
+        old.close()
+        model.offer_initial_weights()  # only what the PS lacks: none unless it lost them all
+        layout = cluster.layout_version
+        log.info("%s: training on against the relaunched PS (layout %d)", node_id, layout)
+    master.heartbeat(node_id, progress.heartbeat())
+    return progress
+
+
+def _run_loop(
+    loop: _TrainLoop,
+    model: PSModel,
+    reader: SampleReader,
+    master: MasterClient,
+    batch_size: int,
+    stop: threading.Event,
+) -> None:
+    ended = threading.Event()  # this loop's leases end with it (a PS was lost)
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        batches = leased_batches(node_id, reader, master, batch_size, stop)
+        batches = leased_batches(
+            loop.node_id, reader, master, batch_size, stop, layout=lambda: loop.layout_version
+        )
         for batch, shard_id, last, key, layout in batches:
+            if ended.is_set():
+                return
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
             element["key"] = np.array(key, dtype=np.int64)
@@ -354,13 +407,28 @@ def train(
     pipeline = tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
-    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version)
-    for element in pipeline:
-        loop.feed(element if int(element["label"].shape[0]) else None)
-    loop.feed(None)
-    loop.close()
-    master.heartbeat(node_id, progress.heartbeat())
-    return progress
+    try:
+        for element in pipeline:
+            loop.feed(element if int(element["label"].shape[0]) else None, int(element["layout"]))
+        loop.feed(None)
+    finally:
+        ended.set()
+
+
+def _wait_for_relaunch(
+    master: MasterClient, layout: int, stop: threading.Event
+) -> protocol.ClusterInfo:
+    """The PS list once the master announces a layout after ``layout`` (the lost PS is back)."""
+    deadline = time.monotonic() + RELAUNCH_WAIT_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            cluster = master.cluster(wait_s=1.0)
+        except httpx.HTTPStatusError:
+            cluster = None  # the PS are not all up yet
+        if cluster is not None and cluster.layout_version > layout:
+            return cluster
+        stop.wait(0.2)
+    raise PSLost("the master stopped the job" if stop.is_set() else "no relaunched PS in time")
 
 
 @dataclass
@@ -407,10 +475,13 @@ class _TrainLoop:
         self.pending_key = NO_KEY  # the batch ``pending`` comes from
         self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
 
-    def feed(self, element: dict[str, Any] | None) -> None:
+    def feed(self, element: dict[str, Any] | None, layout: int | None = None) -> None:
         """The next element of the input pipeline, or None when there is none to train now
-        (the master said wait, or the input ended): then everything pending is pushed."""
-        if element is not None and int(element["layout"]) != self.layout_version:
+        (the master said wait, or the input ended): then everything pending is pushed.
+        ``layout``: the PS layout the master announced with it."""
+        if layout is not None and layout != self.layout_version:
+            self._flush()  # gradients of the old layout: pushed (a resize waits for them)
+            self.current = None  # rows read ahead from the old layout (its lease is gone)
             self._switch_layout()
         if self.current is None:
             if element is not None:

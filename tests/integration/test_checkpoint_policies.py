@@ -145,7 +145,8 @@ def test_the_job_survives_a_killed_ps_under_each_policy(
     result = run["result"]
     recovery = result["recovery"]
     assert recovery["checkpoint_policy"] == policy
-    assert recovery["restarts"] >= 1 and "ps" in recovery["recovery_seconds"]
+    # only the PS was relaunched: the workers waited for it and trained on (TensorFlow warm)
+    assert recovery["restarts"] == 1 and list(recovery["recovery_seconds"]) == ["ps"]
     batches = result["accounting"]["batches"]
     assert batches["trained_once"] == batches["expected"]
     assert result["auc"] > 0.7

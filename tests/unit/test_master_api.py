@@ -286,6 +286,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "lost_batches": 0,
         "lost_samples": 0,
         "pls": 0.0,
+        "ecrm_rebuilds": [],
     }
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []
@@ -612,8 +613,10 @@ def test_worker_that_lost_its_ps_is_relaunched_for_free(make_job) -> None:
 
 
 def test_parameter_server_crash_is_recovered(make_job) -> None:
-    """A dead PS puts the job in RECOVERING: workers stopped (their exit is no failure), their
-    shards back in TODO, the PS relaunched; once it is ready the workers start again."""
+    """A dead PS puts the job in RECOVERING: the workers' shards go back to TODO and no shard is
+    handed out, the PS is relaunched; the workers keep running (they wait for it) and once it
+    is ready the PS layout version moves on: they reconnect, and only a worker that gave up
+    and exited is started again (its exit is no failure)."""
     job = make_job()
     _start_running(job)
     assert job.lease("worker-0")["shard"]["shard_id"] == 0
@@ -623,7 +626,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     status = job.status()
     assert status["state"] == "recovering"
     assert "ps-0 exited with code 137" in status["message"]
-    assert sorted(job.launcher.stopped) == ["worker-0", "worker-1"]
+    assert job.launcher.stopped == []
     assert job.launcher.started.count(("ps-0", "ps")) == 2
     assert status["progress"]["shards"] == {
         "todo": NUM_SHARDS,
@@ -635,7 +638,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert job.lease("worker-1") == {"status": "wait", "shard": None, "layout_version": 0}
     assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409  # no PS address yet
 
-    job.launcher.exit("worker-0", -15)  # the stop the master asked for: not a failure
+    job.launcher.exit("worker-0", protocol.EXIT_PS_LOST)  # gave up waiting: not a failure
     job.master.step()
     assert job.status()["state"] == "recovering"
     assert job.status()["recovery"]["restarts"] == 1
@@ -648,9 +651,14 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     job.master.step()
     status = job.status()
     assert status["state"] == "running", status["message"]
-    assert job.launcher.started[-2:] == [("worker-0", "worker"), ("worker-1", "worker")]
+    assert job.launcher.started[-1] == ("worker-0", "worker")  # worker-1 waited it out
+    assert job.launcher.started.count(("worker-1", "worker")) == 1
     assert list(status["recovery"]["recovery_seconds"]) == ["ps"]
-    assert job.lease("worker-1")["shard"]["shard_id"] == 0
+    assert job.get("/cluster")["layout_version"] == 1
+    stale = job.post("/shards/lease", {"node_id": "worker-1", "layout_version": 0})
+    assert stale == {"status": "wait", "shard": None, "layout_version": 1}  # reconnect first
+    fresh = job.post("/shards/lease", {"node_id": "worker-1", "layout_version": 1})
+    assert fresh["shard"]["shard_id"] == 0
 
 
 def test_parameter_server_crash_fails_the_job_without_restarts_left(make_job) -> None:
