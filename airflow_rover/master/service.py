@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from airflow_rover.core.checkpoint_policy import CheckpointCosts, plan_checkpoints
+from airflow_rover.core.checkpoint_policy import CheckpointCosts, judge_choice, plan_checkpoints
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout, atomic_write_json, checkpoint_number
@@ -142,6 +142,7 @@ class JobMaster:
         # and load costs are measured) and what partial recovery lost so far.
         self.policy: str = spec.checkpoint.policy
         self.policy_reason = "as requested"
+        self.policy_advice: str | None = None  # a cheaper policy, from the measured costs
         self.lost_batches = 0
         self.lost_samples = 0
         self._last_partial = time.time()
@@ -793,6 +794,10 @@ class JobMaster:
         if (plan.policy, plan.reason) != (self.policy, self.policy_reason):
             log.info("checkpoint policy %s: %s", plan.policy, plan.reason)
         self.policy, self.policy_reason = plan.policy, plan.reason
+        advice = judge_choice(cfg, costs)
+        if advice is not None and advice != self.policy_advice:
+            log.warning("%s", advice)  # once per change: the costs are measured each time
+        self.policy_advice = advice
 
     def _applied_samples(self) -> int:
         """Samples whose batches every PS has applied (0 if a PS cannot say)."""
@@ -1104,6 +1109,7 @@ class JobMaster:
             "quarantined": self.queue.quarantined_shards(),
             "checkpoint_policy": self.policy,
             "checkpoint_policy_reason": self.policy_reason,
+            "checkpoint_policy_advice": self.policy_advice,
             "checkpoint_interval_s": self.checkpointer.interval_s,
             "partial_saves": self.partial_saves,
             "lost_batches": self.lost_batches,

@@ -19,7 +19,11 @@ from airflow.sdk import BaseOperator, Context, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
-from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig, CheckpointPolicyError
+from airflow_rover.core.checkpoint_policy import (
+    CheckpointPolicyConfig,
+    CheckpointPolicyError,
+    mtbf_from_history,
+)
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import (
@@ -373,6 +377,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         if self.warm_start:
             spec = self._warm_started(context, spec)
+        spec = self._with_failure_rate(context, spec)
         k8s = self.kubernetes_job()
         if k8s is not None:  # the pods must see the job dir and the data
             paths = {
@@ -505,6 +510,31 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())
         return spec.model_copy(update={"plan": decision.plan})
+
+    def _with_failure_rate(self, context: Context, spec: JobSpec) -> JobSpec:
+        """The spec with ``checkpoint.mtbf_s`` from this task's past runs in the history store
+        (PS failures per PS-second), unless the user gave one: the job then plans its
+        checkpoint interval (and CPR's benefit check) from it and the costs it measures, and
+        says when another policy would be cheaper. No history, no change."""
+        if spec.checkpoint.mtbf_s is not None:
+            return spec
+        ti = context["ti"]
+        try:
+            runs = self.history_hook().get_conn().failure_history(ti.dag_id, ti.task_id)
+        except Exception as exc:  # planning without it is the default anyway
+            self.log.warning("No failure history (%s); checkpoints at the given interval", exc)
+            return spec
+        mtbf = mtbf_from_history(runs, spec.plan.num_ps)
+        if mtbf is None:
+            return spec
+        self.log.info(
+            "Failure rate from %d past run(s) of this task: a PS fails every %.0f s on %d PS",
+            len(runs),
+            mtbf,
+            spec.plan.num_ps,
+        )
+        checkpoint = spec.checkpoint.model_copy(update={"mtbf_s": mtbf})
+        return spec.model_copy(update={"checkpoint": checkpoint})
 
     def _record(self, context: Context, job: dict[str, Any]) -> None:
         """Record the ended job in the history store: an upsert by job id, so a retry or a

@@ -46,6 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
+from airflow_rover.core.checkpoint_policy import FailureHistory
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
@@ -306,6 +307,39 @@ class HistoryStore:
         query = query.order_by(jobs.c.finished_at.desc(), jobs.c.job_id).limit(limit)
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
+
+    def failure_history(self, dag_id: str, task_id: str, limit: int = 20) -> list[FailureHistory]:
+        """How long the task's last ``limit`` runs trained, on how many PS, and how many PS
+        failures each had: what ``mtbf_from_history`` turns into the failure rate the
+        checkpoint policy plans with."""
+        self.ensure_schema()
+        query = (
+            select(jobs.c.job_id, jobs.c.train_seconds, jobs.c.final_plan)
+            .where(jobs.c.dag_id == dag_id, jobs.c.task_id == task_id)
+            .where(jobs.c.train_seconds.is_not(None))
+            .order_by(jobs.c.finished_at.desc(), jobs.c.job_id)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            runs = conn.execute(query).mappings().all()
+            ids = [r["job_id"] for r in runs]
+            restarts = conn.execute(
+                select(nodes.c.job_id, nodes.c.restarts).where(
+                    nodes.c.job_id.in_(ids), nodes.c.role == "ps"
+                )
+            ).all()
+        failures: dict[str, int] = {}
+        for job_id, count in restarts:
+            failures[job_id] = failures.get(job_id, 0) + int(count or 0)
+        return [
+            FailureHistory(
+                seconds=float(r["train_seconds"]),
+                num_ps=int((r["final_plan"] or {}).get("num_ps", 1)),
+                ps_failures=failures.get(r["job_id"], 0),
+            )
+            for r in runs
+            if r["train_seconds"] > 0
+        ]
 
     def candidates(self, limit: int = MAX_CANDIDATES) -> list[PastJob]:
         """The most recent successful jobs, as warm start compares them."""

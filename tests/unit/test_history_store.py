@@ -292,6 +292,26 @@ def test_jobs_are_listed_most_recent_first_and_filtered(store: HistoryStore) -> 
     assert [c.job_id for c in store.candidates()] == ["job-0"]  # only successes warm-start
 
 
+def test_a_tasks_failure_history_counts_its_ps_restarts_per_run(store: HistoryStore) -> None:
+    """What the operator turns into the failure rate its checkpoint policy plans with: each
+    past run of the task, how long it trained, on how many PS, how many PS restarts."""
+    for i, ps_restarts in enumerate([2, 0]):
+        status = final_status(f"job-{i}", finished_at=100.0 + i)
+        status["result"] = {**status["result"], "plan": SCALED.model_dump()}
+        status["nodes"] = [
+            {**status["nodes"][0], "id": f"ps-{p}", "restarts": ps_restarts if p == 0 else 1}
+            for p in range(2)
+        ] + status["nodes"][1:]  # the worker's restart is not a PS failure
+        store.record_job(
+            record_from_status(status, spec_for(f"job-{i}", SCALED), dag_id="d", task_id="train")
+        )
+    other = final_status("job-other")
+    store.record_job(record_from_status(other, spec_for("job-other"), dag_id="elsewhere"))
+    runs = store.failure_history("d", "train")
+    assert [(r.seconds, r.num_ps, r.ps_failures) for r in runs] == [(8.0, 2, 1), (8.0, 2, 3)]
+    assert store.failure_history("nobody", "train") == []
+
+
 # -- where the store lives -------------------------------------------------------------------
 def test_the_default_store_is_sqlite_in_airflow_home(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -438,3 +458,28 @@ def test_a_broken_history_store_never_fails_the_task(
     operator, context = operator_and_context(tmp_path, history_conn_id="broken")
     result = operator.execute_complete(context, event("success", final_status()))
     assert result["state"] == "succeeded"
+
+
+def test_the_task_plans_checkpoints_with_the_failure_rate_of_its_past_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two past runs of 8 s on 2 PS with 3 PS failures in all: 32 PS-seconds per failure /
+    3, so a PS of a 2-PS job fails every 32/3/2 s; a rate the user gave is kept."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    operator, context = operator_and_context(tmp_path)
+    spec = spec_for()
+    assert operator._with_failure_rate(context, spec) is spec  # no history: unchanged
+    for i, ps_restarts in enumerate([2, 1]):
+        status = final_status(f"job-{i}", finished_at=100.0 + i)
+        status["result"] = {**status["result"], "plan": SCALED.model_dump()}
+        status["nodes"] = [{**status["nodes"][0], "restarts": ps_restarts}]
+        with HistoryStore(default_history_url()) as history:
+            history.record_job(
+                record_from_status(status, spec_for(f"job-{i}"), dag_id="daily", task_id="train")
+            )
+    planned = operator._with_failure_rate(context, spec_for(plan=SCALED))
+    assert planned.checkpoint.mtbf_s == pytest.approx(32 / 3 / 2)
+    given = spec_for().model_copy(
+        update={"checkpoint": spec.checkpoint.model_copy(update={"mtbf_s": 99.0})}
+    )
+    assert operator._with_failure_rate(context, given).checkpoint.mtbf_s == 99.0

@@ -18,12 +18,14 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.master import protocol
 from airflow_rover.master.app import create_app
+from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
@@ -109,17 +111,20 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
         lease_s: float = 60.0,
         num_workers: int = 2,
         recovery: RecoveryConfig | None = None,
+        num_ps: int = 1,
+        checkpoint: CheckpointPolicyConfig | None = None,
     ) -> Job:
         spec = JobSpec(
             job_id="unit-job.1",
             train_data=str(dataset.train_dir),
             eval_data=str(dataset.eval_dir) if with_eval else None,
             embedding_dim=4,
-            plan=ResourcePlan(num_workers=num_workers, num_ps=1),
+            plan=ResourcePlan(num_workers=num_workers, num_ps=num_ps),
             training=TrainingConfig(
                 shard_size=SHARD_SIZE, epochs=EPOCHS, shard_lease_s=lease_s, batch_size=BATCH_SIZE
             ),
             recovery=recovery or RecoveryConfig(),
+            checkpoint=checkpoint or CheckpointPolicyConfig(),
         )
         layout = JobLayout(tmp_path / "job")
         layout.write_spec(spec)
@@ -281,6 +286,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "quarantined": [],
         "checkpoint_policy": "full",
         "checkpoint_policy_reason": "as requested",
+        "checkpoint_policy_advice": None,
         "checkpoint_interval_s": job.master.spec.recovery.checkpoint_interval_s,
         "partial_saves": 0,
         "lost_batches": 0,
@@ -867,3 +873,22 @@ def test_applying_an_unknown_plan_is_404(make_job) -> None:
     job = make_job()
     _start_running(job)
     assert job.api.post(P + "/plans/9/apply", headers=AUTH).status_code == 404
+
+
+def test_a_costlier_checkpoint_policy_than_the_measured_costs_call_for_is_said_once(
+    make_job, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With a known failure rate each committed checkpoint's measured cost re-plans the
+    policy; when the user's choice is expected to cost clearly more than the recommendation
+    (ECRM's running overhead against millisecond checkpoints failing once an hour), the job
+    says so once, in its log and status."""
+    config = CheckpointPolicyConfig.parse({"policy": "ecrm", "mtbf_s": 3600, "ecrm": {"k": 2}})
+    job = make_job(num_ps=3, checkpoint=config)
+    times = CheckpointTimes(pause_s=0.002, durable_s=0.05, bytes=1 << 20)
+    with caplog.at_level("WARNING", logger="airflow_rover.master.service"):
+        for n in (1, 2):
+            job.master._checkpoint_committed(job.layout.checkpoint_dir(n), times)
+    advice = job.status()["recovery"]["checkpoint_policy_advice"]
+    assert advice.startswith("checkpoint_policy='ecrm' is expected to cost")
+    assert "recommended: full" in advice
+    assert [r.getMessage() for r in caplog.records].count(advice) == 1
