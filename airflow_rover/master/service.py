@@ -127,6 +127,8 @@ class JobMaster:
         # ECRM: parity is kept once every PS was set up (re-encoded from restored rows); a lost
         # PS's replacement is rebuilt from it (``ps.ecrm``).
         self._ecrm_live = False
+        # A rebuild a former master left unfinished: these PS restore from the checkpoint now.
+        shutil.rmtree(layout.ecrm_rebuild_marker(0).parent, ignore_errors=True)
         self._ecrm_encode = checkpoint is not None
         self._ecrm_pending: set[int] = set()  # replacements to rebuild once they are up
         self.rebuilds: dict[int, dict[str, Any]] = {}  # PS index -> its last rebuild

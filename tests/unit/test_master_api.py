@@ -892,3 +892,13 @@ def test_a_costlier_checkpoint_policy_than_the_measured_costs_call_for_is_said_o
     assert advice.startswith("checkpoint_policy='ecrm' is expected to cost")
     assert "recommended: full" in advice
     assert [r.getMessage() for r in caplog.records].count(advice) == 1
+
+
+def test_a_rebuild_marker_left_by_a_former_master_is_cleared(make_job, tmp_path: Path) -> None:
+    """A PS marked for an ECRM rebuild starts empty; after a retry or a master restart every
+    PS restores from the checkpoint, so no marker may survive into the new master."""
+    marker = JobLayout(tmp_path / "job").ecrm_rebuild_marker(1)
+    marker.parent.mkdir(parents=True)
+    marker.touch()
+    make_job()
+    assert not marker.exists()
