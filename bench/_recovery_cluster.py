@@ -30,14 +30,14 @@ import tensorflow as tf
 
 from airflow_rover.core.cpr import SsuTracker
 from airflow_rover.core.embedding_layout import EmbeddingGroup, EmbeddingLayout
-from airflow_rover.core.hashing import initial_rows, partition_of
+from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, default_features
 from airflow_rover.data import SyntheticConfig, generate_dataset, open_dataset
 from airflow_rover.data.reader import Batch
 from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer
-from airflow_rover.ps.tables import INIT_SCALE, EmbeddingTable
+from airflow_rover.ps.tables import EmbeddingTable
 
 BATCH_SIZE = 512
 LEARNING_RATE = 0.2
@@ -97,42 +97,6 @@ def optimizer() -> Optimizer:
 
 
 # ----------------------------------------------------------------------------- rows
-
-
-def table_fields(table: EmbeddingTable, ids: np.ndarray) -> Fields:
-    """Row and optimizer state of ``ids`` (unique) as the PS holds them; ids the PS has not
-    created read as their seeded initial value and fresh state (what a lookup would create).
-
-    Reads the table's arrays under its lock: the PS has no call that returns row state
-    without creating rows or touching the access counters, which ECRM and MFU must not do.
-    """
-    with table._lock:
-        slots = table._slot[ids]
-        known = slots >= 0
-        if known.all():
-            out = {"row": table.rows[slots]}
-            out.update({f"state/{k}": v[slots] for k, v in table.state.items()})
-            return out
-        out = initial_fields(table, ids)
-        have = slots[known]
-        out["row"][known] = table.rows[have]
-        for k, v in table.state.items():
-            out[f"state/{k}"][known] = v[have]
-        return out
-
-
-def initial_fields(table: EmbeddingTable, ids: np.ndarray) -> Fields:
-    out = {"row": initial_rows(table.name, ids, table.dim, table.seed, INIT_SCALE)}
-    fresh = table.optimizer.init_state((ids.size, table.dim), rows=True)
-    out.update({f"state/{k}": v for k, v in fresh.items()})
-    return out
-
-
-def write_fields(table: EmbeddingTable, ids: np.ndarray, fields: Fields) -> None:
-    """Put decoded rows (and state) on a replacement PS: ``absorb``, the rows a PS takes over."""
-    arrays = {"ids": ids, "rows": fields["row"], "counts": np.zeros(ids.size, np.uint32)}
-    arrays.update({k: v for k, v in fields.items() if k.startswith("state/")})
-    table.absorb(arrays)
 
 
 # ----------------------------------------------------------------------------- dense model

@@ -41,9 +41,6 @@ from bench._recovery_cluster import (
     Cluster,
     Fields,
     PsHooks,
-    initial_fields,
-    table_fields,
-    write_fields,
 )
 
 DTYPES = {"row": np.dtype(np.float32), "state/accum": np.dtype(np.float32)}
@@ -115,7 +112,7 @@ class EcrmHooks(PsHooks):
         self._trainer = threading.get_ident()
 
     def _initial(self, table: str, ids: np.ndarray) -> Fields:
-        return initial_fields(self._probe[table], np.asarray(ids, dtype=np.int64))
+        return self._probe[table].initial_fields(np.asarray(ids, dtype=np.int64))
 
     # -- normal operation (under the PS's lock)
 
@@ -126,11 +123,11 @@ class EcrmHooks(PsHooks):
 
     def _apply(self, ps: int, table: EmbeddingTable, ids: np.ndarray, grads: np.ndarray) -> None:
         t0 = time.perf_counter()
-        old = table_fields(table, ids)
+        old = table.fields(ids)
         t1 = time.perf_counter()
         table.apply_gradients(ids, grads)
         t2 = time.perf_counter()
-        new = table_fields(table, ids)
+        new = table.fields(ids)
         self.outbox.extend(self.props[ps].deltas({table.name: (ids, old, new)}))
         if threading.get_ident() == self._trainer:
             self._charge(ps, (t1 - t0) + (time.perf_counter() - t2))
@@ -184,8 +181,7 @@ class EcrmHooks(PsHooks):
             with self.cluster.locks[h]:
                 parity[h] = self.stores[h].read(table, slots)
         members = {
-            q: table_fields(self.cluster.ps[q].tables[table], got)
-            for q, got in plan.member_ids.items()
+            q: self.cluster.ps[q].tables[table].fields(got) for q, got in plan.member_ids.items()
         }
         return plan.decode(self.codec, parity, members, DTYPES)
 
@@ -199,7 +195,7 @@ class EcrmHooks(PsHooks):
         truth = {}
         for name, table in old.tables.items():
             ids = np.sort(table._ids[: table.size])
-            truth[name] = {"ids": ids, **table_fields(table, ids)}
+            truth[name] = {"ids": ids, **table.fields(ids)}
         started = time.perf_counter()
         c, lay = self.cluster, self.layout
         self.epochs[lost] += 1
@@ -278,9 +274,7 @@ class EcrmHooks(PsHooks):
                     break
                 self.flush()
                 time.sleep(0)
-            members = {
-                q: table_fields(c.ps[q].tables[t], ids) for q, ids in chunk.member_ids.items()
-            }
+            members = {q: c.ps[q].tables[t].fields(ids) for q, ids in chunk.member_ids.items()}
             if chunk.kind == "decode":
                 parity = {}
                 for h, (_, slots) in chunk.parity.items():
@@ -288,7 +282,7 @@ class EcrmHooks(PsHooks):
                         parity[h] = self.stores[h].read(t, slots)
                 fields = chunk.decode(self.codec, parity, members, DTYPES)
                 with c.locks[lost]:
-                    write_fields(c.ps[lost].tables[t], chunk.ids, fields)
+                    c.ps[lost].tables[t].put_fields(chunk.ids, fields)
                 rebuild.decoded.append((t, chunk.ids, fields))
                 rebuild.rows_done_at = time.perf_counter()
             else:
