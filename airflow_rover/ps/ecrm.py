@@ -62,6 +62,7 @@ log = logging.getLogger(__name__)
 
 DENSE_REPLICA_S = 1.0
 MAX_FRAME_ENTRIES = 256  # messages per parity RPC: a backlog goes in several
+LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
 DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
@@ -216,6 +217,10 @@ class _Channel:
             with self._cond:
                 while not self._queue and self._dense is None and not self._closed:
                     self._cond.wait()
+                # Let a few pushes' messages gather: one RPC per frame, not per push.
+                self._cond.wait_for(
+                    lambda: self._closed or len(self._queue) >= MAX_FRAME_ENTRIES, LINGER_S
+                )
                 if self._closed:
                     return
                 entries = self._queue[:MAX_FRAME_ENTRIES]
