@@ -63,6 +63,9 @@ from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.elastic import wait_for, worker_samples
+
 GOAL_SPEEDUP = 5.0  # full's time to fully recover / ECRM's
 GOAL_THROUGHPUT = 0.85  # ECRM's throughput during recovery / before the kill
 HEARTBEAT_S = 1.0  # workers report their samples this often (worker/runtime.py)
@@ -167,20 +170,6 @@ def leftover_processes(job_dir: Path) -> list[psutil.Process]:
             if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
                 found.append(proc)
     return found
-
-
-def worker_samples(status: dict[str, Any]) -> int:
-    return sum(n["samples"] for n in status.get("nodes", []) if n["role"] == "worker")
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float = 300.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(POLL_S)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def poll(hook: ElasticJobHook) -> Point:

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -179,7 +179,6 @@ class _Channel:
         self._dense: Fields | None = None
         self._cond = threading.Condition()
         self._closed = False
-        self.sent_frames = 0
         self._thread = threading.Thread(
             target=self._run, name=f"parity-to-ps-{holder}", daemon=True
         )
@@ -250,7 +249,6 @@ class _Channel:
             with self._cond:
                 sent = {id(e) for e in entries}
                 self._queue = [e for e in self._queue if id(e) not in sent]
-                self.sent_frames += 1
 
 
 # ----------------------------------------------------------------------------- rebuild
@@ -268,7 +266,6 @@ class _Rebuild:
     held_rows: int = 0  # updates held back by locks, applied on release
     degraded_rows: int = 0  # rows served by decoding before they were rebuilt
     error: str | None = None
-    thread: threading.Thread | None = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
@@ -600,8 +597,7 @@ class EcrmPeer:
             rebuild = _Rebuild(plan, started)
             self.rebuild = rebuild
         self.send_ledger()  # so a later loss of this PS finds its holders knowing it
-        rebuild.thread = threading.Thread(target=self._run_rebuild, args=(rebuild,), daemon=True)
-        rebuild.thread.start()
+        threading.Thread(target=self._run_rebuild, args=(rebuild,), daemon=True).start()
         log.info(
             "PS %d (incarnation %d): rebuilding %d rows and %d parity slots from %d holders "
             "(%d batches applied, dense replica: %s)",
