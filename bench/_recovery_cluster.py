@@ -33,8 +33,9 @@ from airflow_rover.core.embedding_layout import EmbeddingGroup, EmbeddingLayout
 from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, default_features
-from airflow_rover.data import SyntheticConfig, generate_dataset, open_dataset
+from airflow_rover.data import open_dataset
 from airflow_rover.data.reader import Batch
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.ps.tables import EmbeddingTable

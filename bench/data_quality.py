@@ -26,7 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_rover.core.metrics import roc_auc
-from airflow_rover.data import Batch, SyntheticConfig, generate_dataset, open_dataset
+from airflow_rover.data import Batch, open_dataset
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 
 if TYPE_CHECKING:
     import keras

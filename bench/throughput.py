@@ -45,7 +45,8 @@ os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_rover.core.spec import default_features
-from airflow_rover.data import SyntheticConfig, generate_dataset, open_dataset
+from airflow_rover.data import open_dataset
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 
 if TYPE_CHECKING:
     from bench._baselines import BenchSetup

@@ -1038,73 +1038,123 @@ class RebuildPlan:
 # ----------------------------------------------------------------------------- buffering
 
 
+def _sorted_unique(ids: np.ndarray) -> np.ndarray:
+    ids = np.asarray(ids, dtype=np.int64).ravel()
+    if ids.size < 2 or bool((ids[1:] > ids[:-1]).all()):
+        return ids
+    return np.unique(ids)
+
+
+def _member(have: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Mask of ``ids`` found in the sorted array ``have``."""
+    if have.size == 0:
+        return np.zeros(ids.size, dtype=bool)
+    pos = np.minimum(np.searchsorted(have, ids), have.size - 1)
+    return have[pos] == ids
+
+
 @dataclass
 class _Held:
+    """Rows of held updates in arrival order; ``update`` numbers the update each came with."""
+
     ids: np.ndarray
+    update: np.ndarray
     payload: dict[str, np.ndarray]
+
+    def take(self, mask: np.ndarray) -> _Held:
+        payload = {k: v[mask] for k, v in self.payload.items()}
+        return _Held(self.ids[mask], self.update[mask], payload)
+
+    def per_update(self) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
+        """Split back into the updates they came with, oldest first."""
+        if self.ids.size == 0:
+            return []
+        cuts = np.flatnonzero(np.diff(self.update)) + 1
+        bounds = zip(np.r_[0, cuts], np.r_[cuts, self.ids.size], strict=True)
+        return [(self.ids[a:b], {k: v[a:b] for k, v in self.payload.items()}) for a, b in bounds]
 
 
 class UpdateBuffer:
     """Updates a PS holds back while their rows are locked (ECRM section 3.4), returned in
     arrival order when the lock moves on. The payload is whatever the PS applies later
-    (gradients, per row); a read of a held row can ``peek`` at them. Not thread-safe."""
+    (gradients, per row); a read of a held row can ``peek`` at them. Not thread-safe.
+
+    A replacement locks every row it has to rebuild and releases them a chunk at a time
+    while pushes keep arriving, so locking and releasing are merges of sorted arrays and the
+    held rows of a table are one array (appended in batches): a release is one pass over
+    what is held, not one per update held."""
 
     def __init__(self) -> None:
         self._locked: dict[str, np.ndarray] = {}  # sorted unique ids
-        self._held: dict[str, list[_Held]] = {}
+        self._held: dict[str, _Held] = {}
+        self._arrived: dict[str, list[_Held]] = {}  # not merged into _held yet
+        self._updates = 0
 
     def lock(self, table: str, ids: np.ndarray) -> None:
-        ids = np.asarray(ids, dtype=np.int64)
-        self._locked[table] = np.union1d(self._locked.get(table, np.empty(0, np.int64)), ids)
+        ids = _sorted_unique(ids)
+        have = self._locked.get(table, np.empty(0, np.int64))
+        new = ids[~_member(have, ids)]
+        self._locked[table] = np.insert(have, np.searchsorted(have, new), new)
 
     def locked(self, table: str, ids: np.ndarray) -> np.ndarray:
         """Mask of ``ids`` whose updates must be held now."""
-        ids = np.asarray(ids, dtype=np.int64)
-        have = self._locked.get(table)
-        if have is None or have.size == 0:
-            return np.zeros(ids.size, dtype=bool)
-        pos = np.minimum(np.searchsorted(have, ids), have.size - 1)
-        return have[pos] == ids
+        have = self._locked.get(table, np.empty(0, np.int64))
+        return _member(have, np.asarray(ids, dtype=np.int64))
 
     @property
     def held_rows(self) -> int:
-        return sum(h.ids.size for entries in self._held.values() for h in entries)
+        return sum(self._merged(t).ids.size for t in {*self._held, *self._arrived})
 
     def admit(
         self, table: str, ids: np.ndarray, payload: Mapping[str, np.ndarray]
     ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Hold the locked part of an update; return the part to apply now."""
         ids = np.asarray(ids, dtype=np.int64)
+        payload = {k: np.asarray(v) for k, v in payload.items()}
         mask = self.locked(table, ids)
-        if mask.any():
-            self._held.setdefault(table, []).append(
-                _Held(ids[mask], {k: np.asarray(v)[mask] for k, v in payload.items()})
-            )
+        if not mask.any():
+            return ids, payload
+        self._updates += 1
+        update = np.full(int(mask.sum()), self._updates, dtype=np.int64)
+        held = _Held(ids[mask], update, {k: v[mask] for k, v in payload.items()})
+        self._arrived.setdefault(table, []).append(held)
         keep = ~mask
-        return ids[keep], {k: np.asarray(v)[keep] for k, v in payload.items()}
+        return ids[keep], {k: v[keep] for k, v in payload.items()}
+
+    def _merged(self, table: str) -> _Held:
+        parts = [self._held[table]] if table in self._held else []
+        parts += self._arrived.pop(table, [])
+        if not parts:
+            return _Held(np.empty(0, np.int64), np.empty(0, np.int64), {})
+        if len(parts) > 1:
+            parts = [
+                _Held(
+                    np.concatenate([p.ids for p in parts]),
+                    np.concatenate([p.update for p in parts]),
+                    {k: np.concatenate([p.payload[k] for p in parts]) for k in parts[0].payload},
+                )
+            ]
+        self._held[table] = parts[0]
+        return parts[0]
 
     def release(
         self, table: str, ids: np.ndarray | None = None
     ) -> list[tuple[np.ndarray, dict[str, np.ndarray]]]:
         """Unlock ``ids`` (default: all of ``table``); their held updates, oldest first."""
-        entries = self._held.get(table, [])
+        held = self._merged(table)
         if ids is None:
             self._locked.pop(table, None)
             self._held.pop(table, None)
-            return [(h.ids, h.payload) for h in entries]
-        ids = np.unique(np.asarray(ids, dtype=np.int64))
-        if table in self._locked:
-            self._locked[table] = np.setdiff1d(self._locked[table], ids, assume_unique=True)
-        out, keep = [], []
-        for h in entries:
-            mine = np.isin(h.ids, ids)
-            if mine.any():
-                out.append((h.ids[mine], {k: v[mine] for k, v in h.payload.items()}))
-            if not mine.all():
-                rest = ~mine
-                keep.append(_Held(h.ids[rest], {k: v[rest] for k, v in h.payload.items()}))
-        self._held[table] = keep
-        return out
+            return held.per_update()
+        ids = _sorted_unique(ids)
+        have = self._locked.get(table)
+        if have is not None and have.size:
+            self._locked[table] = have[~_member(ids, have)]
+        mine = _member(ids, held.ids)
+        if not mine.any():
+            return []
+        self._held[table] = held.take(~mine)
+        return held.take(mine).per_update()
 
     def peek(self, table: str) -> Iterable[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        return [(h.ids, h.payload) for h in self._held.get(table, [])]
+        return self._merged(table).per_update()

@@ -1,4 +1,6 @@
-"""Datasets: a deterministic synthetic Criteo-shaped generator and format-agnostic readers."""
+"""Datasets: format-agnostic readers here; the synthetic Criteo-shaped generator in
+``airflow_rover.data.synthetic`` (not imported here: it pulls in scipy, which a PS, started
+anew on every relaunch, does not need)."""
 
 from airflow_rover.data.reader import (
     Batch,
@@ -9,23 +11,13 @@ from airflow_rover.data.reader import (
     open_dataset,
     register_format,
 )
-from airflow_rover.data.synthetic import (
-    GeneratedDataset,
-    SyntheticConfig,
-    generate_dataset,
-    generate_main,
-)
 
 __all__ = [
     "Batch",
     "CategoricalColumn",
-    "GeneratedDataset",
     "NpyColumnsReader",
     "SampleReader",
     "Schema",
-    "SyntheticConfig",
-    "generate_dataset",
-    "generate_main",
     "open_dataset",
     "register_format",
 ]

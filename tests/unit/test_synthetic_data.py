@@ -17,14 +17,12 @@ from airflow_rover.data import (
     NpyColumnsReader,
     SampleReader,
     Schema,
-    SyntheticConfig,
-    generate_dataset,
-    generate_main,
     open_dataset,
     register_format,
     synthetic,
 )
 from airflow_rover.data import reader as reader_module
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset, generate_main
 
 SMALL = SyntheticConfig(num_train=2_000, num_eval=1_000, seed=3)
 ARRAYS = ("dense.npy", "categorical.npy", "label.npy")
