@@ -21,9 +21,9 @@ recovered, stop.
   shards done on every PS: it rolls back when the restored PS's ledger lacks their batches,
   ``ShardQueue.reconcile``) is back where it was at the kill. Shards in flight at the kill count
   as progress after it, which shortens full's time a little (in the baseline's favour).
-- ecrm (k=2, 4096 rows per lock): ps-1 is relaunched empty and rebuilt from the parity the
-  other PS keep while the workers train on. Recovered = its ``recovery.ecrm_rebuilds`` entry
-  is ``done``.
+- ecrm (k=2, ``--rows-per-lock`` rows per lock, default the product's): ps-1 is relaunched
+  empty and rebuilt from the parity the other PS keep while the workers train on. Recovered =
+  its ``recovery.ecrm_rebuilds`` entry is ``done``.
 
 Per policy: time to fully recover from the kill; the workers' throughput from the kill until
 then against an equally long window just before the kill of the same run (rates interpolate
@@ -58,6 +58,7 @@ from typing import Any
 
 import psutil
 
+from airflow_rover.core.checkpoint_policy import EcrmOptions
 from airflow_rover.core.layout import ENV_JOB_DIR, ENV_NODE_ID, JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
@@ -73,7 +74,6 @@ POLL_S = 0.05
 TAIL_S = 3.0  # trace on this long after recovery, so that rates at its end interpolate
 KILLED = "ps-1"
 ECRM_K = 2
-ROWS_PER_LOCK = 4096
 POLICIES = ("full", "ecrm")
 
 
@@ -85,6 +85,7 @@ class Settings:
     window_s: float  # traced before the kill
     checkpoint_interval_s: float
     kill_phase: float  # kill this share of an interval after a commit (< 0: after the window)
+    rows_per_lock: int  # ECRM's lock granularity
     timeout_s: float  # for recovery
 
 
@@ -130,7 +131,7 @@ class Outcome:
 def spec_for(data: GeneratedDataset, policy: str, settings: Settings) -> JobSpec:
     checkpoint: dict[str, Any] = {"policy": policy}
     if policy == "ecrm":
-        checkpoint["ecrm"] = {"k": ECRM_K, "rows_per_lock": ROWS_PER_LOCK}
+        checkpoint["ecrm"] = {"k": ECRM_K, "rows_per_lock": settings.rows_per_lock}
     return JobSpec.model_validate(
         {
             "job_id": f"recovery-{policy}",
@@ -515,7 +516,10 @@ def report_full(out: Outcome, settings: Settings) -> Window | None:
 
 
 def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
-    print(f"== ecrm k={ECRM_K}: ps-1 relaunched empty, rebuilt from parity while training goes on")
+    print(
+        f"== ecrm k={ECRM_K}, {settings.rows_per_lock:,} rows per lock: ps-1 relaunched empty, "
+        "rebuilt from parity while training goes on"
+    )
     if not out.kill_t:
         print(f"no kill: {out.error} (job {out.final_state})\n")
         return None
@@ -568,6 +572,12 @@ def main() -> int:
         help="kill this share of a checkpoint interval after a checkpoint was committed (0.5: "
         "the paper's average case for full; < 0: right after the window, wherever that falls)",
     )
+    parser.add_argument(
+        "--rows-per-lock",
+        type=int,
+        default=EcrmOptions().rows_per_lock,
+        help="ECRM rows rebuilt per lock (default: the product's)",
+    )
     parser.add_argument("--window", type=float, help="seconds traced before the kill (30; 10)")
     parser.add_argument("--work-dir", type=Path, help="kept afterwards (default: a temp dir)")
     args = parser.parse_args()
@@ -580,6 +590,7 @@ def main() -> int:
         window_s=args.window or (10.0 if args.quick else 30.0),
         checkpoint_interval_s=args.checkpoint_interval,
         kill_phase=args.kill_phase,
+        rows_per_lock=args.rows_per_lock,
         timeout_s=300.0,
     )
     began = time.monotonic()

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -67,10 +68,23 @@ def _popen(
         )
 
 
+def _signal_exit(proc: subprocess.Popen, exited: threading.Event) -> None:
+    proc.wait()
+    exited.set()
+
+
 class LocalNodeLauncher:
     """Runs a job's nodes as child processes of the master."""
 
-    def __init__(self, layout: JobLayout, master_addr: str, threads_per_node: int = 1) -> None:
+    def __init__(
+        self,
+        layout: JobLayout,
+        master_addr: str,
+        threads_per_node: int = 1,
+        exited: threading.Event | None = None,
+    ) -> None:
+        """``exited``: set whenever a node process ends (the master wakes on it)."""
+        self.exited = exited
         self.capacity_cpu = float(os.cpu_count() or 1)  # plans beyond it are not proposed
         self.layout = layout
         self.master_addr = master_addr
@@ -101,6 +115,10 @@ class LocalNodeLauncher:
             cmd, self.layout.log_file(node_id), self._env(node_id), preexec_fn=_die_with_parent
         )
         log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
+        if self.exited is not None:
+            threading.Thread(
+                target=_signal_exit, args=(self._procs[node_id], self.exited), daemon=True
+            ).start()
 
     def exit_codes(self) -> dict[str, int | None]:
         return {node_id: proc.poll() for node_id, proc in self._procs.items()}

@@ -53,12 +53,17 @@ class _MasterServer(uvicorn.Server):
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> None:
-    """Drive the job until it ends, then stop the nodes and, after ``linger_s``, the API."""
+def _supervise(
+    master: JobMaster, server: uvicorn.Server, linger_s: float, exited: threading.Event
+) -> None:
+    """Drive the job until it ends, then stop the nodes and, after ``linger_s``, the API. A
+    tick comes every ``TICK_S``, or at once when ``exited`` says a node process ended (a lost
+    PS is relaunched without waiting out the tick)."""
     try:
         while master.state not in TERMINAL_STATES and not server.should_exit:
+            exited.clear()
             master.step()
-            time.sleep(TICK_S)
+            exited.wait(TICK_S)
     except Exception as exc:  # the supervisor must never die silently
         log.exception("supervisor crashed")
         master.fail(f"master error: {exc}")
@@ -117,10 +122,11 @@ def main(argv: list[str] | None = None) -> None:
     if on_kubernetes:  # reached through its Service, not on loopback
         address = os.environ.get(ENV_MASTER_ADVERTISE, address)
 
+    exited = threading.Event()  # a node process ended (local nodes only: pods are polled)
     launcher = (
         kubernetes_node_launcher(layout, args.restarts)
         if on_kubernetes
-        else LocalNodeLauncher(layout, address, max(1, int(spec.plan.worker_cpu)))
+        else LocalNodeLauncher(layout, address, max(1, int(spec.plan.worker_cpu)), exited)
     )
     master = JobMaster(layout, spec, launcher, token, args.restarts)
     app = create_app(master, token)
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("master of job %s listening on %s", spec.job_id, address)
 
     supervisor = threading.Thread(
-        target=_supervise, args=(master, server, args.linger), daemon=True
+        target=_supervise, args=(master, server, args.linger, exited), daemon=True
     )
     supervisor.start()
     server.run(sockets=[sock])  # returns on SIGTERM/SIGINT or when the supervisor is done

@@ -46,7 +46,7 @@ class MasterClient:
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code != 409 or time.monotonic() > deadline:
                     raise
-                time.sleep(0.2)
+                time.sleep(0.05)
 
     def ready(self, node_id: str, address: str | None = None) -> None:
         self._request("POST", f"/nodes/{node_id}/ready", protocol.NodeReady(address=address))

@@ -27,10 +27,12 @@ asynchronous training could have reached).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +181,7 @@ class _Channel:
         self._dense: Fields | None = None
         self._cond = threading.Condition()
         self._closed = False
+        self._urgent = False  # a rebuild waits for what is queued: send it without lingering
         self._thread = threading.Thread(
             target=self._run, name=f"parity-to-ps-{holder}", daemon=True
         )
@@ -201,6 +204,12 @@ class _Channel:
             self._queue = [e for e in self._queue if e.holder_epoch >= holder_epoch]
             self._cond.notify()
 
+    def flush(self) -> None:
+        """Send what is queued now (a rebuild is draining it)."""
+        with self._cond:
+            self._urgent = True
+            self._cond.notify()
+
     def backlog(self) -> int:
         with self._cond:
             return len(self._queue)
@@ -218,8 +227,10 @@ class _Channel:
                     self._cond.wait()
                 # Let a few pushes' messages gather: one RPC per frame, not per push.
                 self._cond.wait_for(
-                    lambda: self._closed or len(self._queue) >= MAX_FRAME_ENTRIES, LINGER_S
+                    lambda: self._closed or self._urgent or len(self._queue) >= MAX_FRAME_ENTRIES,
+                    LINGER_S,
                 )
+                self._urgent = False
                 if self._closed:
                     return
                 entries = self._queue[:MAX_FRAME_ENTRIES]
@@ -451,7 +462,10 @@ class EcrmPeer:
         if op == "lock":
             with self.ps._apply_lock:
                 self.buffer.lock(table, req["ids"])
-                return _ints(self.propagator.sent())
+                sent = _ints(self.propagator.sent())
+            for channel in self.channels.values():
+                channel.flush()
+            return sent
         if op == "unlock":
             with self.ps._apply_lock:
                 held = self._release(table, req["ids"])
@@ -623,48 +637,60 @@ class EcrmPeer:
                 rebuild.rows_done_at = rebuild.done_at
 
     def _rebuild(self, rebuild: _Rebuild) -> None:
+        """Chunk by chunk; the calls of a step go to the other PS at once (one round trip, not
+        one per PS: a chunk costs about five round trips, whatever k is)."""
         plan = rebuild.plan
-        while (chunk := plan.next_chunk()) is not None:
-            t = chunk.table
-            sent: dict[int, dict[int, int]] = {}
-            for q in chunk.lock_ps:
-                ids = chunk.locks[q]
-                if q == self.index:
+        with ThreadPoolExecutor(self.ps.num_ps, thread_name_prefix="rebuild") as pool:
+
+            def fan(calls: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:
+                futures = {q: pool.submit(call) for q, call in calls.items()}
+                return {q: f.result() for q, f in futures.items()}
+
+            def on(q: int, op: str, **arrays: np.ndarray) -> Callable[[], Fields]:
+                request = {"op": text(op), "table": text(t), **arrays}
+                return lambda: self.peers.call(q, request)
+
+            while (chunk := plan.next_chunk()) is not None:
+                t = chunk.table
+                others = [q for q in chunk.lock_ps if q != self.index]
+                if self.index in chunk.locks:
                     with self.ps._apply_lock:
-                        self.buffer.lock(t, ids)
-                    sent[q] = {}
-                else:
-                    reply = self.peers.call(q, {"op": text("lock"), "table": text(t), "ids": ids})
-                    sent[q] = _read_ints(reply)
-            plan.locks_installed(sent)
-            while not plan.drained({h: self._applied(h) for h in chunk.holders}):
-                time.sleep(DRAIN_POLL_S)
-            members = {q: self._fields(q, t, ids) for q, ids in chunk.member_ids.items()}
-            if chunk.kind == "decode":
-                parity = {
-                    h: self.peers.call(
-                        h, {"op": text("parity_read"), "table": text(t), "slots": slots}
-                    )
-                    for h, (_, slots) in chunk.parity.items()
+                        self.buffer.lock(t, chunk.locks[self.index])
+                locked = fan({q: on(q, "lock", ids=chunk.locks[q]) for q in others})
+                sent = {q: _read_ints(reply) for q, reply in locked.items()}
+                if self.index in chunk.locks:
+                    sent[self.index] = {}  # what this replacement sent is not drained
+                plan.locks_installed(sent)
+                while not plan.drained(
+                    fan({h: functools.partial(self._applied, h) for h in chunk.holders})
+                ):
+                    time.sleep(DRAIN_POLL_S)
+                reads = {
+                    q: functools.partial(self._fields, q, t, ids)
+                    for q, ids in chunk.member_ids.items()
                 }
-                fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
-                with self.ps._apply_lock:
-                    self.ps.tables[t].put_fields(chunk.ids, fields)
-                    plan.chunk_written()
-                    rebuild.held_rows += self._release(t, chunk.locks[self.index])
-                rebuild.rows_done_at = time.perf_counter()
-            else:
-                fields = chunk.encode(self.codec, members, self._dtypes(t))
-                with self._parity_lock:
-                    self.store.write(t, chunk.slots, fields)
-                plan.chunk_written()
-            for q in chunk.lock_ps:
-                if q != self.index:
-                    reply = self.peers.call(
-                        q, {"op": text("unlock"), "table": text(t), "ids": chunk.locks[q]}
+                if chunk.kind == "decode":
+                    parity_at = {h: slots for h, (_, slots) in chunk.parity.items()}
+                    got = fan(
+                        {("parity", h): on(h, "parity_read", slots=s) for h, s in parity_at.items()}
+                        | {("member", q): read for q, read in reads.items()}
                     )
-                    rebuild.held_rows += int(reply["held"][0])
-            rebuild.chunks += 1
+                    parity = {h: got["parity", h] for h in parity_at}
+                    members = {q: got["member", q] for q in reads}
+                    fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
+                    with self.ps._apply_lock:
+                        self.ps.tables[t].put_fields(chunk.ids, fields)
+                        plan.chunk_written()
+                        rebuild.held_rows += self._release(t, chunk.locks[self.index])
+                    rebuild.rows_done_at = time.perf_counter()
+                else:
+                    fields = chunk.encode(self.codec, fan(reads), self._dtypes(t))
+                    with self._parity_lock:
+                        self.store.write(t, chunk.slots, fields)
+                    plan.chunk_written()
+                released = fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
+                rebuild.held_rows += sum(int(reply["held"][0]) for reply in released.values())
+                rebuild.chunks += 1
 
     def _applied(self, holder: int) -> dict[int, int]:
         if holder == self.index:

@@ -332,6 +332,7 @@ def leased_batches(
 
 PS_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 RELAUNCH_WAIT_S = 60.0  # how long a worker waits for a lost PS to be back before giving up
+RELAUNCH_POLL_S = 0.05  # how often it asks the master meanwhile (a local GET: cheap)
 
 
 class PSLost(Exception):
@@ -427,7 +428,7 @@ def _wait_for_relaunch(
             cluster = None  # the PS are not all up yet
         if cluster is not None and cluster.layout_version > layout:
             return cluster
-        stop.wait(0.2)
+        stop.wait(RELAUNCH_POLL_S)
     raise PSLost("the master stopped the job" if stop.is_set() else "no relaunched PS in time")
 
 
