@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_digest
+from airflow_rover.core.ecrm import EcrmLayout
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.hashing import partition_of
@@ -148,6 +149,11 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     rebuild = spec.checkpoint.policy == "ecrm" and ctx.layout.ecrm_rebuild_marker(index).exists()
+    if rebuild:  # the rebuild needs where every row's parity is: worked out while starting
+        groups = EmbeddingLayout.from_features(resolve_features(spec)).groups
+        vocab = {g.name: g.vocab_size for g in groups}
+        placement = EcrmLayout(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab)
+        threading.Thread(target=placement.warm, name="ecrm-placement", daemon=True).start()
     if index < spec.plan.num_ps and not rebuild:
         ps = restore(new_ps, ctx.layout, ctx.node_id, index)
     else:  # joining a resize: empty until the others hand over its rows (``reshard``); or

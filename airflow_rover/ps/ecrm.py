@@ -451,6 +451,8 @@ class EcrmPeer:
             with self.ps._apply_lock:
                 out = self.ps.tables[table].fields(req["ids"].astype(np.int64))
                 marks = _ints(self.propagator.sent())
+            for channel in self.channels.values():  # a degraded read waits for them
+                channel.flush()
             out.update({f"sent/{k}": v for k, v in marks.items()})
             return out
         if op == "parity_read":
