@@ -642,7 +642,14 @@ class ParityStore:
         self._applied[delta.source] = delta.seq
         return "applied"
 
-    def _apply_table(self, part: TableDelta) -> None:
+    def revert(self, delta: ParityDelta) -> None:
+        """Take an applied message's differences out again: its source died before every
+        holder had its batch, and the batch is to be trained again (``EcrmPeer.start_rebuild``
+        keeps only the batches all holders saw)."""
+        for part in delta.tables:
+            self._apply_table(part, self.codec.sub)
+
+    def _apply_table(self, part: TableDelta, op: Callable[..., None] | None = None) -> None:
         holder, slots = self.layout.parity_location(part.table, part.ids)
         if (holder != self.ps_index).any():
             raise ValueError(f"table {part.table!r}: rows whose parity is not on this PS")
@@ -656,7 +663,7 @@ class ParityStore:
             raise ValueError(f"table {part.table!r}: two rows of one group in one delta")
         pos = self._materialise(part.table, slots)
         for name, arr in t.arrays.items():
-            self.codec.add(arr, pos, part.fields[name][live])
+            (op or self.codec.add)(arr, pos, part.fields[name][live])
 
 
 # ----------------------------------------------------------------------------- decoding

@@ -27,6 +27,7 @@ asynchronous training could have reached).
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -54,6 +55,7 @@ from airflow_rover.core.ecrm import (
     plan_encode,
     rows_to_rebuild,
 )
+from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.ps import codec, rpc
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
 DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
+RECENT_S = 5.0  # how long a holder keeps applied messages it may have to take out again
+RECENT_MESSAGES = 2048  # and at most this many per source
 
 
 def text(value: str) -> np.ndarray:
@@ -94,14 +98,22 @@ def _read_ints(reply: Mapping[str, np.ndarray]) -> dict[int, int]:
 
 
 def encode_frame(
-    source: int, epoch: int, deltas: list[ParityDelta], keys: list[int], dense: Fields | None
+    source: int,
+    epoch: int,
+    entries: list[tuple[ParityDelta | None, int | None]],
+    dense: Fields | None,
 ) -> dict[str, np.ndarray]:
-    """One parity RPC: messages in channel order, the batch keys they come from, and (now and
-    then) the source's dense variables."""
+    """One parity RPC: messages in channel order with the batch key each came from (a push
+    with no row for this holder sends its key alone; an update held by a rebuild and applied
+    later, its message alone), and (now and then) the source's dense variables."""
+    deltas = [d for d, _ in entries if d is not None]
     out = {
         "op": text("parity"),
         "source": np.array([source, epoch], dtype=np.int64),
-        "batch_keys": np.array(keys, dtype=np.int64),
+        "batch_keys": np.array([k for _, k in entries if k is not None], dtype=np.int64),
+        "delta_keys": np.array(
+            [NO_KEY if k is None else k for d, k in entries if d is not None], dtype=np.int64
+        ),
         "n": np.array([len(deltas)], dtype=np.int64),
     }
     for i, d in enumerate(deltas):
@@ -239,11 +251,7 @@ class _Channel:
                 epoch = self.holder_epoch
             entries = [e for e in entries if e.holder_epoch == epoch]
             frame = encode_frame(
-                self.peer.index,
-                self.peer.epoch,
-                [e.delta for e in entries if e.delta is not None],
-                [e.key for e in entries if e.key is not None],
-                dense,
+                self.peer.index, self.peer.epoch, [(e.delta, e.key) for e in entries], dense
             )
             frame["holder_epoch"] = np.array([epoch], dtype=np.int64)
             try:
@@ -311,6 +319,9 @@ class EcrmPeer:
         self._parity_lock = threading.Lock()
         self._src_epoch = {s: self.epochs[s] for s in self.layout.sources_of(self.index)}
         self.keys_from: dict[int, set[int]] = {s: set() for s in self._src_epoch}
+        # the latest messages applied per source, with their batch keys: a batch only some
+        # holders had when its source died is taken out again (``_rollback``)
+        self.recent: dict[int, collections.deque[tuple[float, int, ParityDelta]]] = {}
         self.replica: dict[int, Fields] = {}  # sources' dense variables (first holder only)
         self.channels = {
             h: _Channel(self, h, self.epochs[h]) for h in self.layout.holders_of(self.index)
@@ -474,6 +485,8 @@ class EcrmPeer:
             return {"held": np.array([held], dtype=np.int64)}
         if op == "fence":
             return self._fence(int(req["source"][0]), int(req["epoch"][0]))
+        if op == "rollback":
+            return self._rollback(int(req["source"][0]), {int(k) for k in req["keys"]})
         if op == "reset_holder":
             holder, epoch = int(req["holder"][0]), int(req["epoch"][0])
             self.peers.addresses[holder] = read_text(req["address"])
@@ -481,6 +494,8 @@ class EcrmPeer:
                 self.propagator.reset_holder(holder, epoch)
                 self.epochs[holder] = epoch
                 self.channels[holder].retarget(epoch)
+                for key in sorted(self.ps.ledger.applied):  # the new holder knows them too
+                    self.channels[holder].put(None, key)
             return {}
         if op == "created":
             t = self.ps.tables[table]
@@ -502,8 +517,13 @@ class EcrmPeer:
             if epoch > self._src_epoch[source]:  # a new incarnation speaks first
                 self._src_epoch[source] = epoch
                 self.keys_from[source] = set()
-            for delta in decode_frame(frame):
-                self.store.apply(delta)
+            recent = self.recent.setdefault(source, collections.deque(maxlen=RECENT_MESSAGES))
+            now = time.monotonic()
+            for delta, key in zip(decode_frame(frame), frame["delta_keys"], strict=True):
+                if self.store.apply(delta) == "applied" and key != NO_KEY:
+                    recent.append((now, int(key), delta))
+            while recent and recent[0][0] < now - RECENT_S:
+                recent.popleft()
             self.keys_from[source].update(int(k) for k in frame["batch_keys"])
             dense = {k[8:]: v for k, v in frame.items() if k.startswith("replica/")}
             if dense:
@@ -524,6 +544,17 @@ class EcrmPeer:
             for t in self.layout.tables:
                 out[f"materialised/{t}"] = self.store.materialised(t)
         return out
+
+    def _rollback(self, source: int, keys: set[int]) -> dict[str, np.ndarray]:
+        """Take out the messages of batches ``keys`` of (fenced) ``source``: the other holders
+        never got them, so the batches are trained again. Keys not found are returned."""
+        with self._parity_lock:
+            found = set()
+            for _, key, delta in self.recent.pop(source, ()):
+                if key in keys:
+                    self.store.revert(delta)
+                    found.add(key)
+        return {"missing": np.array(sorted(keys - found), dtype=np.int64)}
 
     def _release(self, table: str, ids: np.ndarray) -> int:
         """Unlock rows (caller holds the apply lock) and apply their held updates in order."""
@@ -568,7 +599,7 @@ class EcrmPeer:
         over its sources' channels, and rebuild its rows and parity in the background."""
         started = time.perf_counter()
         holders = self.layout.holders_of(self.index)
-        keys: set[int] = set()
+        seen: dict[int, set[int]] = {}
         dense: Fields = {}
         materialised: dict[int, dict[str, np.ndarray]] = {}
         for h in holders:
@@ -580,9 +611,17 @@ class EcrmPeer:
                     "epoch": np.array([self.epoch], dtype=np.int64),
                 },
             )
-            keys.update(int(k) for k in reply["batch_keys"])
+            seen[h] = {int(k) for k in reply["batch_keys"]}
             dense = dense or {k[8:]: v for k, v in reply.items() if k.startswith("replica/")}
             materialised[h] = {t: reply[f"materialised/{t}"] for t in self.layout.tables}
+        try:
+            keys = self._agree(seen)
+        except RuntimeError as exc:  # reported by status(); the master gives up on the PS
+            log.error("PS %d: %s", self.index, exc)
+            nothing = {t: np.empty(0, np.int64) for t in self.layout.tables}
+            plan = RebuildPlan(self.layout, self.index, self.rows_per_lock, nothing, nothing)
+            self.rebuild = _Rebuild(plan, started, done_at=time.perf_counter(), error=str(exc))
+            return self.status()
         address = text(self.peers.addresses[self.index])
         for s in self.layout.sources_of(self.index):  # before reading what they created
             self.peers.call(
@@ -626,6 +665,38 @@ class EcrmPeer:
             "yes" if dense else "none",
         )
         return self.status()
+
+    def _agree(self, seen: dict[int, set[int]]) -> set[int]:
+        """The batches this PS had applied as far as every holder knows: the dead incarnation
+        sent each batch to its holders on separate channels, so at its death some holders may
+        have had the last few and others not. Those are taken out where they were applied and
+        left out of the ledger (the master has them trained again): every parity then reflects
+        the same batches, and no row is rebuilt with an update the others lack."""
+        agreed = set.intersection(*seen.values()) if seen else set()
+        for h, keys in seen.items():
+            extra = keys - agreed
+            if not extra:
+                continue
+            request = {
+                "op": text("rollback"),
+                "source": np.array([self.index], dtype=np.int64),
+                "keys": np.array(sorted(extra), dtype=np.int64),
+            }
+            missing = self.peers.call(h, request)["missing"]
+            if missing.size:
+                raise RuntimeError(
+                    f"PS {h} no longer holds the differences of batches {missing[:5].tolist()} "
+                    f"of PS {self.index}, which its other holders never got: the parity cannot "
+                    "be made to agree (a retry resumes from the last checkpoint)"
+                )
+            log.info(
+                "PS %d: %d batch(es) only PS %d had received taken out of its parity, to be "
+                "trained again",
+                self.index,
+                len(extra),
+                h,
+            )
+        return agreed
 
     def _run_rebuild(self, rebuild: _Rebuild) -> None:
         try:

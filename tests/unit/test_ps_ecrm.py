@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, Cluster
@@ -191,6 +192,48 @@ def test_pushes_go_on_during_the_rebuild_and_nothing_is_lost(
     drained(coded)
     assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[0], atol=1e-4)
     assert all(set(ps.ledger.applied) == set(range(35)) for ps in coded.ps)
+
+
+class _Unreachable(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+def test_batches_only_some_holders_got_are_taken_out_and_trained_again(
+    clusters: tuple[EcrmCluster, Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PS dies while its last batches reached one holder and not the other (each holder has
+    its own channel): the rebuilt ledger keeps only what both had, the one that had more takes
+    those batches out of its parity, and once the master has them trained again the rebuilt
+    rows are those of a job without the loss."""
+    coded, plain = clusters
+    push_steps([coded.client(), plain.client()], 0, 10, seed=5)
+    drained(coded)
+    peer = coded.ps[1].ecrm
+    assert peer is not None
+    late, early = peer.layout.holders_of(1)
+    call = peer.peers.call
+
+    def cut_off(index: int, arrays: dict[str, np.ndarray], timeout: float = 60) -> dict:
+        if index == late and ecrm.read_text(arrays["op"]) == "parity":
+            raise _Unreachable()
+        return call(index, arrays, timeout)
+
+    monkeypatch.setattr(peer.peers, "call", cut_off)
+    push_steps([coded.client(), plain.client()], 10, 3, seed=6)
+    deadline = time.monotonic() + 10
+    while peer.channels[early].backlog():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert peer.channels[late].backlog() > 0  # batches 10-12: at one holder only
+    coded.lose_and_replace(1)
+    coded.rebuild(1)
+    coded.wait_rebuilt(1)
+    assert set(coded.ps[1].ledger.applied) == set(range(10))
+    push_steps([coded.client()], 10, 3, seed=6)  # the master requeues them; the others skip
+    drained(coded)
+    assert_same_rows(rows_of([coded.ps[1]]), rows_of([plain.ps[1]]), coded.ps[1], atol=1e-4)
+    assert all(set(ps.ledger.applied) == set(range(13)) for ps in coded.ps)
 
 
 def test_parity_is_encoded_again_after_a_restore(clusters: tuple[EcrmCluster, Cluster]) -> None:
