@@ -130,17 +130,21 @@ def encode_frame(
 
 
 def decode_frame(frame: Mapping[str, np.ndarray]) -> list[ParityDelta]:
+    """The messages of ``encode_frame``'s frame (its keys read once: a frame holds hundreds)."""
+    fields: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+    for key, value in frame.items():
+        if key.startswith("d") and "/f/" in key:
+            head, name = key.split("/f/", 1)
+            d, t = head.split("/")
+            fields.setdefault((int(d[1:]), int(t[1:])), {})[name] = value
     deltas = []
     for i in range(int(frame["n"][0])):
         source, epoch, holder, holder_epoch, seq = (int(x) for x in frame[f"d{i}/meta"])
         parts = []
         j = 0
         while f"d{i}/t{j}/table" in frame:
-            prefix = f"d{i}/t{j}/f/"
-            fields = {k[len(prefix) :]: v for k, v in frame.items() if k.startswith(prefix)}
-            parts.append(
-                TableDelta(read_text(frame[f"d{i}/t{j}/table"]), frame[f"d{i}/t{j}/ids"], fields)
-            )
+            table = read_text(frame[f"d{i}/t{j}/table"])
+            parts.append(TableDelta(table, frame[f"d{i}/t{j}/ids"], fields.get((i, j), {})))
             j += 1
         deltas.append(ParityDelta(source, epoch, holder, holder_epoch, seq, tuple(parts)))
     return deltas
