@@ -53,17 +53,16 @@ class _MasterServer(uvicorn.Server):
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _supervise(
-    master: JobMaster, server: uvicorn.Server, linger_s: float, exited: threading.Event
-) -> None:
+def _supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> None:
     """Drive the job until it ends, then stop the nodes and, after ``linger_s``, the API. A
-    tick comes every ``TICK_S``, or at once when ``exited`` says a node process ended (a lost
-    PS is relaunched without waiting out the tick)."""
+    tick comes every ``TICK_S``, or at once when ``master.wake`` is set: a node process ended
+    or a node is ready (a lost PS is relaunched, and the workers resume against it, without
+    waiting out a tick)."""
     try:
         while master.state not in TERMINAL_STATES and not server.should_exit:
-            exited.clear()
+            master.wake.clear()
             master.step()
-            exited.wait(TICK_S)
+            master.wake.wait(TICK_S)
     except Exception as exc:  # the supervisor must never die silently
         log.exception("supervisor crashed")
         master.fail(f"master error: {exc}")
@@ -122,13 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     if on_kubernetes:  # reached through its Service, not on loopback
         address = os.environ.get(ENV_MASTER_ADVERTISE, address)
 
-    exited = threading.Event()  # a node process ended (local nodes only: pods are polled)
+    wake = threading.Event()  # a node process ended (local nodes only: pods are polled)
     launcher = (
         kubernetes_node_launcher(layout, args.restarts)
         if on_kubernetes
-        else LocalNodeLauncher(layout, address, max(1, int(spec.plan.worker_cpu)), exited)
+        else LocalNodeLauncher(layout, address, max(1, int(spec.plan.worker_cpu)), wake)
     )
-    master = JobMaster(layout, spec, launcher, token, args.restarts)
+    master = JobMaster(layout, spec, launcher, token, args.restarts, wake)
     app = create_app(master, token)
     server = _MasterServer(uvicorn.Config(app, log_level="warning", access_log=False))
     master.mirror_state(force=True)
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("master of job %s listening on %s", spec.job_id, address)
 
     supervisor = threading.Thread(
-        target=_supervise, args=(master, server, args.linger, exited), daemon=True
+        target=_supervise, args=(master, server, args.linger), daemon=True
     )
     supervisor.start()
     server.run(sockets=[sock])  # returns on SIGTERM/SIGINT or when the supervisor is done

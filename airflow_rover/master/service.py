@@ -95,7 +95,11 @@ class JobMaster:
         launcher: NodeLauncher,
         token: str,
         master_restarts: int = 0,
+        wake: threading.Event | None = None,
     ) -> None:
+        """``wake``: set when the supervisor should tick now, not at its next tick (a node is
+        ready: a relaunched PS, say, that the workers wait for)."""
+        self.wake = wake or threading.Event()
         self.layout = layout
         self.spec = spec
         self.launcher = launcher
@@ -221,6 +225,7 @@ class JobMaster:
             if node.role == "worker" and self.train_started_at is None:
                 self.train_started_at = node.last_seen  # the training clock: first worker ready
             log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
+        self.wake.set()
 
     def heartbeat(self, node_id: str, body: protocol.Heartbeat) -> bool:
         """Record a node's progress; returns True when the node should stop."""
