@@ -70,8 +70,12 @@ LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
 DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
-RECENT_S = 5.0  # how long a holder keeps applied messages it may have to take out again
-RECENT_MESSAGES = 2048  # and at most this many per source
+# How long a holder keeps applied messages it may have to take out again (``_rollback``), and
+# at most how many per source: enough for what one channel can lag another (a linger, a send
+# and a retry); a rollback that finds too little fails the rebuild, and the try resumes from
+# the last checkpoint.
+RECENT_S = 2.0
+RECENT_MESSAGES = 1024
 
 
 def text(value: str) -> np.ndarray:
@@ -551,13 +555,20 @@ class EcrmPeer:
 
     def _rollback(self, source: int, keys: set[int]) -> dict[str, np.ndarray]:
         """Take out the messages of batches ``keys`` of (fenced) ``source``: the other holders
-        never got them, so the batches are trained again. Keys not found are returned."""
+        never got them, so the batches are trained again (by its replacement, with the same
+        keys: only the fenced incarnation's messages are taken out). Keys not found are
+        returned."""
         with self._parity_lock:
             found = set()
-            for _, key, delta in self.recent.pop(source, ()):
-                if key in keys:
+            live = self._src_epoch[source]
+            recent = self.recent.get(source, collections.deque())
+            for _, key, delta in recent:
+                if key in keys and delta.epoch < live:
                     self.store.revert(delta)
                     found.add(key)
+            self.recent[source] = collections.deque(
+                (e for e in recent if e[2].epoch >= live), maxlen=RECENT_MESSAGES
+            )
         return {"missing": np.array(sorted(keys - found), dtype=np.int64)}
 
     def _release(self, table: str, ids: np.ndarray) -> int:
