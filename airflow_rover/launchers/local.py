@@ -68,7 +68,8 @@ def _popen(
         )
 
 
-def _signal_exit(proc: subprocess.Popen, exited: threading.Event) -> None:
+def notify_exit(proc: subprocess.Popen, exited: threading.Event) -> None:
+    """Set ``exited`` when ``proc`` ends (run in a thread: the master wakes on it)."""
     proc.wait()
     exited.set()
 
@@ -117,7 +118,7 @@ class LocalNodeLauncher:
         log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
         if self.exited is not None:
             threading.Thread(
-                target=_signal_exit, args=(self._procs[node_id], self.exited), daemon=True
+                target=notify_exit, args=(self._procs[node_id], self.exited), daemon=True
             ).start()
 
     def exit_codes(self) -> dict[str, int | None]:

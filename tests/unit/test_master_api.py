@@ -8,6 +8,9 @@ Where the master talks to a parameter server (saving the model), a real one is s
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.launchers.local import notify_exit
 from airflow_rover.master import protocol
 from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
@@ -147,6 +151,26 @@ def _start_running(job: Job, ps_address: str = "127.0.0.1:1") -> None:
     assert job.post("/nodes/ps-0/ready", {"address": ps_address}) == {"ok": True}
     job.master.step()
     assert job.status()["state"] == "running"
+
+
+def test_a_ready_node_wakes_the_supervisor(make_job) -> None:
+    """A relaunched PS that reports ready is acted on at once, not at the next tick."""
+    job = make_job()
+    job.master.step()
+    job.master.wake.clear()
+    job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:1"})
+    assert job.master.wake.is_set()
+
+
+def test_the_local_launcher_signals_a_node_process_exit() -> None:
+    """The master's wake-up on a lost node: set by the waiter thread as the process ends."""
+    exited = threading.Event()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    waiter = threading.Thread(target=notify_exit, args=(proc, exited), daemon=True)
+    waiter.start()
+    assert not exited.is_set()
+    assert exited.wait(10)
+    assert proc.poll() == 0
 
 
 def _drain(
