@@ -15,6 +15,8 @@ the next checkpoint commit (``--kill-phase``: full's loss depends on this, 0.5 i
 average case; the age of the state restored is printed), trace on until the job has
 recovered, stop.
 
+- Both policies keep a spare PS process (``recovery.standby_ps``; ``--no-standby``: none),
+  which takes over the lost PS.
 - full (baseline: checkpoint reload): ps-1 is relaunched and restores its partition from the
   last checkpoint (or the newer snapshot in shared memory); every batch it lost since is trained
   again. Recovered = the relaunched PS is ready and the master's ``progress.samples_done`` (the
@@ -86,6 +88,7 @@ class Settings:
     checkpoint_interval_s: float
     kill_phase: float  # kill this share of an interval after a commit (< 0: after the window)
     rows_per_lock: int  # ECRM's lock granularity
+    standby: bool  # recovery.standby_ps: a spare PS process takes over (both policies)
     timeout_s: float  # for recovery
 
 
@@ -139,7 +142,10 @@ def spec_for(data: GeneratedDataset, policy: str, settings: Settings) -> JobSpec
             "plan": {"num_ps": 3, "num_workers": 2},
             "training": {"shard_size": 2048, "epochs": settings.epochs, "optimizer": "adagrad"},
             "autoscale": {"enabled": False},
-            "recovery": {"checkpoint_interval_s": settings.checkpoint_interval_s},
+            "recovery": {
+                "checkpoint_interval_s": settings.checkpoint_interval_s,
+                "standby_ps": settings.standby,
+            },
             "checkpoint": checkpoint,
         }
     )
@@ -578,6 +584,11 @@ def main() -> int:
         default=EcrmOptions().rows_per_lock,
         help="ECRM rows rebuilt per lock (default: the product's)",
     )
+    parser.add_argument(
+        "--no-standby",
+        action="store_true",
+        help="relaunch a lost PS as a new process (default: a spare PS takes over, both policies)",
+    )
     parser.add_argument("--window", type=float, help="seconds traced before the kill (30; 10)")
     parser.add_argument("--work-dir", type=Path, help="kept afterwards (default: a temp dir)")
     args = parser.parse_args()
@@ -591,6 +602,7 @@ def main() -> int:
         checkpoint_interval_s=args.checkpoint_interval,
         kill_phase=args.kill_phase,
         rows_per_lock=args.rows_per_lock,
+        standby=not args.no_standby,
         timeout_s=300.0,
     )
     began = time.monotonic()
@@ -609,9 +621,14 @@ def main() -> int:
         f"3 PS, 2 workers, {settings.samples:,} samples x {settings.epochs} epochs, "
         f"adagrad, shard 2048; SIGKILL of ps-1 after {settings.window_s:g} s of tracing"
         + (
-            f", {settings.kill_phase:g} of a checkpoint interval after a checkpoint\n"
+            f", {settings.kill_phase:g} of a checkpoint interval after a checkpoint"
             if settings.kill_phase >= 0
-            else "\n"
+            else ""
+        )
+        + (
+            "; a spare PS process takes over (recovery.standby_ps)\n"
+            if settings.standby
+            else "; a lost PS is relaunched as a new process (--no-standby)\n"
         )
     )
     report_full(full, settings)

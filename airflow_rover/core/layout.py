@@ -126,6 +126,10 @@ class JobLayout:
         atomic_write_text(self.checkpoints / "LATEST", directory.name)
         fsync_path(self.checkpoints)
 
+    def standby_assignment(self, standby_id: str) -> Path:
+        """Written once a spare PS process is to become a lost PS: holds that PS's node id."""
+        return self.root / "standby" / standby_id
+
     def ecrm_rebuild_marker(self, ps_index: int) -> Path:
         """Present while PS ``ps_index`` is to be rebuilt from parity (ECRM): its replacement
         starts empty instead of restoring the last checkpoint."""

@@ -112,6 +112,11 @@ class RecoveryConfig(_Strict):
     max_master_restarts: int = Field(
         default=3, ge=0, le=100, description="relaunches of a dead master by its keeper"
     )
+    standby_ps: bool = Field(
+        default=False,
+        description="keep a spare PS process started (imports done, idle) that takes over a "
+        "lost PS at once instead of a fresh process (local launcher; about 100 MB of memory)",
+    )
 
 
 class AutoscaleConfig(_Strict):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 Role = Literal["ps", "worker", "evaluator"]
 
@@ -21,3 +21,14 @@ class NodeLauncher(Protocol):
 
     def stop_all(self) -> None:
         """Stop every node of the job and wait for them to go."""
+
+
+@runtime_checkable
+class StandbyLauncher(Protocol):
+    """A launcher that can keep a spare PS process ready (``recovery.standby_ps``)."""
+
+    def start_standby(self) -> None:
+        """Start a spare PS process unless one is alive."""
+
+    def take_standby(self, node_id: str) -> bool:
+        """Make the spare the node ``node_id`` (False, and nothing done, if none is alive)."""

@@ -91,6 +91,8 @@ class LocalNodeLauncher:
         self.master_addr = master_addr
         self.threads_per_node = threads_per_node
         self._procs: dict[str, subprocess.Popen] = {}
+        self._standby: tuple[str, subprocess.Popen] | None = None  # a spare PS, not a node yet
+        self._standbys = 0
 
     def _env(self, node_id: str) -> dict[str, str]:
         # The durable store's credentials are the master's alone: nodes never get them.
@@ -111,15 +113,45 @@ class LocalNodeLauncher:
     def start(self, node_id: str, role: Role) -> None:
         if node_id in self._procs and self._procs[node_id].poll() is None:
             return  # already running: starting twice is a no-op
+        self._procs[node_id] = self._spawn(node_id, role)
+        log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
+        self._watch(self._procs[node_id])
+
+    def _spawn(self, node_id: str, role: Role) -> subprocess.Popen:
         cmd = [sys.executable, "-m", _ROLE_MODULE[role], "--role", role]
-        self._procs[node_id] = _popen(
+        return _popen(
             cmd, self.layout.log_file(node_id), self._env(node_id), preexec_fn=_die_with_parent
         )
-        log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
+
+    def _watch(self, proc: subprocess.Popen) -> None:
         if self.exited is not None:
-            threading.Thread(
-                target=notify_exit, args=(self._procs[node_id], self.exited), daemon=True
-            ).start()
+            threading.Thread(target=notify_exit, args=(proc, self.exited), daemon=True).start()
+
+    def start_standby(self) -> None:
+        """A spare PS process (``ps-standby-<n>``): it imports what a PS needs and waits for
+        ``take_standby`` to say which PS it is (``JobLayout.standby_assignment``)."""
+        if self._standby is not None and self._standby[1].poll() is None:
+            return
+        self._standbys += 1
+        standby_id = f"ps-standby-{self._standbys}"
+        self._standby = (standby_id, self._spawn(standby_id, "ps"))
+        log.info("started %s (a spare PS) pid=%d", standby_id, self._standby[1].pid)
+
+    def take_standby(self, node_id: str) -> bool:
+        """The spare becomes ``node_id`` (started, as far as the master is concerned)."""
+        if self._standby is None or self._standby[1].poll() is not None:
+            return False
+        standby_id, proc = self._standby
+        self._standby = None
+        assignment = self.layout.standby_assignment(standby_id)
+        assignment.parent.mkdir(parents=True, exist_ok=True)
+        staged = assignment.with_suffix(".tmp")
+        staged.write_text(node_id)
+        staged.replace(assignment)  # the spare sees all of it or nothing
+        self._procs[node_id] = proc
+        self._watch(proc)
+        log.info("%s takes over as %s (pid %d)", standby_id, node_id, proc.pid)
+        return True
 
     def exit_codes(self) -> dict[str, int | None]:
         return {node_id: proc.poll() for node_id, proc in self._procs.items()}
@@ -140,7 +172,9 @@ class LocalNodeLauncher:
             proc.wait()
 
     def stop_all(self, grace_s: float = 5.0) -> None:
-        running = [p for p in self._procs.values() if p.poll() is None]
+        spare = [self._standby[1]] if self._standby is not None else []
+        self._standby = None
+        running = [p for p in [*self._procs.values(), *spare] if p.poll() is None]
         for proc in running:
             proc.terminate()
         deadline = time.monotonic() + grace_s

@@ -30,7 +30,7 @@ from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.launchers.base import NodeLauncher, Role
+from airflow_rover.launchers.base import NodeLauncher, Role, StandbyLauncher
 from airflow_rover.master import protocol
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
@@ -157,6 +157,7 @@ class JobMaster:
         self.partial_saves = 0
         self.restarts = 0
         self.recoveries: list[dict[str, Any]] = []
+        self.standby_takeovers = 0  # lost PS replaced by the spare process (recovery.standby_ps)
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
         self.profiler = Profiler(getattr(launcher, "pid", lambda _node: None))
         self.autoscaler = Autoscaler(
@@ -429,6 +430,8 @@ class JobMaster:
                         return
                 if self.resize is not None:
                     self._advance_resize(self.resize)
+                if self._standby is not None and not self._rebuilding:
+                    self._standby.start_standby()  # not while recovering: it takes a core
                 expired = self.queue.expire(time.time())
                 for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
@@ -603,9 +606,25 @@ class JobMaster:
             }
         )
         restarts = node.restarts + 1
-        self._start(node.node_id, node.role)
+        spare = self._standby if node.role == "ps" else None
+        if spare is not None and spare.take_standby(node.node_id):
+            self.nodes[node.node_id] = NodeInfo(node.node_id, node.role)
+            self.recoveries[-1]["standby"] = True
+            self.standby_takeovers += 1
+            how = "a spare PS took over"
+        else:
+            self._start(node.node_id, node.role)
+            how = "relaunched it"
         self.nodes[node.node_id].restarts = restarts
-        log.warning("%s; relaunched it (restart %d of the job)", cause, self.restarts)
+        log.warning("%s; %s (restart %d of the job)", cause, how, self.restarts)
+
+    @property
+    def _standby(self) -> StandbyLauncher | None:
+        """The launcher, if the job keeps a spare PS (``recovery.standby_ps``) and it can."""
+        launcher = self.launcher
+        if self.spec.recovery.standby_ps and isinstance(launcher, StandbyLauncher):
+            return launcher
+        return None
 
     # -- ECRM (``ps.ecrm``) -------------------------------------------------------------------
     @property
@@ -1110,6 +1129,7 @@ class JobMaster:
             "restarts": self.restarts,
             "master_restarts": self.master_restarts,
             "recoveries": len(self.recoveries),
+            "standby_takeovers": self.standby_takeovers,
             "recovery_seconds": {role: sorted(v) for role, v in seconds.items()},
             "checkpoints": self.checkpoints,
             "resumed_from": self.resumed_from,

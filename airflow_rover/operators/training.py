@@ -126,7 +126,9 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         (templated)
     :param recovery: ``checkpoint_interval_s``, ``max_node_restarts``, ``max_shard_failures``,
         ``max_master_restarts``: how much failure the job absorbs before the task fails; a
-        retry of the task resumes from the last checkpoint and the shard queue. (templated)
+        retry of the task resumes from the last checkpoint and the shard queue.
+        ``standby_ps``: keep a spare PS process that takes over a lost PS at once (local
+        nodes). (templated)
     :param features: embedding tables and dense features; default: one table per column.
     :param embedding_dim: width of the default tables.
     :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host)

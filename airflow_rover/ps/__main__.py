@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,12 +133,41 @@ def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> N
     )
 
 
+STANDBY_PREFIX = "ps-standby-"
+STANDBY_POLL_S = 0.005
+
+
+def wait_as_standby(ctx: NodeContext) -> str:
+    """A spare PS (``recovery.standby_ps``): imports done, wait until the launcher says which
+    lost PS this process is, then log to that PS's log. Under ECRM the parity placement is
+    worked out meanwhile, so a rebuild starts without it."""
+    spec = ctx.layout.read_spec()
+    if spec.checkpoint.policy == "ecrm":
+        groups = EmbeddingLayout.from_features(resolve_features(spec)).groups
+        vocab = {g.name: g.vocab_size for g in groups}
+        EcrmLayout(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab).warm()
+    assignment = ctx.layout.standby_assignment(ctx.node_id)
+    log.info("%s: a spare PS, waiting to take over a lost one", ctx.node_id)
+    while not assignment.exists():
+        time.sleep(STANDBY_POLL_S)
+    node_id = assignment.read_text().strip()
+    assignment.unlink()
+    with open(ctx.layout.log_file(node_id), "ab") as log_file:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+            os.dup2(log_file.fileno(), stream.fileno())
+    log.info("%s takes over as %s", ctx.node_id, node_id)
+    return node_id
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="airflow_rover.ps")
     parser.add_argument("--role", default="ps", choices=["ps"])
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ctx = NodeContext.from_env()
+    if ctx.node_id.startswith(STANDBY_PREFIX):
+        ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
     spec = ctx.layout.read_spec()
     index = int(ctx.node_id.rsplit("-", 1)[1])
 

@@ -76,6 +76,8 @@ def run_with_ps_killed(
         "checkpoint_uri": uri,
         "aws_conn_id": CONN_ID if uri else "",
         "plan": {"num_ps": 3 if policy == "ecrm" else 2, "num_workers": 2},
+        # a spare PS takes over under full and ecrm; under cpr a new process is started
+        "standby_ps": policy != "cpr",
     }
     killed: dict[str, Any] | None = None
     proc = start_dag_test(DAG_ID, "2026-12-02", conf, out, log_path, airflow_env)
@@ -147,6 +149,7 @@ def test_the_job_survives_a_killed_ps_under_each_policy(
     assert recovery["checkpoint_policy"] == policy
     # only the PS was relaunched: the workers waited for it and trained on (TensorFlow warm)
     assert recovery["restarts"] == 1 and list(recovery["recovery_seconds"]) == ["ps"]
+    assert recovery["standby_takeovers"] == (policy != "cpr")
     batches = result["accounting"]["batches"]
     assert batches["trained_once"] == batches["expected"]
     assert result["auc"] > 0.7

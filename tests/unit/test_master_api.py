@@ -26,7 +26,7 @@ from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import notify_exit
+from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master import protocol
 from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
@@ -304,6 +304,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "restarts": 0,
         "master_restarts": 0,
         "recoveries": 0,
+        "standby_takeovers": 0,
         "recovery_seconds": {},
         "checkpoints": 0,
         "resumed_from": None,
@@ -926,3 +927,34 @@ def test_a_rebuild_marker_left_by_a_former_master_is_cleared(make_job, tmp_path:
     marker.touch()
     make_job()
     assert not marker.exists()
+
+
+def test_the_local_launcher_keeps_one_spare_and_hands_it_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``recovery.standby_ps``: one spare at a time; taking it writes the assignment the spare
+    waits for and makes its process the node's (its exit is then the node's exit)."""
+    layout = JobLayout(tmp_path / "job")
+    exited = threading.Event()
+    launcher = LocalNodeLauncher(layout, "http://127.0.0.1:1", exited=exited)
+    spawned: list[subprocess.Popen] = []
+
+    def spawn(node_id: str, role: str) -> subprocess.Popen:  # a process, not a PS
+        spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+        return spawned[-1]
+
+    monkeypatch.setattr(launcher, "_spawn", spawn)
+    assert not launcher.take_standby("ps-1")  # none started yet
+    launcher.start_standby()
+    launcher.start_standby()  # one is alive: no second
+    assert len(spawned) == 1 and launcher.exit_codes() == {}
+    assert launcher.take_standby("ps-1")
+    assert layout.standby_assignment("ps-standby-1").read_text() == "ps-1"
+    assert launcher.exit_codes() == {"ps-1": None}
+    assert not launcher.take_standby("ps-2")  # it was the only one
+    launcher.start_standby()
+    assert len(spawned) == 2
+    spawned[0].kill()
+    assert exited.wait(10)  # the taken-over process is watched like any node
+    launcher.stop_all(grace_s=5)
+    assert all(p.poll() is not None for p in spawned)  # the spare too
