@@ -920,8 +920,8 @@ class RebuildPlan:
             data_ids = {t: layout.ids_on(t, lost_ps) for t in tables}
         if parity_slots is None:
             parity_slots = {t: np.arange(layout.num_slots(t, lost_ps)) for t in tables}
-        self._data = {t: np.unique(np.asarray(v, dtype=np.int64)) for t, v in data_ids.items()}
-        self._slots = {t: np.unique(np.asarray(v, dtype=np.int64)) for t, v in parity_slots.items()}
+        self._data = {t: _sorted_unique(v) for t, v in data_ids.items()}  # mostly sorted already
+        self._slots = {t: _sorted_unique(v) for t, v in parity_slots.items()}
         for t, ids in self._data.items():
             if ids.size and (layout.owner(t, ids) != lost_ps).any():
                 raise ValueError(f"table {t!r}: data_ids not owned by PS {lost_ps}")
