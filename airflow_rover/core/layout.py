@@ -34,6 +34,7 @@ ENV_BIND_HOST = "ROVER_BIND_HOST"
 ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
 ENV_PS_PORT = "ROVER_PS_PORT"
 CHECKPOINT_PREFIX = "ckpt-"
+STANDBY_PREFIX = "ps-standby-"  # node ids of spare PS processes (recovery.standby_ps)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from airflow_rover.core.layout import (
     ENV_MASTER_ADDR,
     ENV_NODE_ID,
     ENV_TOKEN_FILE,
+    STANDBY_PREFIX,
     JobLayout,
 )
 from airflow_rover.core.spec import JobSpec
@@ -133,7 +134,7 @@ class LocalNodeLauncher:
         if self._standby is not None and self._standby[1].poll() is None:
             return
         self._standbys += 1
-        standby_id = f"ps-standby-{self._standbys}"
+        standby_id = f"{STANDBY_PREFIX}{self._standbys}"
         self._standby = (standby_id, self._spawn(standby_id, "ps"))
         log.info("started %s (a spare PS) pid=%d", standby_id, self._standby[1].pid)
 

@@ -609,7 +609,6 @@ class JobMaster:
         spare = self._standby if node.role == "ps" else None
         if spare is not None and spare.take_standby(node.node_id):
             self.nodes[node.node_id] = NodeInfo(node.node_id, node.role)
-            self.recoveries[-1]["standby"] = True
             self.standby_takeovers += 1
             how = "a spare PS took over"
         else:

@@ -24,6 +24,7 @@ from airflow_rover.core.layout import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
     ENV_PS_PORT,
+    STANDBY_PREFIX,
     JobLayout,
     NodeContext,
     checkpoint_number,
@@ -133,7 +134,6 @@ def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> N
     )
 
 
-STANDBY_PREFIX = "ps-standby-"
 STANDBY_POLL_S = 0.005
 
 
