@@ -94,6 +94,7 @@ class LocalNodeLauncher:
         self._procs: dict[str, subprocess.Popen] = {}
         self._standby: tuple[str, subprocess.Popen] | None = None  # a spare PS, not a node yet
         self._standbys = 0
+        self._standby_failed = False
 
     def _env(self, node_id: str) -> dict[str, str]:
         # The durable store's credentials are the master's alone: nodes never get them.
@@ -130,8 +131,21 @@ class LocalNodeLauncher:
 
     def start_standby(self) -> None:
         """A spare PS process (``ps-standby-<n>``): it imports what a PS needs and waits for
-        ``take_standby`` to say which PS it is (``JobLayout.standby_assignment``)."""
-        if self._standby is not None and self._standby[1].poll() is None:
+        ``take_standby`` to say which PS it is (``JobLayout.standby_assignment``). A spare
+        that died waiting is not replaced: the job goes on relaunching lost PS instead."""
+        if self._standby is not None:
+            standby_id, proc = self._standby
+            if proc.poll() is None:
+                return
+            if not self._standby_failed:
+                log.warning(
+                    "%s (a spare PS) exited with code %s before it was needed; no more spares "
+                    "(see its log)",
+                    standby_id,
+                    proc.returncode,
+                )
+            self._standby_failed = True
+        if self._standby_failed:
             return
         self._standbys += 1
         standby_id = f"{STANDBY_PREFIX}{self._standbys}"

@@ -958,3 +958,23 @@ def test_the_local_launcher_keeps_one_spare_and_hands_it_over(
     assert exited.wait(10)  # the taken-over process is watched like any node
     launcher.stop_all(grace_s=5)
     assert all(p.poll() is not None for p in spawned)  # the spare too
+
+
+def test_a_spare_that_dies_waiting_is_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broken spare would otherwise be restarted on every tick."""
+    launcher = LocalNodeLauncher(JobLayout(tmp_path / "job"), "http://127.0.0.1:1")
+    spawned: list[subprocess.Popen] = []
+
+    def spawn(node_id: str, role: str) -> subprocess.Popen:
+        spawned.append(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]))
+        return spawned[-1]
+
+    monkeypatch.setattr(launcher, "_spawn", spawn)
+    launcher.start_standby()
+    spawned[0].wait(10)
+    launcher.start_standby()
+    launcher.start_standby()
+    assert len(spawned) == 1
+    assert not launcher.take_standby("ps-0")
