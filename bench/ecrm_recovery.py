@@ -61,10 +61,11 @@ from typing import Any
 import psutil
 
 from airflow_rover.core.checkpoint_policy import EcrmOptions
-from airflow_rover.core.layout import ENV_JOB_DIR, ENV_NODE_ID, JobLayout
+from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.launchers.local import job_processes, node_processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.elastic import wait_for, worker_samples
@@ -151,34 +152,6 @@ def spec_for(data: GeneratedDataset, policy: str, settings: Settings) -> JobSpec
     )
 
 
-def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
-    """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
-    pid = layout.master_info().get("pid")
-    if pid is None:
-        return {}
-    out = {}
-    try:
-        for child in psutil.Process(pid).children():
-            with contextlib.suppress(psutil.Error):
-                node = child.environ().get(ENV_NODE_ID)
-                if node and child.status() != psutil.STATUS_ZOMBIE:
-                    out[node] = child
-    except psutil.Error:
-        return {}
-    return out
-
-
-def leftover_processes(job_dir: Path) -> list[psutil.Process]:
-    """Processes of the job still running after its stop (nodes carry ``ROVER_JOB_DIR``)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-    return found
-
-
 def poll(hook: ElasticJobHook) -> Point:
     status = hook.get_status()
     recovery = status.get("recovery") or {}
@@ -224,7 +197,7 @@ def run_policy(data: GeneratedDataset, root: Path, policy: str, settings: Settin
         hook.stop("bench done")
         out.final_state = str(hook.get_status().get("state"))
         time.sleep(1.0)
-        for proc in leftover_processes(layout.root):  # ours: this job's processes only
+        for proc in job_processes(layout.root):  # ours: this job's processes only
             with contextlib.suppress(psutil.Error):
                 print(f"note: {proc.pid} ({proc.name()}) outlived the stop; killing it")
                 proc.kill()

@@ -9,6 +9,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -274,6 +275,35 @@ class LocalJobLauncher:
             os.killpg(pid, signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
+
+
+def job_processes(job_dir: Path) -> list[psutil.Process]:
+    """Every process of the local job in ``job_dir``, even orphaned ones: keeper and master
+    (their ``--job-dir`` argument) and nodes (their ``ROVER_JOB_DIR`` environment)."""
+    paths = {str(job_dir), str(job_dir.resolve())}
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
+                found.append(proc)
+    return found
+
+
+def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
+    """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
+    pid = layout.master_info().get("pid")
+    if pid is None:
+        return {}
+    out = {}
+    try:
+        for child in psutil.Process(pid).children():
+            with contextlib.suppress(psutil.Error):
+                node = child.environ().get(ENV_NODE_ID)
+                if node and child.status() != psutil.STATUS_ZOMBIE:
+                    out[node] = child
+    except psutil.Error:
+        return {}
+    return out
 
 
 def local_job_status(layout: JobLayout, timeout_s: float = 10.0) -> dict[str, Any]:

@@ -12,8 +12,8 @@ from typing import Any
 
 import psutil
 
-from airflow_rover.core.layout import ENV_JOB_DIR, ENV_NODE_ID, JobLayout
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.launchers.local import job_processes
 
 RUN_DAG = Path(__file__).with_name("run_dag.py")
 
@@ -47,39 +47,10 @@ def end_dag_test(proc: subprocess.Popen[bytes], job_dir: Path) -> None:
         proc.wait()
     with contextlib.suppress(Exception):
         ElasticJobHook(job_dir).stop("test cleanup")
-    for leftover in processes_of(job_dir):
+    for leftover in job_processes(job_dir):
         with contextlib.suppress(psutil.Error):
             leftover.kill()
 
 
 def tail(path: Path, chars: int = 6000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else f"(no {path.name})"
-
-
-def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
-    """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
-    pid = layout.master_info().get("pid")
-    if pid is None:
-        return {}
-    out = {}
-    try:
-        for child in psutil.Process(pid).children():
-            with contextlib.suppress(psutil.Error):
-                node = child.environ().get(ENV_NODE_ID)
-                if node and child.status() != psutil.STATUS_ZOMBIE:
-                    out[node] = child
-    except psutil.Error:
-        return {}
-    return out
-
-
-def processes_of(job_dir: Path) -> list[psutil.Process]:
-    """Every process of the job, even orphaned ones: keeper and master (``--job-dir``
-    argument) and nodes (``ROVER_JOB_DIR`` environment)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-    return found

@@ -19,11 +19,11 @@ from typing import Any
 import psutil
 import pytest
 
-from airflow_rover.core.layout import ENV_JOB_DIR
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import ACTIVE_STATES
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import UNREACHABLE, ElasticJobHook
+from airflow_rover.launchers.local import job_processes
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 pytestmark = pytest.mark.slow
@@ -69,7 +69,7 @@ def launch(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Launch]:
         try:
             hook.stop("test cleanup")
         finally:
-            for proc in still_alive(processes_of(hook.layout.root), timeout=3):
+            for proc in still_alive(job_processes(hook.layout.root), timeout=3):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
 
@@ -81,21 +81,7 @@ def master_process(hook: ElasticJobHook) -> psutil.Process:
     return psutil.Process(info["pid"])
 
 
-def processes_of(job_dir: Path) -> list[psutil.Process]:
-    """Every process of the job in ``job_dir``, even reparented ones: the master (by its
-    ``--job-dir`` argument) and its nodes (by their ``ROVER_JOB_DIR`` environment)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return found
-
-
-def job_processes(hook: ElasticJobHook) -> list[psutil.Process]:
+def process_tree(hook: ElasticJobHook) -> list[psutil.Process]:
     """The master and every process under it, as they are now."""
     try:
         master = master_process(hook)
@@ -140,7 +126,7 @@ def wait_for_state(hook: ElasticJobHook, states: set[str], timeout: float) -> di
 def running_tree(hook: ElasticJobHook) -> list[psutil.Process]:
     """Wait until the job runs and return [master, ps-0, worker-0] (in start order)."""
     wait_for_state(hook, {"running"}, timeout=60)
-    tree = sorted(job_processes(hook), key=lambda proc: proc.create_time())
+    tree = sorted(process_tree(hook), key=lambda proc: proc.create_time())
     roles = [proc.cmdline()[-1] for proc in tree[1:]]
     assert roles == ["ps", "worker"], f"expected ps-0 and worker-0 under the master: {tree}"
     return tree

@@ -22,10 +22,10 @@ import psutil
 import pytest
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_rover.core.layout import ENV_JOB_DIR
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.launchers.local import job_processes
 from airflow_rover.master.keeper import keeper_file
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
@@ -45,18 +45,6 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
     return generate_dataset(tmp_path_factory.mktemp("data"), config)
 
 
-def processes_of(job_dir: Path) -> list[psutil.Process]:
-    """Every process of the job, even orphaned ones: keeper and master (``--job-dir``
-    argument) and nodes (``ROVER_JOB_DIR`` environment)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-    return found
-
-
 @pytest.fixture
 def hook(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[ElasticJobHook]:
     """A real job launched once; teardown stops it and kills whatever of it is left."""
@@ -74,7 +62,7 @@ def hook(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[ElasticJobHook]:
     try:
         hook.stop("test cleanup")
     finally:
-        for proc in processes_of(hook.layout.root):
+        for proc in job_processes(hook.layout.root):
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
