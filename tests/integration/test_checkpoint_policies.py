@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dag_runs import end_dag_test, node_processes, start_dag_test, tail
+from dag_runs import end_dag_test, start_dag_test, tail
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the S3 stand-in's helpers
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
@@ -29,6 +29,7 @@ from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
 from airflow_rover.core.checkpoint_files import verify_checkpoint
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.launchers.local import node_processes
 from airflow_rover.storage import AwsSettings, restore_latest_checkpoint, store_for
 from airflow_rover.storage.base import parse_checkpoint_uri
 

@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dag_runs import end_dag_test, node_processes, start_dag_test, tail
+from dag_runs import end_dag_test, start_dag_test, tail
 
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.launchers.local import node_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
