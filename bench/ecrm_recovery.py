@@ -452,22 +452,15 @@ def full_estimates(out: Outcome, settings: Settings) -> tuple[float, float, floa
 def report_full(out: Outcome, settings: Settings) -> Window | None:
     every = settings.checkpoint_interval_s
     print(f"== full: ps-1 restored from the last checkpoint (one every {every:g} s)")
-    if not out.kill_t:
-        print(f"no kill: {out.error} (job {out.final_state})\n")
+    normal = report_opening(out, settings)
+    if normal is None:
         return None
-    normal = normal_rate(out, settings)
-    print(f"normal throughput ({settings.window_s:g} s before the kill): {normal:,.0f} samples/s")
     age = "none" if out.committed_age_s is None else f"{out.committed_age_s:.2f} s old"
     print(f"at the kill: {out.done_at_kill:,} samples done; last committed checkpoint {age}")
     if out.restored_from is not None:
         old = "" if out.restored_age_s is None else f" (snapshot {out.restored_age_s:.2f} s old)"
         print(f"ps-1's log: {out.restored_from}{old}")
-    if out.ready_t is not None:
-        reload = "?" if out.reload_s is None else f"{out.reload_s:.2f} s"
-        print(
-            f"ps-1 relaunched and restored {out.ready_t - out.kill_t:.2f} s after the kill "
-            f'(pure reload, recovery_seconds["ps"]: {reload}, from the death detected)'
-        )
+    report_relaunch(out, "relaunched and restored", "pure reload, ")
     if out.floor is not None:
         print(
             f"progress rolled back to {out.floor:,} samples done: "
@@ -494,22 +487,36 @@ def report_full(out: Outcome, settings: Settings) -> Window | None:
     return whole
 
 
-def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
-    print(
-        f"== ecrm k={ECRM_K}, {settings.rows_per_lock:,} rows per lock: ps-1 relaunched empty, "
-        "rebuilt from parity while training goes on"
-    )
+def report_opening(out: Outcome, settings: Settings) -> float | None:
+    """Print whether the kill happened and the normal rate before it (None: no kill)."""
     if not out.kill_t:
         print(f"no kill: {out.error} (job {out.final_state})\n")
         return None
     normal = normal_rate(out, settings)
     print(f"normal throughput ({settings.window_s:g} s before the kill): {normal:,.0f} samples/s")
-    if out.ready_t is not None:
-        reload = "?" if out.reload_s is None else f"{out.reload_s:.2f} s"
-        print(
-            f"ps-1 relaunched {out.ready_t - out.kill_t:.2f} s after the kill "
-            f'(recovery_seconds["ps"]: {reload}, from the death detected)'
-        )
+    return normal
+
+
+def report_relaunch(out: Outcome, what: str, how: str) -> None:
+    """When the replaced PS was back, from the kill and from the death detected."""
+    if out.ready_t is None:
+        return
+    reload = "?" if out.reload_s is None else f"{out.reload_s:.2f} s"
+    print(
+        f"ps-1 {what} {out.ready_t - out.kill_t:.2f} s after the kill "
+        f'({how}recovery_seconds["ps"]: {reload}, from the death detected)'
+    )
+
+
+def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
+    print(
+        f"== ecrm k={ECRM_K}, {settings.rows_per_lock:,} rows per lock: ps-1 relaunched empty, "
+        "rebuilt from parity while training goes on"
+    )
+    normal = report_opening(out, settings)
+    if normal is None:
+        return None
+    report_relaunch(out, "relaunched", "")
     rebuild = out.rebuild
     if rebuild is not None:
         print(
