@@ -213,9 +213,10 @@ class SsuTracker:
     the accesses (one in ``sample_period`` on average); when it overflows, random entries of
     the whole list are dropped, so rows accessed often are likely to be (re)added and stay.
 
-    Memory: the list only (8 bytes per entry, ``r`` times the rows), no per-row counter (a
-    batch with more accesses than N/4 is deduplicated with one transient pass over N). Each
-    ``record`` merges in O(L + m log m) for a list of L rows and m sampled accesses.
+    ``record`` runs on every pull, so it costs O(m + e) for m sampled accesses and e evictions,
+    not O(list): the list is unordered (an eviction moves a tail entry into the hole) and a
+    1-byte membership flag per row answers "listed already?". Memory: 1 byte per row plus
+    8 bytes per listed row (2 bytes per row at r = 1/8), below MFU's 4-byte counters.
     """
 
     def __init__(
@@ -229,7 +230,9 @@ class SsuTracker:
         self.sample_period = sample_period
         self._rng = np.random.default_rng(seed)
         self._n = max(num_rows, 0)
-        self._list = np.empty(0, dtype=np.int64)  # sorted, distinct
+        self._listed = np.zeros(self._n, dtype=bool)  # per row: in the list now
+        self._list = np.empty(self.capacity, dtype=np.int64)  # unordered; first _len valid
+        self._len = 0
         self.evicted = 0
 
     @property
@@ -241,13 +244,20 @@ class SsuTracker:
         return self._n
 
     def __len__(self) -> int:
-        return int(self._list.size)
+        return self._len
 
     def grow(self, num_rows: int) -> None:
-        self._n = max(self._n, num_rows)
+        if num_rows <= self._n:
+            return
+        self._n = num_rows
+        if num_rows > self._listed.size:  # doubling: tables grow a batch at a time
+            listed = np.zeros(max(num_rows, 2 * self._listed.size), dtype=bool)
+            listed[: self._listed.size] = self._listed
+            self._listed = listed
 
-    def record(self, rows: np.ndarray) -> None:
-        """Sub-sample the accesses in ``rows`` (row indices, repeats allowed) into the list."""
+    def record(self, rows: np.ndarray, assume_unique: bool = False) -> None:
+        """Sub-sample the accesses in ``rows`` (row indices) into the list. Repeats are
+        allowed unless ``assume_unique`` says there are none (a pull's rows: saves a sort)."""
         rows = np.asarray(rows)
         if rows.size == 0:
             return
@@ -255,35 +265,44 @@ class SsuTracker:
             raise ValueError(f"rows must be integers, got {rows.dtype}")
         if rows.min() < 0 or rows.max() >= self._n:
             raise ValueError(f"rows must lie in [0, {self._n}), got [{rows.min()}, {rows.max()}]")
-        rows = rows.astype(np.int64, copy=False)
         if self.sample_period > 1:
             rows = rows[self._rng.random(rows.size) * self.sample_period < 1.0]
-        if rows.size * 4 >= self._n:  # dense batch: dedupe in one pass over the rows
-            fresh = np.flatnonzero(np.bincount(rows, minlength=self._n)).astype(np.int64)
-        else:
-            fresh = np.unique(rows)
-        if self._list.size and fresh.size:
-            pos = np.searchsorted(self._list, fresh)
-            at = self._list[np.minimum(pos, self._list.size - 1)]
-            new = (pos == self._list.size) | (at != fresh)
-            fresh, pos = fresh[new], pos[new]
-            merged = np.insert(self._list, pos, fresh)
-        else:
-            merged = fresh if not self._list.size else self._list
-        overflow = merged.size - self.capacity
-        if overflow > 0:
-            drop = self._rng.choice(merged.size, size=overflow, replace=False)
-            merged = np.delete(merged, drop)
-            self.evicted += overflow
-        self._list = merged
+        fresh = rows[~self._listed[rows]].astype(np.int64, copy=False)
+        if fresh.size > 1 and not assume_unique:
+            fresh = np.unique(fresh)  # repeats within the batch: listed once
+        if fresh.size == 0:
+            return
+        self._listed[fresh] = True
+        end = self._len + fresh.size
+        if end > self._list.size:
+            grown = np.empty(max(end, 2 * self._list.size), dtype=np.int64)
+            grown[: self._len] = self._list[: self._len]
+            self._list = grown
+        self._list[self._len : end] = fresh
+        self._len = end
+        if end > self.capacity:
+            self._evict(end - self.capacity)
+
+    def _evict(self, count: int) -> None:
+        """Drop ``count`` random entries; the tail's survivors fill the holes below the new end."""
+        drop = self._rng.choice(self._len, size=count, replace=False)
+        self._listed[self._list[drop]] = False
+        end = self._len - count
+        tail_dropped = np.zeros(count, dtype=bool)
+        tail_dropped[drop[drop >= end] - end] = True
+        self._list[drop[drop < end]] = self._list[end + np.flatnonzero(~tail_dropped)]
+        self._len = end
+        self.evicted += count
 
     def rows(self) -> np.ndarray:
         """The listed rows, ascending (a copy)."""
-        return self._list.copy()
+        return np.sort(self._list[: self._len])
 
     def take(self) -> np.ndarray:
-        """The rows to save now; the list starts empty again."""
-        out, self._list = self._list, np.empty(0, dtype=np.int64)
+        """The rows to save now, ascending; the list starts empty again."""
+        out = self.rows()
+        self._listed[out] = False
+        self._len = 0
         return out
 
 

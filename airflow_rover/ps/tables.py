@@ -51,7 +51,7 @@ class EmbeddingTable:
         self.counts[slots] += 1
         if self.ssu is not None:
             self.ssu.grow(self._size)
-            self.ssu.record(slots)
+            self.ssu.record(slots, assume_unique=True)  # slots of unique ids
 
     def partial_rows(self, variant: str, r: float) -> dict[str, np.ndarray]:
         """The rows a CPR partial save writes (``snapshot``'s arrays): ``mfu`` the ``r``

@@ -195,6 +195,21 @@ def test_ssu_list_never_exceeds_its_bound_and_holds_distinct_rows():
     assert taken.size <= ssu.capacity and len(ssu) == 0
 
 
+def test_ssu_rows_taken_or_evicted_can_be_listed_again():
+    """The membership flags follow the list: a row leaves with ``take`` or an eviction and
+    comes back on its next sampled access."""
+    ssu = SsuTracker(num_rows=100, r=0.1, sample_period=1, seed=0)
+    ssu.record(np.arange(100), assume_unique=True)  # 90 of 100 evicted
+    kept = ssu.rows()
+    assert kept.size == 10 and ssu.evicted == 90
+    gone = np.setdiff1d(np.arange(100), kept)[:5]
+    ssu.take()
+    ssu.record(gone, assume_unique=True)
+    np.testing.assert_array_equal(ssu.rows(), gone)
+    ssu.record(np.concatenate([gone, kept[:5]]))  # listed ones are not listed twice
+    np.testing.assert_array_equal(ssu.rows(), np.sort(np.concatenate([gone, kept[:5]])))
+
+
 def test_ssu_keeps_frequent_rows_more_often():
     """Sub-sampling plus random eviction acts as a high-pass filter (CPR section 4.2)."""
     rng = np.random.default_rng(4)
