@@ -20,11 +20,17 @@ rows: 8 PS (a failure clears 12.5% of the rows), 4 PS (25%) and 2 PS (50%). Poli
 Per policy and failure size it prints the overhead against the failure-free run (from the
 save, load and failure costs measured in this process, as ``bench/_recovery_runs.py``
 explains), the formula's estimate at the same costs, the held-out AUC change and the PLS; for
-ECRM also each rebuild against reloading that PS's checkpoint, the training throughput
+ECRM also each rebuild against reloading that PS's checkpoint and against recovering from it
+(the reload plus the samples trained again, as ECRM's paper compares), the training throughput
 during the rebuild against normal steps of the same run, and whether every decoded row is the
 lost one. Goals (issue 7) end the output as MET / NOT MET; the exit code is 0 when all are met.
 
-    python bench/recovery.py              # 300k samples, a few minutes on 2 cores
+The job's length sets how save cost compares with the time between failures. CPR's emulation
+scales its overheads down to keep the production ratio (O_save/T_fail about 0.0034); the
+default 1.2M samples (about 20 s of training, T_fail = 10 s) brings the measured ratio to
+0.0017-0.0035 across the PS counts, where 300k samples gave 2-4.5 times production's.
+
+    python bench/recovery.py              # 1.2M samples, about 10 minutes on 2 cores
     python bench/recovery.py --quick      # 20k samples, under a minute: a smoke run
     python bench/recovery.py --seed 3 --sizes 12.5,50
 """
@@ -56,7 +62,7 @@ from bench._recovery_runs import (
     run_ecrm,
 )
 
-NUM_TRAIN, NUM_EVAL = 300_000, 50_000
+NUM_TRAIN, NUM_EVAL = 1_200_000, 50_000
 QUICK_TRAIN, QUICK_EVAL = 20_000, 5_000
 SIZES = {"12.5": 8, "25": 4, "50": 2}  # share of the rows a failure clears -> PS count
 CPR_POLICIES = ("full", "partial", "cpr-vanilla", "cpr-mfu", "cpr-ssu")
@@ -127,7 +133,7 @@ def policy_rows(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> 
     return lines
 
 
-def ecrm_rows(size: str, base: Baseline, run: RunResult) -> list[list[str]]:
+def ecrm_rows(size: str, base: Baseline, run: RunResult, ckpt_s: float) -> list[list[str]]:
     lines = []
     for i, rec in enumerate(run.recoveries):
         v = rec.verdict
@@ -145,12 +151,21 @@ def ecrm_rows(size: str, base: Baseline, run: RunResult) -> list[list[str]]:
                 f"{rec.rows_s:.3f}",
                 f"{rec.reload_s:.4f}",
                 f"{rec.reload_s / rec.rebuild_s:.2f}x",
+                f"{ckpt_s:.3f}",
+                f"{ckpt_s / rec.rebuild_s:.2f}x",
                 pct(rec.throughput_ratio),
                 f"{rec.steps_during:.1f}",
                 f"{rec.chunks}/{rec.held}",
             ]
         )
     return lines
+
+
+def checkpoint_recovery_s(full: RunResult) -> float:
+    """What recovering a lost PS from the checkpoint costs the job, as ECRM's paper counts
+    it (section 5.2, "time to fully recover"): the reload plus training the samples since the
+    checkpoint again; the full policy's own, per failure, from the same failures."""
+    return (full.load_s + full.lost_s) / FAILURES
 
 
 def goals_for(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> list[Goal]:
@@ -184,14 +199,16 @@ def goals_for(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> li
         run = runs[f"ecrm-k{k}"]
         if isinstance(run, str):
             continue
-        rebuild = sum(r.rebuild_s for r in run.recoveries)
-        reload = sum(r.reload_s for r in run.recoveries)
-        speedup = reload / rebuild
+        rebuild = statistics.fmean(r.rebuild_s for r in run.recoveries)
+        ckpt = checkpoint_recovery_s(full)
+        speedup = ckpt / rebuild
         goals.append(
             (
-                f"{size}%: ecrm k={k} recovery >= {GOAL_ECRM_SPEEDUP:g}x faster than reload",
+                f"{size}%: ecrm k={k} recovery >= {GOAL_ECRM_SPEEDUP:g}x faster than from the "
+                "checkpoint",
                 speedup >= GOAL_ECRM_SPEEDUP,
-                f"rebuild {rebuild:.3f} s vs reload {reload:.4f} s: {speedup:.2f}x",
+                f"rebuild {rebuild:.3f} s vs reload + lost samples {ckpt:.3f} s: {speedup:.2f}x "
+                f"(reload alone {statistics.fmean(r.reload_s for r in run.recoveries):.4f} s)",
             )
         )
         ratio = statistics.fmean(r.throughput_ratio for r in run.recoveries)
@@ -274,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             ecrm = run_ecrm(work, net, base, k, ROWS_PER_LOCK, failures, runs_dir)
             runs[key] = ecrm
-            rec_lines += ecrm_rows(size, base, ecrm)
+            full = runs["full"]
+            assert isinstance(full, RunResult)
+            rec_lines += ecrm_rows(size, base, ecrm, checkpoint_recovery_s(full))
             parity_notes.append(
                 f"{LABELS[key]} at {size}%: parity work per step {pct(ecrm.running)} of the "
                 f"step for the busiest PS, {pct(ecrm.serial_running)} for all PS in this process"
@@ -311,20 +330,23 @@ def main(argv: list[str] | None = None) -> int:
         f"r = {R}; AUC delta vs the failure-free run."
     )
     if rec_lines:
-        print("\n== ECRM: each failure's rebuild (training goes on) vs reloading the checkpoint")
+        print("\n== ECRM: each failure's rebuild (training goes on) vs the checkpoint's recovery")
         header = ["policy", "lost", "PS", "#", "rows", "bit-exact values", "max|err|", "ok"]
-        header += ["rebuild s", "rows s", "reload s", "reload/rebuild", "throughput"]
+        header += ["rebuild s", "rows s", "reload s", "reload/rebuild", "ckpt s", "ckpt/rebuild"]
+        header += ["throughput"]
         table(
             [*header, "steps", "chunks/held"],
-            [10, 5, 2, 1, 7, 17, 8, 3, 9, 7, 8, 14, 10, 5, 0],
+            [10, 5, 2, 1, 7, 17, 8, 3, 9, 7, 8, 14, 6, 12, 10, 5, 0],
             rec_lines,
         )
         print(
             "   rebuild s: failure to the last chunk written (rows decoded, then the parity the\n"
             "   lost PS held re-encoded), in a background thread while the trainer goes on; rows\n"
             "   s: to the last decoded row. reload s: checksum + np.load + restore of that PS's\n"
-            "   checkpoint file (page cache, training paused). throughput: steps done during the\n"
-            "   rebuild (pro rata) per second against normal steps just before the failure."
+            "   checkpoint file (page cache, training paused). ckpt s: the full policy's\n"
+            "   recovery per failure in this job (its reloads plus the samples it trained\n"
+            "   again), as ECRM's paper compares. throughput: steps done during the rebuild\n"
+            "   (pro rata) per second against normal steps just before the failure."
         )
         for note in parity_notes:
             print(f"   {note}")

@@ -210,13 +210,16 @@ class MfuTracker:
 
 class SsuTracker:
     """CPR-SSU: a bounded list of at most ``ceil(r*N)`` distinct rows, fed by a sub-sample of
-    the accesses (one in ``sample_period`` on average); when it overflows, random entries of
-    the whole list are dropped, so rows accessed often are likely to be (re)added and stay.
+    the data points (one ``record`` call in ``sample_period`` on average: a call is a batch's
+    accesses, so each data point is sampled with probability 1/sample_period, as in CPR, at
+    batch granularity); when it overflows, random entries of the whole list are dropped, so
+    rows accessed often are likely to be (re)added and stay.
 
-    ``record`` runs on every pull, so it costs O(m + e) for m sampled accesses and e evictions,
-    not O(list): the list is unordered (an eviction moves a tail entry into the hole) and a
-    1-byte membership flag per row answers "listed already?". Memory: 1 byte per row plus
-    8 bytes per listed row (2 bytes per row at r = 1/8), below MFU's 4-byte counters.
+    ``record`` runs on every pull: a skipped call costs one random draw, a sampled one O(m + e)
+    for m accesses and e evictions, not O(list): the list is unordered (an eviction moves a
+    tail entry into the hole) and a 1-byte membership flag per row answers "listed already?".
+    Memory: 1 byte per row plus 8 bytes per listed row (2 bytes per row at r = 1/8), below
+    MFU's 4-byte counters.
     """
 
     def __init__(
@@ -256,8 +259,9 @@ class SsuTracker:
             self._listed = listed
 
     def record(self, rows: np.ndarray, assume_unique: bool = False) -> None:
-        """Sub-sample the accesses in ``rows`` (row indices) into the list. Repeats are
-        allowed unless ``assume_unique`` says there are none (a pull's rows: saves a sort)."""
+        """Add the accesses in ``rows`` (row indices) to the list if this call is sampled.
+        Repeats are allowed unless ``assume_unique`` says there are none (a pull's rows:
+        saves a sort)."""
         rows = np.asarray(rows)
         if rows.size == 0:
             return
@@ -265,8 +269,8 @@ class SsuTracker:
             raise ValueError(f"rows must be integers, got {rows.dtype}")
         if rows.min() < 0 or rows.max() >= self._n:
             raise ValueError(f"rows must lie in [0, {self._n}), got [{rows.min()}, {rows.max()}]")
-        if self.sample_period > 1:
-            rows = rows[self._rng.random(rows.size) * self.sample_period < 1.0]
+        if self.sample_period > 1 and self._rng.random() * self.sample_period >= 1.0:
+            return
         fresh = rows[~self._listed[rows]].astype(np.int64, copy=False)
         if fresh.size > 1 and not assume_unique:
             fresh = np.unique(fresh)  # repeats within the batch: listed once
@@ -363,21 +367,33 @@ def latest_rows(
     """Merge partial saves (oldest first) into one: each id's fields from its newest save.
 
     This is what restoring an MFU/SSU checkpoint chain (or compacting it) needs; ids come back
-    ascending.
+    ascending. Ids are unique within a save and bounded (hashed into a vocabulary), so the
+    saves are walked newest first with a 1-byte flag per id: each save gives only the rows no
+    newer save has, and only the result is sorted (a chain holds the hot rows many times).
     """
     if not saves:
         return np.empty(0, dtype=np.int64), {}
-    ids = np.concatenate([np.asarray(i, dtype=np.int64) for i, _ in saves])
     names = list(saves[0][1])
     for _, fields in saves:
         if list(fields) != names:
             raise ValueError(f"every save must carry the same fields {names}")
-    # Newest wins: unique over the reversed order keeps each id's last occurrence.
-    rev = ids[::-1]
-    uniq, first = np.unique(rev, return_index=True)
-    pick = ids.size - 1 - first
-    merged = {name: np.concatenate([np.asarray(f[name]) for _, f in saves])[pick] for name in names}
-    return uniq, merged
+    all_ids = [np.asarray(i, dtype=np.int64) for i, _ in saves]
+    if any(i.size and i.min() < 0 for i in all_ids):
+        raise ValueError("ids must be >= 0")
+    seen = np.zeros(max((int(i.max()) + 1 for i in all_ids if i.size), default=0), dtype=bool)
+    ids_parts: list[np.ndarray] = []
+    field_parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    for ids, (_, fields) in zip(reversed(all_ids), reversed(saves), strict=True):
+        newer = seen[ids]
+        seen[ids] = True
+        fresh = None if not newer.any() else ~newer
+        ids_parts.append(ids if fresh is None else ids[fresh])
+        for name in names:
+            value = np.asarray(fields[name])
+            field_parts[name].append(value if fresh is None else value[fresh])
+    ids = np.concatenate(ids_parts)
+    order = np.argsort(ids, kind="stable")
+    return ids[order], {name: np.concatenate(parts)[order] for name, parts in field_parts.items()}
 
 
 # ----------------------------------------------------------------------------- simulators

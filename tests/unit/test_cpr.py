@@ -275,6 +275,21 @@ def test_latest_rows_merges_partial_saves_newest_first():
         latest_rows([saves[0], (np.array([1]), {"other": np.zeros((1, 1))})])
 
 
+def test_latest_rows_matches_a_dict_merge_of_random_chains():
+    rng = np.random.default_rng(11)
+    for _ in range(20):
+        saves, newest = [], {}
+        for _ in range(int(rng.integers(1, 8))):
+            ids = rng.choice(500, size=int(rng.integers(0, 60)), replace=False)
+            rows = rng.random((ids.size, 3))
+            saves.append((ids, {"row": rows, "count": ids * 2}))
+            newest.update({int(i): r for i, r in zip(ids, rows, strict=True)})
+        ids, fields = latest_rows(saves)
+        np.testing.assert_array_equal(ids, sorted(newest))
+        np.testing.assert_array_equal(fields["row"], [newest[i] for i in sorted(newest)])
+        np.testing.assert_array_equal(fields["count"], ids * 2)
+
+
 def test_simulators_reject_bad_input():
     with pytest.raises(ValueError):
         simulate_pls(mtbf_s=0.0, interval_s=1.0, total_s=1.0, num_emb_ps=1)
