@@ -220,7 +220,8 @@ class StepClock:
     push: float = 0.0
     parity: float = 0.0  # ECRM difference propagation, inside push
     degraded: float = 0.0  # ECRM degraded reads, inside pull
-    tracking: float = 0.0  # CPR-SSU: feeding the sub-sampled lists, inside pull
+    tracking: float = 0.0  # CPR-SSU: feeding the sub-sampled lists, inside pull (all PS)
+    tracking_by_ps: list[float] = field(default_factory=list)  # the same, per PS
     steps: int = 0
 
     @property
@@ -324,15 +325,18 @@ class Cluster:
                 with self.locks[p]:
                     rows[pos] = self.hooks.pull(p, self.ps[p].tables[gb.group.name], ids)
             inputs += [rows, gb.inverse]
-        if self.ssu is not None:  # each PS feeds its own lists: the slowest one is charged
+        if self.ssu is not None:  # each PS feeds its own lists (the busiest one is charged)
             spent = np.zeros(self.num_ps)
             for gb in groups:
                 local = self.local_index[gb.group.name]
                 for p, ids, _ in gb.per_ps:
+                    tracker, slots = self.ssu[p][gb.group.name], local[ids]  # a PS has its slots
                     ts = time.perf_counter()
-                    self.ssu[p][gb.group.name].record(local[ids], assume_unique=True)
+                    tracker.record(slots, assume_unique=True)
                     spent[p] += time.perf_counter() - ts
-            self.clock.tracking += float(spent.max())
+            self.clock.tracking += float(spent.sum())
+            by_ps = self.clock.tracking_by_ps
+            by_ps[:] = [a + b for a, b in zip(by_ps or [0.0] * self.num_ps, spent, strict=True)]
         t1 = time.perf_counter()
         loss, grads = self.net.step(*inputs)
         grads = [g.numpy() for g in grads]

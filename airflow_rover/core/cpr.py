@@ -215,9 +215,9 @@ class SsuTracker:
     batch granularity); when it overflows, random entries of the whole list are dropped, so
     rows accessed often are likely to be (re)added and stay.
 
-    ``record`` runs on every pull: a skipped call costs one random draw, a sampled one O(m + e)
-    for m accesses and e evictions, not O(list): the list is unordered (an eviction moves a
-    tail entry into the hole) and a 1-byte membership flag per row answers "listed already?".
+    ``record`` runs on every pull: a skipped call costs one random draw, a sampled one O(m)
+    for m accesses, not O(list): the list is unordered (a new row takes an evicted row's place)
+    and a 1-byte membership flag per row answers "listed already?".
     Memory: 1 byte per row plus 8 bytes per listed row (2 bytes per row at r = 1/8), below
     MFU's 4-byte counters.
     """
@@ -276,27 +276,32 @@ class SsuTracker:
             fresh = np.unique(fresh)  # repeats within the batch: listed once
         if fresh.size == 0:
             return
-        self._listed[fresh] = True
-        end = self._len + fresh.size
-        if end > self._list.size:
-            grown = np.empty(max(end, 2 * self._list.size), dtype=np.int64)
-            grown[: self._len] = self._list[: self._len]
-            self._list = grown
-        self._list[self._len : end] = fresh
-        self._len = end
-        if end > self.capacity:
-            self._evict(end - self.capacity)
+        space = max(self.capacity - self._len, 0)
+        if space:
+            added = fresh[:space]
+            end = self._len + added.size
+            if end > self._list.size:
+                grown = np.empty(max(end, 2 * self._list.size), dtype=np.int64)
+                grown[: self._len] = self._list[: self._len]
+                self._list = grown
+            self._list[self._len : end] = added
+            self._listed[added] = True
+            self._len = end
+        if fresh.size > space:
+            self._overflow(fresh[space:])
 
-    def _evict(self, count: int) -> None:
-        """Drop ``count`` random entries; the tail's survivors fill the holes below the new end."""
-        drop = self._rng.choice(self._len, size=count, replace=False)
-        self._listed[self._list[drop]] = False
-        end = self._len - count
-        tail_dropped = np.zeros(count, dtype=bool)
-        tail_dropped[drop[drop >= end] - end] = True
-        self._list[drop[drop < end]] = self._list[end + np.flatnonzero(~tail_dropped)]
-        self._len = end
-        self.evicted += count
+    def _overflow(self, rows: np.ndarray) -> None:
+        """The list is full: as many random entries of the list and ``rows`` together as
+        ``rows`` has are dropped. Each row draws a place among both, uniformly: a listed row's
+        place evicts that row, a newcomer's drops the row itself (of two drawing the same
+        place, one wins)."""
+        at = self._rng.integers(0, self._len + rows.size, size=rows.size)
+        keep = at < self._len
+        at = at[keep]
+        self._listed[self._list[at]] = False
+        self._list[at] = rows[keep]
+        self._listed[self._list[at]] = True
+        self.evicted += rows.size
 
     def rows(self) -> np.ndarray:
         """The listed rows, ascending (a copy)."""
