@@ -94,6 +94,13 @@ class TrainingConfig(_Strict):
     shard_lease_s: float = Field(
         default=120.0, gt=0, description="a worker that holds a shard longer loses the lease"
     )
+    progress_report_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=60,
+        description="seconds between a worker's progress reports (samples, steps, step time) "
+        "to the master: what its status and the autoscaler see",
+    )
 
 
 class RecoveryConfig(_Strict):

@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
                 spec.training.batch_size,
                 stop,
                 cluster.layout_version,
+                spec.training.progress_report_s,
             )
         except PSLost as exc:
             log.error("a parameter server went away and is not back: %s", exc)

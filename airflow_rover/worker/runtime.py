@@ -348,16 +348,17 @@ def train(
     batch_size: int,
     stop: threading.Event,
     layout_version: int = 0,
+    report_s: float = 1.0,
 ) -> Progress:
     """Lease shards until the master says the queue is done. ``layout_version``: that of the
-    PS list ``model.ps`` was made from.
+    PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
 
     A lost PS does not end the worker: its training loop stops (what was in flight is dropped;
     the master requeues those shards from the PS ledgers), it waits for the master to announce
     the relaunched PS (a new layout version) and trains on against it, TensorFlow warm. Raises
     ``PSLost`` if that does not happen within ``RELAUNCH_WAIT_S``."""
     progress = Progress()
-    start_heartbeats(master, node_id, progress, stop)
+    start_heartbeats(master, node_id, progress, stop, report_s)
     layout = layout_version
     while True:
         loop = _TrainLoop(node_id, model, optimizer, master, progress, layout)
