@@ -335,6 +335,9 @@ class EcrmPeer:
             h: _Channel(self, h, self.epochs[h]) for h in self.layout.holders_of(self.index)
         }
         self.rebuild: _Rebuild | None = None
+        # RPCs to several PS at once (a rebuild's steps, a degraded read's member and parity
+        # reads): one round trip instead of one per PS
+        self._pool = ThreadPoolExecutor(4 * ps.num_ps, thread_name_prefix="ecrm-fan")
         self._closed = threading.Event()
         self._replicator = threading.Thread(target=self._replicate, daemon=True)
         self._replicator.start()
@@ -408,26 +411,42 @@ class EcrmPeer:
         input of one step, as stale as asynchronous training allows, and its optimizer state
         is put back in range; what the rebuild writes is exact (it locks)."""
         plan = plan_decode(self.layout, table, self.index, ids)
-        members: dict[int, Fields] = {}
-        sent: dict[int, dict[int, int]] = {}
-        for q, got in plan.member_ids.items():
-            request = {"op": text("fields"), "table": text(table), "ids": got, "sent": text("1")}
-            reply = self.peers.call(q, request)
-            sent[q] = _read_ints(
-                {"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")}
-            )
-            members[q] = reply
-        deadline = time.perf_counter() + DEGRADED_DRAIN_S
-        for h in plan.parity:
-            while time.perf_counter() < deadline:
-                applied = self._applied(h)
-                if all(applied.get(q, 0) >= marks.get(h, 0) for q, marks in sent.items()):
-                    break
-                time.sleep(DRAIN_POLL_S)
-        parity = {
-            h: self.peers.call(h, {"op": text("parity_read"), "table": text(table), "slots": slots})
-            for h, (_, slots) in plan.parity.items()
+        members = self._fan(
+            {
+                q: functools.partial(
+                    self.peers.call,
+                    q,
+                    {"op": text("fields"), "table": text(table), "ids": got, "sent": text("1")},
+                )
+                for q, got in plan.member_ids.items()
+            }
+        )
+        sent = {
+            q: _read_ints({"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")})
+            for q, reply in members.items()
         }
+        deadline = time.perf_counter() + DEGRADED_DRAIN_S
+        waiting = set(plan.parity)
+        while waiting:
+            applied = self._fan({h: functools.partial(self._applied, h) for h in waiting})
+            waiting = {
+                h
+                for h in waiting
+                if any(applied[h].get(q, 0) < marks.get(h, 0) for q, marks in sent.items())
+            }
+            if not waiting or time.perf_counter() >= deadline:
+                break
+            time.sleep(DRAIN_POLL_S)
+        parity = self._fan(
+            {
+                h: functools.partial(
+                    self.peers.call,
+                    h,
+                    {"op": text("parity_read"), "table": text(table), "slots": slots},
+                )
+                for h, (_, slots) in plan.parity.items()
+            }
+        )
         if self.rebuild is not None:
             self.rebuild.degraded_rows += ids.size
         fields = plan.decode(self.codec, parity, members, self._dtypes(table))
@@ -728,57 +747,51 @@ class EcrmPeer:
         """Chunk by chunk; the calls of a step go to the other PS at once (one round trip, not
         one per PS: a chunk costs about five round trips, whatever k is)."""
         plan = rebuild.plan
-        with ThreadPoolExecutor(self.ps.num_ps, thread_name_prefix="rebuild") as pool:
 
-            def fan(calls: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:
-                futures = {q: pool.submit(call) for q, call in calls.items()}
-                return {q: f.result() for q, f in futures.items()}
+        def on(q: int, op: str, **arrays: np.ndarray) -> Callable[[], Fields]:
+            request = {"op": text(op), "table": text(t), **arrays}
+            return lambda: self.peers.call(q, request)
 
-            def on(q: int, op: str, **arrays: np.ndarray) -> Callable[[], Fields]:
-                request = {"op": text(op), "table": text(t), **arrays}
-                return lambda: self.peers.call(q, request)
-
-            while (chunk := plan.next_chunk()) is not None:
-                t = chunk.table
-                others = [q for q in chunk.lock_ps if q != self.index]
-                if self.index in chunk.locks:
-                    with self.ps._apply_lock:
-                        self.buffer.lock(t, chunk.locks[self.index])
-                locked = fan({q: on(q, "lock", ids=chunk.locks[q]) for q in others})
-                sent = {q: _read_ints(reply) for q, reply in locked.items()}
-                if self.index in chunk.locks:
-                    sent[self.index] = {}  # what this replacement sent is not drained
-                plan.locks_installed(sent)
-                while not plan.drained(
-                    fan({h: functools.partial(self._applied, h) for h in chunk.holders})
-                ):
-                    time.sleep(DRAIN_POLL_S)
-                reads = {
-                    q: functools.partial(self._fields, q, t, ids)
-                    for q, ids in chunk.member_ids.items()
-                }
-                if chunk.kind == "decode":
-                    parity_at = {h: slots for h, (_, slots) in chunk.parity.items()}
-                    got = fan(
-                        {("parity", h): on(h, "parity_read", slots=s) for h, s in parity_at.items()}
-                        | {("member", q): read for q, read in reads.items()}
-                    )
-                    parity = {h: got["parity", h] for h in parity_at}
-                    members = {q: got["member", q] for q in reads}
-                    fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
-                    with self.ps._apply_lock:
-                        self.ps.tables[t].put_fields(chunk.ids, fields)
-                        plan.chunk_written()
-                        rebuild.held_rows += self._release(t, chunk.locks[self.index])
-                    rebuild.rows_done_at = time.perf_counter()
-                else:
-                    fields = chunk.encode(self.codec, fan(reads), self._dtypes(t))
-                    with self._parity_lock:
-                        self.store.write(t, chunk.slots, fields)
+        while (chunk := plan.next_chunk()) is not None:
+            t = chunk.table
+            others = [q for q in chunk.lock_ps if q != self.index]
+            if self.index in chunk.locks:
+                with self.ps._apply_lock:
+                    self.buffer.lock(t, chunk.locks[self.index])
+            locked = self._fan({q: on(q, "lock", ids=chunk.locks[q]) for q in others})
+            sent = {q: _read_ints(reply) for q, reply in locked.items()}
+            if self.index in chunk.locks:
+                sent[self.index] = {}  # what this replacement sent is not drained
+            plan.locks_installed(sent)
+            while not plan.drained(
+                self._fan({h: functools.partial(self._applied, h) for h in chunk.holders})
+            ):
+                time.sleep(DRAIN_POLL_S)
+            reads = {
+                q: functools.partial(self._fields, q, t, ids) for q, ids in chunk.member_ids.items()
+            }
+            if chunk.kind == "decode":
+                parity_at = {h: slots for h, (_, slots) in chunk.parity.items()}
+                got = self._fan(
+                    {("parity", h): on(h, "parity_read", slots=s) for h, s in parity_at.items()}
+                    | {("member", q): read for q, read in reads.items()}
+                )
+                parity = {h: got["parity", h] for h in parity_at}
+                members = {q: got["member", q] for q in reads}
+                fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
+                with self.ps._apply_lock:
+                    self.ps.tables[t].put_fields(chunk.ids, fields)
                     plan.chunk_written()
-                released = fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
-                rebuild.held_rows += sum(int(reply["held"][0]) for reply in released.values())
-                rebuild.chunks += 1
+                    rebuild.held_rows += self._release(t, chunk.locks[self.index])
+                rebuild.rows_done_at = time.perf_counter()
+            else:
+                fields = chunk.encode(self.codec, self._fan(reads), self._dtypes(t))
+                with self._parity_lock:
+                    self.store.write(t, chunk.slots, fields)
+                plan.chunk_written()
+            released = self._fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
+            rebuild.held_rows += sum(int(reply["held"][0]) for reply in released.values())
+            rebuild.chunks += 1
 
     def _applied(self, holder: int) -> dict[int, int]:
         if holder == self.index:
@@ -807,8 +820,14 @@ class EcrmPeer:
                 out["error"] = text(r.error)
         return out
 
+    def _fan(self, calls: Mapping[Any, Callable[[], Any]]) -> dict[Any, Any]:
+        """Run ``calls`` at once; their results by key."""
+        futures = {key: self._pool.submit(call) for key, call in calls.items()}
+        return {key: future.result() for key, future in futures.items()}
+
     def close(self) -> None:
         self._closed.set()
         for channel in self.channels.values():
             channel.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.peers.close()
