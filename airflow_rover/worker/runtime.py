@@ -324,6 +324,8 @@ def leased_batches(
         shard = reply.shard
         samples = reader.read(shard.start, shard.end)
         for index, lo in enumerate(range(0, len(samples), batch_size)):
+            if layout() not in (None, reply.layout_version):
+                break  # the trainer moved on (a lost PS is back): the master requeued the shard
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
             last = hi == len(samples)
@@ -355,15 +357,21 @@ def train(
 
     A lost PS does not end the worker: its training loop stops (what was in flight is dropped;
     the master requeues those shards from the PS ledgers), it waits for the master to announce
-    the relaunched PS (a new layout version) and trains on against it, TensorFlow warm. Raises
-    ``PSLost`` if that does not happen within ``RELAUNCH_WAIT_S``."""
+    the relaunched PS (a new layout version) and trains on against it, TensorFlow and the input
+    pipeline warm (elements leased before are skipped). Raises ``PSLost`` if that does not
+    happen within ``RELAUNCH_WAIT_S``."""
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop, report_s)
-    layout = layout_version
+    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version)
+    # The lambda reads ``loop`` when called: the layout of whichever loop trains now.
+    elements = iter(
+        _input_pipeline(
+            node_id, model, reader, master, batch_size, stop, lambda: loop.layout_version
+        )
+    )
     while True:
-        loop = _TrainLoop(node_id, model, optimizer, master, progress, layout)
         try:
-            _run_loop(loop, model, reader, master, batch_size, stop)
+            _run_loop(loop, elements)
             break
         except grpc.RpcError as exc:
             if exc.code() not in PS_LOST_CODES:
@@ -376,45 +384,49 @@ def train(
         model.ps = old.connected_to(cluster.ps)
         old.close()
         model.offer_initial_weights()  # only what the PS lacks: none unless it lost them all
-        layout = cluster.layout_version
-        log.info("%s: training on against the relaunched PS (layout %d)", node_id, layout)
+        loop = _TrainLoop(node_id, model, optimizer, master, progress, cluster.layout_version)
+        log.info(
+            "%s: training on against the relaunched PS (layout %d)", node_id, loop.layout_version
+        )
     master.heartbeat(node_id, progress.heartbeat())
     return progress
 
 
-def _run_loop(
-    loop: _TrainLoop,
+def _input_pipeline(
+    node_id: str,
     model: PSModel,
     reader: SampleReader,
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-) -> None:
-    ended = threading.Event()  # this loop's leases end with it (a PS was lost)
+    layout: Callable[[], int],
+) -> tf.data.Dataset:
+    """The leased shards' batches as model inputs, prefetched; built once per worker (building
+    one costs about 0.1 s, which a relaunched PS would otherwise add to every recovery).
+    ``layout()``: the PS layout the trainer is on (leases ask for it)."""
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        batches = leased_batches(
-            loop.node_id, reader, master, batch_size, stop, layout=lambda: loop.layout_version
-        )
-        for batch, shard_id, last, key, layout in batches:
-            if ended.is_set():
-                return
+        batches = leased_batches(node_id, reader, master, batch_size, stop, layout=layout)
+        for batch, shard_id, last, key, version in batches:
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
             element["key"] = np.array(key, dtype=np.int64)
             element["last"] = np.array(last)
-            element["layout"] = np.array(layout, dtype=np.int64)
+            element["layout"] = np.array(version, dtype=np.int64)
             yield element
 
-    pipeline = tf.data.Dataset.from_generator(
+    return tf.data.Dataset.from_generator(
         elements, output_signature=model.element_signature()
     ).prefetch(PREFETCH_BATCHES)
-    try:
-        for element in pipeline:
-            loop.feed(element if int(element["label"].shape[0]) else None, int(element["layout"]))
-        loop.feed(None)
-    finally:
-        ended.set()
+
+
+def _run_loop(loop: _TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
+    for element in elements:
+        version = int(element["layout"])
+        if version < loop.layout_version:
+            continue  # leased before a lost PS was relaunched: the master requeued its shard
+        loop.feed(element if int(element["label"].shape[0]) else None, version)
+    loop.feed(None)
 
 
 def _wait_for_relaunch(
