@@ -325,6 +325,7 @@ class EcrmPeer:
         self.buffer = UpdateBuffer()
         self.peers = Peers(addresses, token)
         self._parity_lock = threading.Lock()
+        self._parity_changed = threading.Condition(self._parity_lock)  # a frame was applied
         self._src_epoch = {s: self.epochs[s] for s in self.layout.sources_of(self.index)}
         self.keys_from: dict[int, set[int]] = {s: set() for s in self._src_epoch}
         # the latest messages applied per source, with their batch keys: a batch only some
@@ -406,10 +407,11 @@ class EcrmPeer:
         updates held for them applied (ECRM section 3.4).
 
         The members are read with how many differences their PS had sent, and the parity once
-        the holders have applied those (a bounded wait). Without locks, a member updated
-        between the two reads still makes the row off by that one update: the read is the
-        input of one step, as stale as asynchronous training allows, and its optimizer state
-        is put back in range; what the rebuild writes is exact (it locks)."""
+        the holders have applied those (they wait, bounded, before they answer). Without
+        locks, a member updated between the two reads still makes the row off by that one
+        update: the read is the input of one step, as stale as asynchronous training allows,
+        and its optimizer state is put back in range; what the rebuild writes is exact (it
+        locks)."""
         plan = plan_decode(self.layout, table, self.index, ids)
         members = self._fan(
             {
@@ -425,24 +427,20 @@ class EcrmPeer:
             q: _read_ints({"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")})
             for q, reply in members.items()
         }
-        deadline = time.perf_counter() + DEGRADED_DRAIN_S
-        waiting = set(plan.parity)
-        while waiting:
-            applied = self._fan({h: functools.partial(self._applied, h) for h in waiting})
-            waiting = {
-                h
-                for h in waiting
-                if any(applied[h].get(q, 0) < marks.get(h, 0) for q, marks in sent.items())
-            }
-            if not waiting or time.perf_counter() >= deadline:
-                break
-            time.sleep(DRAIN_POLL_S)
         parity = self._fan(
             {
                 h: functools.partial(
                     self.peers.call,
                     h,
-                    {"op": text("parity_read"), "table": text(table), "slots": slots},
+                    {
+                        "op": text("parity_read"),
+                        "table": text(table),
+                        "slots": slots,
+                        **{
+                            f"after/{q}": np.array([marks.get(h, 0)], dtype=np.int64)
+                            for q, marks in sent.items()
+                        },
+                    },
                 )
                 for h, (_, slots) in plan.parity.items()
             }
@@ -493,8 +491,13 @@ class EcrmPeer:
                 channel.flush()
             out.update({f"sent/{k}": v for k, v in marks.items()})
             return out
-        if op == "parity_read":
-            with self._parity_lock:
+        if op == "parity_read":  # "after/<source>": once that many of its messages are applied
+            after = {int(k[6:]): int(v[0]) for k, v in req.items() if k.startswith("after/")}
+            with self._parity_changed:
+                self._parity_changed.wait_for(
+                    lambda: all(self.store.applied().get(q, 0) >= n for q, n in after.items()),
+                    DEGRADED_DRAIN_S,
+                )
                 return self.store.read(table, req["slots"])
         if op == "applied":
             with self._parity_lock:
@@ -555,6 +558,7 @@ class EcrmPeer:
             dense = {k[8:]: v for k, v in frame.items() if k.startswith("replica/")}
             if dense:
                 self.replica[source] = dense
+            self._parity_changed.notify_all()
         return {}
 
     def _fence(self, source: int, epoch: int) -> dict[str, np.ndarray]:
