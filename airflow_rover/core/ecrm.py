@@ -355,6 +355,23 @@ def _unique(ids: np.ndarray) -> bool:
     return bool(np.unique(ids).size == ids.size)
 
 
+def _present(ps: np.ndarray) -> np.ndarray:
+    """The distinct PS indices in ``ps``, ascending: a count per PS, not a sort of the rows."""
+    return np.flatnonzero(np.bincount(ps)) if ps.size else np.empty(0, dtype=np.int64)
+
+
+def _sorted_inverse(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(ids, return_inverse=True)`` for ids that are (almost always) unique
+    already: one argsort, and the unique path only when there are repeats."""
+    order = np.argsort(ids, kind="stable")
+    uniq = ids[order]
+    if uniq.size > 1 and not bool(np.all(uniq[1:] > uniq[:-1])):
+        return np.unique(ids, return_inverse=True)
+    inverse = np.empty(ids.size, dtype=np.int64)
+    inverse[order] = np.arange(ids.size)
+    return uniq, inverse
+
+
 @dataclass(frozen=True)
 class TableDelta:
     """Differences of updated rows of one table (parity domain), ids unique."""
@@ -427,7 +444,7 @@ class DifferencePropagator:
                 raise ValueError(f"table {table!r}: ids not owned by PS {self.ps_index}")
             holder, _ = self.layout.parity_location(table, ids)
             diff = {name: self.codec.difference(new[name], old[name]) for name in new}
-            for h in np.unique(holder):
+            for h in _present(holder):
                 pick = np.flatnonzero(holder == h)
                 part = TableDelta(table, ids[pick], {n: d[pick] for n, d in diff.items()})
                 by_holder.setdefault(int(h), []).append(part)
@@ -597,7 +614,7 @@ class ParityStore:
     def write(self, table: str, slots: np.ndarray, fields: Mapping[str, np.ndarray]) -> None:
         """Set the parity of ``slots`` (a rebuild re-encoded it); they are no longer stale."""
         slots = self._check_slots(table, slots)
-        if np.unique(slots).size != slots.size:
+        if not _unique(slots):
             raise ValueError(f"table {table!r}: parity slots must be unique")
         t = self._table(table)
         pos = self._allocate(table, slots)
@@ -680,10 +697,10 @@ def _gather_plan(
         present &= member_ps != skip
     rows, cols = np.nonzero(present)
     ps_of = member_ps[rows, cols]
-    for ps in np.unique(ps_of):
+    for ps in _present(ps_of):
         sel = ps_of == ps
         ids = member_ids[rows[sel], cols[sel]]
-        uniq, inverse = np.unique(ids, return_inverse=True)
+        uniq, inverse = _sorted_inverse(ids)  # a group has one member per PS: no repeats
         reads[int(ps)] = uniq
         gather[int(ps)] = (rows[sel], inverse)
     return reads, gather
@@ -741,13 +758,13 @@ def plan_decode(layout: EcrmLayout, table: str, lost_ps: int, ids: np.ndarray) -
     ids = np.asarray(ids, dtype=np.int64)
     if ids.size and (layout.owner(table, ids) != lost_ps).any():
         raise ValueError(f"table {table!r}: ids not owned by PS {lost_ps}")
-    if np.unique(ids).size != ids.size:
+    if not _unique(ids):
         raise ValueError(f"table {table!r}: ids must be unique")
     holder, slots = layout.parity_location(table, ids)
     parity: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     member_ps = np.empty((ids.size, layout.k), dtype=np.int64)
     member_ids = np.empty((ids.size, layout.k), dtype=np.int64)
-    for h in np.unique(holder):
+    for h in _present(holder):
         rows = np.flatnonzero(holder == h)
         parity[int(h)] = (rows, slots[rows])
         mp, mi = layout.members(table, int(h), slots[rows])
@@ -810,7 +827,8 @@ def rows_to_rebuild(
             ps, ids = layout.members(table, holder, np.asarray(slots, dtype=np.int64))
             out[table].append(ids[(ps == lost_ps) & (ids >= 0)])
     return {
-        t: np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
+        # a row's group has one holder and one member per PS: no repeats, a sort suffices
+        t: _sorted_unique(np.sort(np.concatenate(parts))) if parts else np.empty(0, np.int64)
         for t, parts in out.items()
     }
 

@@ -599,3 +599,25 @@ def test_propagator_rejects_rows_it_does_not_own():
     mine = lay.ids_on("t", 0)[:1]
     with pytest.raises(ValueError, match="unique"):
         prop.deltas({"t": (np.repeat(mine, 2), f, f)})
+
+
+def test_the_rebuild_path_groupings_match_numpy_unique() -> None:
+    """``_present`` and ``_sorted_inverse`` stand in for ``np.unique`` on the rebuild path
+    (ids there are unique; the fallback keeps repeats right too)."""
+    from airflow_rover.core.ecrm import _present, _sorted_inverse
+
+    rng = np.random.default_rng(3)
+    for ids in (
+        rng.permutation(1000)[:300],  # unique, unordered: the usual case
+        rng.integers(0, 50, 300),  # repeats
+        np.arange(5),
+        np.empty(0, dtype=np.int64),
+    ):
+        uniq, inverse = _sorted_inverse(ids)
+        want, want_inverse = np.unique(ids, return_inverse=True)
+        np.testing.assert_array_equal(uniq, want)
+        np.testing.assert_array_equal(uniq[inverse], ids)
+        np.testing.assert_array_equal(inverse, want_inverse)
+    ps = rng.integers(0, 6, 1000)
+    np.testing.assert_array_equal(_present(ps), np.unique(ps))
+    assert _present(np.empty(0, dtype=np.int64)).size == 0
