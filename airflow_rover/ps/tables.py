@@ -103,21 +103,23 @@ class EmbeddingTable:
         self.counts = _grow(self.counts, cap)
         self._ids = _grow(self._ids, cap)
 
-    def _slots(self, ids: np.ndarray) -> np.ndarray:
-        """Slots of ``ids`` (unique), creating missing rows; caller holds the lock."""
+    def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
+        """Slots of ``ids`` (unique), creating missing rows; caller holds the lock.
+        ``initialise=False``: the caller writes every field of them (no seeded values)."""
         slots = self._slot[ids]
         missing = ids[slots < 0]
         if missing.size:
             start, need = self._size, self._size + missing.size
             if need > self.rows.shape[0]:
                 self._grow(need)
-            self.rows[start:need] = initial_rows(
-                self.name, missing, self.dim, self.seed, INIT_SCALE
-            )
-            fresh = self.optimizer.init_state((missing.size, self.dim), rows=True)
-            for key, value in fresh.items():
-                self.state[key][start:need] = value
-            self.counts[start:need] = 0
+            if initialise:
+                self.rows[start:need] = initial_rows(
+                    self.name, missing, self.dim, self.seed, INIT_SCALE
+                )
+                fresh = self.optimizer.init_state((missing.size, self.dim), rows=True)
+                for key, value in fresh.items():
+                    self.state[key][start:need] = value
+                self.counts[start:need] = 0
             self._ids[start:need] = missing
             self._slot[missing] = np.arange(start, need, dtype=np.int32)
             self._size = need
@@ -221,8 +223,11 @@ class EmbeddingTable:
         """Take rows another PS hands over (``pop_rows``), replacing any copy held here."""
         ids = np.asarray(arrays["ids"], dtype=np.int64)
         self._check_ids(ids)
+        needed = ["rows", "counts", *(f"state/{k}" for k in self.state)]
+        if lacking := [k for k in needed if k not in arrays]:
+            raise ValueError(f"table {self.name!r}: absorb needs {needed}; missing {lacking}")
         with self._lock:
-            slots = self._slots(ids)
+            slots = self._slots(ids, initialise=False)  # every field is written below
             self.rows[slots] = arrays["rows"]
             self.counts[slots] = arrays["counts"]
             for key in self.state:
