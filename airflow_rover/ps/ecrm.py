@@ -626,10 +626,10 @@ class EcrmPeer:
     def _slots_with_rows(self, table: str) -> np.ndarray:
         """This holder's parity slots with a member some source has created; the others are
         the code of initial values, which the store computes by itself."""
-        created = [
-            self.peers.call(s, {"op": text("created"), "table": text(table)})["ids"]
-            for s in self.layout.sources_of(self.index)
-        ]
+        request = {"op": text("created"), "table": text(table)}
+        sources = self.layout.sources_of(self.index)
+        replies = self._fan({s: functools.partial(self.peers.call, s, request) for s in sources})
+        created = [reply["ids"] for reply in replies.values()]
         ids = np.concatenate(created) if created else np.empty(0, np.int64)
         where, slots = self.layout.parity_location(table, ids.astype(np.int64))
         return np.unique(slots[where == self.index])
@@ -644,15 +644,13 @@ class EcrmPeer:
         seen: dict[int, set[int]] = {}
         dense: Fields = {}
         materialised: dict[int, dict[str, np.ndarray]] = {}
-        for h in holders:
-            reply = self.peers.call(
-                h,
-                {
-                    "op": text("fence"),
-                    "source": np.array([self.index], dtype=np.int64),
-                    "epoch": np.array([self.epoch], dtype=np.int64),
-                },
-            )
+        fence = {
+            "op": text("fence"),
+            "source": np.array([self.index], dtype=np.int64),
+            "epoch": np.array([self.epoch], dtype=np.int64),
+        }
+        fenced = self._fan({h: functools.partial(self.peers.call, h, fence) for h in holders})
+        for h, reply in fenced.items():  # in holder order: the first one's dense replica
             seen[h] = {int(k) for k in reply["batch_keys"]}
             dense = dense or {k[8:]: v for k, v in reply.items() if k.startswith("replica/")}
             materialised[h] = {t: reply[f"materialised/{t}"] for t in self.layout.tables}
@@ -664,17 +662,14 @@ class EcrmPeer:
             plan = RebuildPlan(self.layout, self.index, self.rows_per_lock, nothing, nothing)
             self.rebuild = _Rebuild(plan, started, done_at=time.perf_counter(), error=str(exc))
             return self.status()
-        address = text(self.peers.addresses[self.index])
-        for s in self.layout.sources_of(self.index):  # before reading what they created
-            self.peers.call(
-                s,
-                {
-                    "op": text("reset_holder"),
-                    "holder": np.array([self.index], dtype=np.int64),
-                    "epoch": np.array([self.epoch], dtype=np.int64),
-                    "address": address,
-                },
-            )
+        reset = {
+            "op": text("reset_holder"),
+            "holder": np.array([self.index], dtype=np.int64),
+            "epoch": np.array([self.epoch], dtype=np.int64),
+            "address": text(self.peers.addresses[self.index]),
+        }
+        sources = self.layout.sources_of(self.index)  # before reading what they created
+        self._fan({s: functools.partial(self.peers.call, s, reset) for s in sources})
         plan = RebuildPlan(
             self.layout,
             self.index,
@@ -697,7 +692,7 @@ class EcrmPeer:
         threading.Thread(target=self._run_rebuild, args=(rebuild,), daemon=True).start()
         log.info(
             "PS %d (incarnation %d): rebuilding %d rows and %d parity slots from %d holders "
-            "(%d batches applied, dense replica: %s)",
+            "(%d batches applied, dense replica: %s; set up in %.0f ms)",
             self.index,
             self.epoch,
             sum(plan.data_ids(t).size for t in self.layout.tables),
@@ -705,6 +700,7 @@ class EcrmPeer:
             len(holders),
             len(keys),
             "yes" if dense else "none",
+            1000 * (time.perf_counter() - started),
         )
         return self.status()
 
