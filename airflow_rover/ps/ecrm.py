@@ -365,9 +365,7 @@ class EcrmPeer:
         self._send(updates, key)
 
     def _apply(self, table: EmbeddingTable, ids: np.ndarray, grads: np.ndarray) -> Any:
-        old = table.fields(ids)
-        table.apply_gradients(ids, grads)
-        return ids, old, table.fields(ids)
+        return ids, *table.apply_with_fields(ids, grads)
 
     def _send(self, updates: Mapping[str, Any], key: int | None) -> None:
         by_holder = {d.holder: d for d in self.propagator.deltas(updates)}

@@ -168,15 +168,33 @@ class EmbeddingTable:
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """One optimizer step on the rows of unique ``ids`` (gradients already summed per id)."""
+        self._step(ids, grads, keep_old=False)
+
+    def apply_with_fields(
+        self, ids: np.ndarray, grads: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``apply_gradients``, returning the rows' ``fields`` before and after the step in one
+        pass (an ECRM PS sends their difference to the parity holders)."""
+        old, new = self._step(ids, grads, keep_old=True)
+        assert old is not None
+        return old, new
+
+    def _step(
+        self, ids: np.ndarray, grads: np.ndarray, keep_old: bool
+    ) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray]]:
         self.check_update(ids, grads)
         with self._lock:
             slots = self._slots(ids)
             rows = self.rows[slots]
             state = {k: v[slots] for k, v in self.state.items()}
+            old = None
+            if keep_old:
+                old = {"row": rows.copy(), **{f"state/{k}": v.copy() for k, v in state.items()}}
             self.optimizer.apply(rows, state, grads)
             self.rows[slots] = rows
             for key, value in state.items():
                 self.state[key][slots] = value
+        return old, {"row": rows, **{f"state/{k}": v for k, v in state.items()}}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Load a ``snapshot`` (of a PS with the same partitioning) into an empty table."""

@@ -866,3 +866,25 @@ def test_lookup_with_state_returns_rows_and_their_optimizer_state() -> None:
     np.testing.assert_array_equal(state["accum"][1], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
     with pytest.raises(ValueError, match="state_ids must be a subset of ids"):
         table.lookup_with_state(np.array([2]), np.array([50]))
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_apply_with_fields_returns_what_fields_reads_before_and_after_the_step(
+    optimizer: str,
+) -> None:
+    """ECRM's push path takes the fields before and after a step in one pass; they must be
+    what ``fields`` reads around ``apply_gradients``, created rows included."""
+    rng = np.random.default_rng(8)
+    a = EmbeddingTable("t", 4, 50, 3, Optimizer(optimizer, 0.1))
+    b = EmbeddingTable("t", 4, 50, 3, Optimizer(optimizer, 0.1))
+    for step in range(3):
+        ids = np.sort(rng.choice(50, size=12, replace=False))
+        grads = rng.normal(size=(12, 4)).astype(np.float32)
+        want_old = a.fields(ids)
+        a.apply_gradients(ids, grads)
+        want_new = a.fields(ids)
+        old, new = b.apply_with_fields(ids, grads)
+        for name in want_old:
+            np.testing.assert_array_equal(old[name], want_old[name], err_msg=f"{name} {step}")
+            np.testing.assert_array_equal(new[name], want_new[name], err_msg=f"{name} {step}")
+        np.testing.assert_array_equal(b.fields(ids)["row"], want_new["row"])
