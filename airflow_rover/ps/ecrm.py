@@ -70,6 +70,10 @@ LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
 DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
+# Parity reads a holder lets wait for differences in flight at once: each holds one of the PS's
+# server threads, and the frames they wait for need threads too. More answer at once (the
+# decoded row may then miss an update in flight, as a degraded read may anyway).
+MAX_WAITING_READS = rpc.SERVER_THREADS // 2
 # How long a holder keeps applied messages it may have to take out again (``_rollback``), and
 # at most how many per source: enough for what one channel can lag another (a linger, a send
 # and a retry); a rollback that finds too little fails the rebuild, and the try resumes from
@@ -330,6 +334,7 @@ class EcrmPeer:
         self.peers = Peers(addresses, token)
         self._parity_lock = threading.Lock()
         self._parity_changed = threading.Condition(self._parity_lock)  # a frame was applied
+        self._waiting_reads = threading.BoundedSemaphore(MAX_WAITING_READS)
         self._src_epoch = {s: self.epochs[s] for s in self.layout.sources_of(self.index)}
         self.keys_from: dict[int, set[int]] = {s: set() for s in self._src_epoch}
         # the latest messages applied per source, with their batch keys: a batch only some
@@ -495,12 +500,20 @@ class EcrmPeer:
             return out
         if op == "parity_read":  # "after/<source>": once that many of its messages are applied
             after = {int(k[6:]): int(v[0]) for k, v in req.items() if k.startswith("after/")}
-            with self._parity_changed:
-                self._parity_changed.wait_for(
-                    lambda: all(self.store.applied().get(q, 0) >= n for q, n in after.items()),
-                    DEGRADED_DRAIN_S,
-                )
-                return self.store.read(table, req["slots"])
+            waits = bool(after) and self._waiting_reads.acquire(blocking=False)
+            try:
+                with self._parity_changed:
+                    if waits:
+                        self._parity_changed.wait_for(
+                            lambda: all(
+                                self.store.applied().get(q, 0) >= n for q, n in after.items()
+                            ),
+                            DEGRADED_DRAIN_S,
+                        )
+                    return self.store.read(table, req["slots"])
+            finally:
+                if waits:
+                    self._waiting_reads.release()
         if op == "applied":
             with self._parity_lock:
                 return _ints(self.store.applied())

@@ -16,6 +16,7 @@ METHODS = (
     "Ecrm",
 )
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+SERVER_THREADS = 8  # requests a PS serves at once
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

@@ -477,7 +477,11 @@ def _unary(handler: Handler, token: str) -> grpc.RpcMethodHandler:
 
 
 def start_server(
-    ps: ParameterServer, token: str, host: str = "127.0.0.1", threads: int = 8, port: int = 0
+    ps: ParameterServer,
+    token: str,
+    host: str = "127.0.0.1",
+    threads: int = rpc.SERVER_THREADS,
+    port: int = 0,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``ps`` on ``host:port``; returns the server and the port it bound (0 picks a
     free one)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -269,3 +270,31 @@ def test_state_off_by_an_update_in_flight_is_put_back_in_range(name: str) -> Non
     assert np.isfinite(rows).all()
     if name == "adagrad":
         assert (state["accum"] >= 0.1).all()
+
+
+def test_a_holder_lets_only_some_parity_reads_wait(
+    clusters: tuple[EcrmCluster, Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A degraded read's parity request waits at the holder for differences in flight; a
+    waiting request holds a server thread, so beyond ``MAX_WAITING_READS`` they answer at once
+    (the frames they wait for need threads too)."""
+    monkeypatch.setattr(ecrm, "DEGRADED_DRAIN_S", 2.0)
+    coded, _ = clusters
+    peer = coded.ps[0].ecrm
+    assert peer is not None
+    table = next(iter(coded.ps[0].tables))
+    source = peer.layout.sources_of(0)[0]
+    request = {
+        "op": ecrm.text("parity_read"),
+        "table": ecrm.text(table),
+        "slots": np.array([0], dtype=np.int64),
+        f"after/{source}": np.array([10**9], dtype=np.int64),  # never applied: waits the bound
+    }
+    with ThreadPoolExecutor(ecrm.MAX_WAITING_READS) as pool:
+        started = time.perf_counter()
+        waiting = [pool.submit(peer.handle, dict(request)) for _ in range(ecrm.MAX_WAITING_READS)]
+        time.sleep(0.2)
+        assert peer.handle(dict(request))  # one more: answered at once
+        assert time.perf_counter() - started < 1.5
+        assert all(f.result() for f in waiting)
+        assert time.perf_counter() - started >= 2.0  # those waited the bound
