@@ -220,9 +220,13 @@ class StepClock:
     push: float = 0.0
     parity: float = 0.0  # ECRM difference propagation, inside push
     degraded: float = 0.0  # ECRM degraded reads, inside pull
-    tracking: float = 0.0  # CPR-SSU: feeding the sub-sampled lists, inside pull (all PS)
-    tracking_by_ps: list[float] = field(default_factory=list)  # the same, per PS
+    tracking_by_ps: list[float] = field(default_factory=list)  # CPR-SSU: each PS feeding its lists
     steps: int = 0
+
+    @property
+    def tracking(self) -> float:
+        """CPR-SSU list work of every PS (inside pull; this process does it serially)."""
+        return sum(self.tracking_by_ps)
 
     @property
     def total(self) -> float:
@@ -334,7 +338,6 @@ class Cluster:
                     ts = time.perf_counter()
                     tracker.record(slots, assume_unique=True)
                     spent[p] += time.perf_counter() - ts
-            self.clock.tracking += float(spent.sum())
             by_ps = self.clock.tracking_by_ps
             by_ps[:] = [a + b for a, b in zip(by_ps or [0.0] * self.num_ps, spent, strict=True)]
         t1 = time.perf_counter()

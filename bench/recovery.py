@@ -28,7 +28,7 @@ lost one. Goals (issue 7) end the output as MET / NOT MET; the exit code is 0 wh
 The job's length sets how save cost compares with the time between failures. CPR's emulation
 scales its overheads down to keep the production ratio (O_save/T_fail about 0.0034); the
 default 1.2M samples (about 20 s of training, T_fail = 10 s) brings the measured ratio to
-0.0017-0.0035 across the PS counts, where 300k samples gave 2-4.5 times production's.
+0.0017-0.006 across the PS counts, where 300k samples gave 2-4.5 times production's.
 
     python bench/recovery.py              # 1.2M samples, about 10 minutes on 2 cores
     python bench/recovery.py --quick      # 20k samples, under a minute: a smoke run
