@@ -25,7 +25,9 @@ recovered, stop.
   as progress after it, which shortens full's time a little (in the baseline's favour).
 - ecrm (k=2, ``--rows-per-lock`` rows per lock, default the product's): ps-1 is relaunched
   empty and rebuilt from the parity the other PS keep while the workers train on. Recovered =
-  its ``recovery.ecrm_rebuilds`` entry is ``done``.
+  when the replacement finished its rebuild (its ``recovery.ecrm_rebuilds`` entry's
+  ``finished_at``, the PS's own clock, read once the entry is ``done``: the master, which
+  checks every 0.2 s, learns of it up to a tick later).
 
 Per policy: time to fully recover from the kill; the workers' throughput from the kill until
 then against an equally long window just before the kill of the same run (rates interpolate
@@ -262,6 +264,9 @@ def _kill_and_trace(hook: ElasticJobHook, out: Outcome, settings: Settings) -> N
 
     last = trace_until(hook, out, recovered, settings.timeout_s)
     out.recovered_t = last.t
+    finished = (out.rebuild or {}).get("finished_at")
+    if isinstance(finished, float):  # ECRM: when the PS was rebuilt, not when the master saw it
+        out.recovered_t = min(last.t, finished)
     tail_end = time.time() + TAIL_S
     trace_until(hook, out, lambda p: p.t >= tail_end, TAIL_S + 60)
     if policy == "full":

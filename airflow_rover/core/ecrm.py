@@ -821,11 +821,13 @@ def rows_to_rebuild(
     acknowledged an update of it), which the replacement re-creates by itself on first use."""
     out: dict[str, list[np.ndarray]] = {t: [] for t in layout.tables}
     for holder, by_table in materialised.items():
-        if holder not in layout.holders_of(lost_ps):
+        member = (lost_ps - (holder - layout.k)) % layout.num_ps  # its place in the groups
+        if member >= layout.k:  # not one of lost_ps's holders
             continue
         for table, slots in by_table.items():
-            ps, ids = layout.members(table, holder, np.asarray(slots, dtype=np.int64))
-            out[table].append(ids[(ps == lost_ps) & (ids >= 0)])
+            mine = layout.ids_on(table, lost_ps)
+            local = np.asarray(slots, dtype=np.int64) * layout.k + member
+            out[table].append(mine[local[local < mine.size]])
     return {
         # a row's group has one holder and one member per PS: no repeats, a sort suffices
         t: _sorted_unique(np.sort(np.concatenate(parts))) if parts else np.empty(0, np.int64)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import hmac
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, status
+from fastapi import Depends, FastAPI, HTTPException, Query, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from airflow_rover.master import protocol
-from airflow_rover.master.service import JobMaster
+from airflow_rover.master.service import MAX_LAYOUT_WAIT_S, JobMaster
 
 P = protocol.API_PREFIX
 BearerCredentials = Annotated[
@@ -47,9 +47,13 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
         return master.status()
 
     @app.get(f"{P}/cluster")
-    def get_cluster() -> protocol.ClusterInfo:
+    def get_cluster(
+        after: Annotated[int | None, Query(ge=0)] = None,
+        wait_s: Annotated[float, Query(ge=0, le=MAX_LAYOUT_WAIT_S)] = 0.0,
+    ) -> protocol.ClusterInfo:
+        """With ``after``: waits up to ``wait_s`` for a PS layout past that version."""
         try:
-            return master.cluster()
+            return master.cluster(after, wait_s)
         except LookupError as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 

@@ -24,12 +24,14 @@ class MasterClient:
     def close(self) -> None:
         self._http.close()
 
-    def _request(self, method: str, path: str, body: Any = None) -> Any:
+    def _request(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
         deadline = time.monotonic() + self._retry_s
         while True:
             try:
                 payload = body.model_dump() if body is not None else None
-                reply = self._http.request(method, f"{P}{path}", json=payload)
+                reply = self._http.request(method, f"{P}{path}", json=payload, params=params)
             except httpx.TransportError:
                 if time.monotonic() > deadline:
                     raise
@@ -47,6 +49,12 @@ class MasterClient:
                 if exc.response.status_code != 409 or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
+
+    def next_layout(self, after: int, wait_s: float) -> protocol.ClusterInfo:
+        """The cluster once its PS layout is past ``after``, or as it stands after ``wait_s``
+        (the master holds the request meanwhile); 409 while the PS are not all up."""
+        params = {"after": after, "wait_s": wait_s}
+        return protocol.ClusterInfo.model_validate(self._request("GET", "/cluster", params=params))
 
     def ready(self, node_id: str, address: str | None = None) -> None:
         self._request("POST", f"/nodes/{node_id}/ready", protocol.NodeReady(address=address))

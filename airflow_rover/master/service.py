@@ -43,6 +43,8 @@ THROUGHPUT_WINDOW_S = 10.0
 STRAGGLER_RATIO = 0.5
 STATE_MIRROR_INTERVAL_S = 2.0
 MIRROR_FLUSH_TIMEOUT_S = 600.0
+LAYOUT_WAITERS = 16  # requests that may wait for a new PS layout at once (``cluster(after=)``)
+MAX_LAYOUT_WAIT_S = 5.0
 
 
 class NodeInfo:
@@ -192,23 +194,44 @@ class JobMaster:
         self.result: dict[str, Any] | None = None
         self._samples_log: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.RLock()
+        self._layout_changed = threading.Condition(self._lock)  # layout_version moved on
+        self._layout_waits = threading.BoundedSemaphore(LAYOUT_WAITERS)
         self._last_mirror = 0.0
         self.resize: Resize | None = None
         self.layout_version = 0  # bumped by every PS resize; workers switch when they see it
 
     # -- API operations (called from request handlers) ---------------------------------------
-    def cluster(self) -> protocol.ClusterInfo:
-        with self._lock:
-            ps = [
-                self.nodes[f"ps-{i}"].address
-                for i in range(self.spec.plan.num_ps)
-                if f"ps-{i}" in self.nodes
-            ]
-            if len(ps) != self.spec.plan.num_ps or any(a is None for a in ps):
-                raise LookupError("parameter servers are not all ready yet")
-            return protocol.ClusterInfo(
-                job_id=self.spec.job_id, ps=[a for a in ps if a], layout_version=self.layout_version
-            )
+    def cluster(self, after: int | None = None, wait_s: float = 0.0) -> protocol.ClusterInfo:
+        """The PS addresses and the layout version. With ``after``: first wait, up to
+        ``wait_s``, for a layout past it, so that a worker waiting out a lost PS hears of its
+        replacement at once rather than at its next poll. At most ``LAYOUT_WAITERS`` requests
+        wait (each holds a server thread); the others are answered at once."""
+        waits = after is not None and wait_s > 0 and self._layout_waits.acquire(blocking=False)
+        try:
+            with self._lock:
+                if waits:
+                    seen = after or 0
+                    self._layout_changed.wait_for(lambda: self.layout_version > seen, wait_s)
+                ps = [
+                    self.nodes[f"ps-{i}"].address
+                    for i in range(self.spec.plan.num_ps)
+                    if f"ps-{i}" in self.nodes
+                ]
+                if len(ps) != self.spec.plan.num_ps or any(a is None for a in ps):
+                    raise LookupError("parameter servers are not all ready yet")
+                return protocol.ClusterInfo(
+                    job_id=self.spec.job_id,
+                    ps=[a for a in ps if a],
+                    layout_version=self.layout_version,
+                )
+        finally:
+            if waits:
+                self._layout_waits.release()
+
+    def _next_layout(self) -> None:
+        """The PS changed (a relaunch or a resize): workers switch when they see the version."""
+        self.layout_version += 1
+        self._layout_changed.notify_all()
 
     def node_ready(self, node_id: str, body: protocol.NodeReady) -> None:
         with self._lock:
@@ -419,7 +442,7 @@ class JobMaster:
                     if worker is None or worker.exit_code is not None:
                         self._start(f"worker-{i}", "worker")
                 if recovered:  # the workers that waited it out reconnect to the relaunched PS
-                    self.layout_version += 1
+                    self._next_layout()
                 self.state = JobState.RUNNING
                 self.message = "training"
                 self.mirror_state(force=True)
@@ -693,6 +716,8 @@ class JobMaster:
                 rows_seconds=round(float(status["rows_seconds"][0]), 3),
                 held_rows=int(status["held_rows"][0]),
                 degraded_rows=int(status["degraded_rows"][0]),
+                # when the PS finished, not when this (ticking) master asked
+                finished_at=float(status["done_unix"][0]) if "done_unix" in status else time.time(),
             )
             self.layout.ecrm_rebuild_marker(index).unlink(missing_ok=True)
             if "error" in status:
@@ -1022,7 +1047,7 @@ class JobMaster:
             update={"plan": self.spec.plan.model_copy(update={"num_ps": resize.plan.num_ps})}
         )
         self.layout.write_spec(self.spec)
-        self.layout_version += 1
+        self._next_layout()
         self._set_workers(resize.plan)
         now = time.time()
         moved = sum(int(r["moved_rows"][0]) for r in replies)

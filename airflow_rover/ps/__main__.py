@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ctx = NodeContext.from_env()
+    master = MasterClient(ctx.master_addr, ctx.token)  # ~30 ms: a spare has it made already
     if ctx.node_id.startswith(STANDBY_PREFIX):
         ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
     spec = ctx.layout.read_spec()
@@ -203,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    master = MasterClient(ctx.master_addr, ctx.token)
     advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")
     master.ready(ctx.node_id, f"{advertised}:{port}")
     log.info("%s serving on port %d", ctx.node_id, port)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,25 +74,49 @@ Index = np.ndarray | slice
 class PSClient:
     """Pull and push rows and dense weights across ``len(addresses)`` parameter servers."""
 
-    def __init__(self, addresses: list[str], token: str, timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        token: str,
+        timeout_s: float = 60.0,
+        channels: Mapping[str, grpc.Channel] | None = None,
+    ) -> None:
         if not addresses:
             raise ValueError("addresses: at least one parameter server is needed")
         self.num_ps = len(addresses)
+        self.addresses = list(addresses)
         self._token = token
         self._metadata = rpc.auth_metadata(token)
         self._timeout = timeout_s
-        self._channels = [grpc.insecure_channel(a, options=rpc.CHANNEL_OPTIONS) for a in addresses]
+        given = channels or {}
+        self._channels = [
+            given.get(a) or grpc.insecure_channel(a, options=rpc.CHANNEL_OPTIONS) for a in addresses
+        ]
         self._stubs = [
             {m: ch.unary_unary(rpc.method_path(m)) for m in rpc.METHODS} for ch in self._channels
         ]
 
     def connected_to(self, addresses: list[str]) -> PSClient:
-        """A client of another PS list (a resized job) with this one's token and timeout."""
+        """A client of another PS list with this one's token and timeout (own channels)."""
         return PSClient(addresses, self._token, self._timeout)
 
-    def close(self) -> None:
-        for channel in self._channels:
-            channel.close()
+    def reconnect(self, addresses: list[str]) -> PSClient:
+        """This client moved to another PS list (a relaunched PS, a resized job): the new
+        client takes over the channels to the PS both lists name, still connected (a worker
+        back from a lost PS connects only to its replacement); the others are closed, and
+        this client is not to be used after."""
+        both = zip(self.addresses, self._channels, strict=True)
+        kept = {a: ch for a, ch in both if a in addresses}
+        client = PSClient(addresses, self._token, self._timeout, kept)
+        self.close(keep=set(kept))
+        return client
+
+    def close(self, keep: Collection[str] = ()) -> None:
+        """Close the channels, but those to ``keep`` (handed over to another client)."""
+        for address, channel in zip(self.addresses, self._channels, strict=True):
+            if address not in keep:
+                channel.close()
+        self._channels, self._stubs, self.addresses = [], [], []
 
     def _start_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[Any]:
         """Send request i to PS i, all in flight at once; returns the gRPC futures."""

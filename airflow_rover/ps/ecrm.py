@@ -542,10 +542,12 @@ class EcrmPeer:
                 for key in sorted(self.ps.ledger.applied):  # the new holder knows them too
                     self.channels[holder].put(None, key)
             return {}
-        if op == "created":
-            t = self.ps.tables[table]
-            with t._lock:
-                return {"ids": t._ids[: t.size].copy()}
+        if op == "created":  # every table's ids this PS has rows for
+            out = {}
+            for name, t in self.ps.tables.items():
+                with t._lock:
+                    out[f"ids/{name}"] = t._ids[: t.size].copy()
+            return out
         if op == "encode":
             return self._encode_all()
         if op == "status":
@@ -622,8 +624,7 @@ class EcrmPeer:
         """Re-encode this holder's parity from its sources' rows (after a restore, before
         training: nothing changes meanwhile)."""
         slots_done = 0
-        for t in self.layout.tables:
-            slots = self._slots_with_rows(t)
+        for t, slots in self._slots_with_rows().items():
             if slots.size == 0:
                 continue
             plan = plan_encode(self.layout, t, self.index, slots)
@@ -634,16 +635,22 @@ class EcrmPeer:
             slots_done += slots.size
         return {"slots": np.array([slots_done], dtype=np.int64)}
 
-    def _slots_with_rows(self, table: str) -> np.ndarray:
-        """This holder's parity slots with a member some source has created; the others are
-        the code of initial values, which the store computes by itself."""
-        request = {"op": text("created"), "table": text(table)}
+    def _slots_with_rows(self) -> dict[str, np.ndarray]:
+        """Per table, this holder's parity slots with a member some source has created; the
+        others are the code of initial values, which the store computes by itself. One call
+        per source for every table (it is on the path before the workers train again)."""
         sources = self.layout.sources_of(self.index)
+        request = {"op": text("created")}
         replies = self._fan({s: functools.partial(self.peers.call, s, request) for s in sources})
-        created = [reply["ids"] for reply in replies.values()]
-        ids = np.concatenate(created) if created else np.empty(0, np.int64)
-        where, slots = self.layout.parity_location(table, ids.astype(np.int64))
-        return np.unique(slots[where == self.index])
+        out = {}
+        for t in self.layout.tables:
+            created = [reply[f"ids/{t}"] for reply in replies.values()]
+            ids = np.concatenate(created) if created else np.empty(0, np.int64)
+            where, slots = self.layout.parity_location(t, ids.astype(np.int64))
+            has = np.zeros(self.layout.num_slots(t, self.index), dtype=bool)
+            has[slots[where == self.index]] = True  # a mask, not np.unique: no sort
+            out[t] = np.flatnonzero(has)
+        return out
 
     # -- rebuilding a lost PS (on its replacement)
 
@@ -686,7 +693,7 @@ class EcrmPeer:
             self.index,
             self.rows_per_lock,
             data_ids=rows_to_rebuild(self.layout, self.index, materialised),
-            parity_slots={t: self._slots_with_rows(t) for t in self.layout.tables},
+            parity_slots=self._slots_with_rows(),
         )
         with self.ps._apply_lock:
             self.ps.ledger.applied.update(keys)
@@ -831,6 +838,8 @@ class EcrmPeer:
             out["degraded_rows"] = np.array([r.degraded_rows], dtype=np.int64)
             out["seconds"] = np.array([(r.done_at or now) - r.started], dtype=np.float64)
             out["rows_seconds"] = np.array([(r.rows_done_at or now) - r.started], dtype=np.float64)
+            if r.done_at is not None:  # on the wall clock: when this PS was whole again
+                out["done_unix"] = np.array([time.time() - (now - r.done_at)], dtype=np.float64)
             if r.error:
                 out["error"] = text(r.error)
         return out

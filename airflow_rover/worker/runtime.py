@@ -334,7 +334,8 @@ def leased_batches(
 
 PS_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 RELAUNCH_WAIT_S = 60.0  # how long a worker waits for a lost PS to be back before giving up
-RELAUNCH_POLL_S = 0.05  # how often it asks the master meanwhile (a local GET: cheap)
+RELAUNCH_POLL_S = 0.05  # between requests the master did not hold (a local GET: cheap)
+RELAUNCH_WAIT_REQUEST_S = 1.0  # how long the master holds one request for the new layout
 
 
 class PSLost(Exception):
@@ -380,9 +381,7 @@ def train(
         finally:
             loop.close()
         cluster = _wait_for_relaunch(master, loop.layout_version, stop)
-        old = model.ps
-        model.ps = old.connected_to(cluster.ps)
-        old.close()
+        model.ps = model.ps.reconnect(cluster.ps)
         model.offer_initial_weights()  # only what the PS lacks: none unless it lost them all
         loop = _TrainLoop(node_id, model, optimizer, master, progress, cluster.layout_version)
         log.info(
@@ -432,16 +431,17 @@ def _run_loop(loop: _TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
 def _wait_for_relaunch(
     master: MasterClient, layout: int, stop: threading.Event
 ) -> protocol.ClusterInfo:
-    """The PS list once the master announces a layout after ``layout`` (the lost PS is back)."""
+    """The PS list once the master announces a layout after ``layout`` (the lost PS is back);
+    the master holds each request until then (up to ``RELAUNCH_WAIT_REQUEST_S``)."""
     deadline = time.monotonic() + RELAUNCH_WAIT_S
     while not stop.is_set() and time.monotonic() < deadline:
         try:
-            cluster = master.cluster(wait_s=1.0)
+            cluster = master.next_layout(layout, RELAUNCH_WAIT_REQUEST_S)
         except httpx.HTTPStatusError:
             cluster = None  # the PS are not all up yet
         if cluster is not None and cluster.layout_version > layout:
             return cluster
-        stop.wait(RELAUNCH_POLL_S)
+        stop.wait(RELAUNCH_POLL_S)  # the master answered without waiting (or the wait ran out)
     raise PSLost("the master stopped the job" if stop.is_set() else "no relaunched PS in time")
 
 
@@ -554,9 +554,7 @@ class _TrainLoop:
         if self.current is not None or self.pending is not None:
             raise RuntimeError("the PS layout changed while a step was in flight")
         cluster = self.master.cluster()
-        old = self.model.ps
-        self.model.ps = old.connected_to(cluster.ps)
-        old.close()
+        self.model.ps = self.model.ps.reconnect(cluster.ps)
         self.mirror = DenseMirror(self.model, self.optimizer)
         log.info(
             "%s: PS layout %d -> %d (%d PS)",

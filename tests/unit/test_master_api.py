@@ -692,6 +692,37 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert fresh["shard"]["shard_id"] == 0
 
 
+def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) -> None:
+    """``GET /cluster?after=N&wait_s=S`` is held until the layout moves past N (the relaunched
+    PS is announced) instead of the worker polling for it; answered at once when it already
+    has, and by at most LAYOUT_WAITERS held requests at a time."""
+    job = make_job()
+    _start_running(job)
+    job.launcher.exit("ps-0", 137)
+    job.master.step()
+    got: list[protocol.ClusterInfo] = []
+    waiter = threading.Thread(target=lambda: got.append(job.master.cluster(after=0, wait_s=60)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # held: no new layout yet
+    job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:2"})
+    job.master._reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
+    job.master.step()
+    waiter.join(30)  # woken by the new layout, long before its 60 s ran out
+    assert not waiter.is_alive()
+    assert got[0].layout_version == 1 and got[0].ps == ["127.0.0.1:2"]
+
+    reply = job.get("/cluster", params={"after": 0, "wait_s": 5})  # already past: at once
+    assert reply["layout_version"] == 1
+    job.master._layout_waits = threading.BoundedSemaphore(1)
+    assert job.master._layout_waits.acquire(blocking=False)  # the one waiting slot is taken
+    started = time.monotonic()
+    assert job.get("/cluster", params={"after": 1, "wait_s": 5})["layout_version"] == 1
+    assert time.monotonic() - started < 5  # answered without waiting
+    for bad in ({"after": -1}, {"after": 0, "wait_s": 60}, {"wait_s": -1}):
+        assert job.api.get(P + "/cluster", headers=AUTH, params=bad).status_code == 422
+
+
 def test_parameter_server_crash_fails_the_job_without_restarts_left(make_job) -> None:
     """With no restart budget a PS exiting non-zero while starting fails the job at once."""
     job = make_job(recovery=RecoveryConfig(max_node_restarts=0))

@@ -888,3 +888,17 @@ def test_apply_with_fields_returns_what_fields_reads_before_and_after_the_step(
             np.testing.assert_array_equal(old[name], want_old[name], err_msg=f"{name} {step}")
             np.testing.assert_array_equal(new[name], want_new[name], err_msg=f"{name} {step}")
         np.testing.assert_array_equal(b.fields(ids)["row"], want_new["row"])
+
+
+def test_a_client_of_a_new_ps_list_keeps_the_channels_both_lists_name(three_ps: Cluster) -> None:
+    """A worker back from a lost PS reconnects only to the replacement: the channels to the
+    PS that stayed are handed over (still connected), the others closed."""
+    old = three_ps.client()
+    assert len(old.ledgers()) == 3
+    kept, gone = old._channels[:2], old._channels[2]
+    new = old.reconnect(three_ps.addresses[:2])
+    assert new._channels == kept and old._channels == []
+    assert [ledger for ledger, _ in new.ledgers()] == [set(), set()]  # still usable
+    with pytest.raises(ValueError, match="closed channel"):
+        gone.unary_unary(rpc.method_path("Pull"))(b"", timeout=1)
+    new.close()
