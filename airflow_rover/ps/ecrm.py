@@ -409,9 +409,11 @@ class EcrmPeer:
         mask = rebuild.plan.status(table, ids) != RowStatus.DONE
         return mask if mask.any() else None
 
-    def degraded_read(self, table: str, ids: np.ndarray) -> Fields:
-        """Lost rows not rebuilt yet: their parity minus the group's other members, with the
-        updates held for them applied (ECRM section 3.4).
+    def degraded_reads(self, ids_by_table: Mapping[str, np.ndarray]) -> dict[str, Fields]:
+        """Lost rows not rebuilt yet, of every table a pull touches: their parity minus the
+        group's other members, with the updates held for them applied (ECRM section 3.4).
+        Two round trips whatever the number of tables: every member PS is read once (all
+        tables), then every holder once.
 
         The members are read with how many differences their PS had sent, and the parity once
         the holders have applied those (they wait, bounded, before they answer). Without
@@ -419,47 +421,58 @@ class EcrmPeer:
         update: the read is the input of one step, as stale as asynchronous training allows,
         and its optimizer state is put back in range; what the rebuild writes is exact (it
         locks)."""
-        plan = plan_decode(self.layout, table, self.index, ids)
+        plans = {t: plan_decode(self.layout, t, self.index, ids) for t, ids in ids_by_table.items()}
+        member_requests: dict[int, dict[str, np.ndarray]] = {}
+        for t, plan in plans.items():
+            for q, got in plan.member_ids.items():
+                request = member_requests.setdefault(q, {"op": text("fields"), "sent": text("1")})
+                request[f"ids/{t}"] = got
         members = self._fan(
-            {
-                q: functools.partial(
-                    self.peers.call,
-                    q,
-                    {"op": text("fields"), "table": text(table), "ids": got, "sent": text("1")},
-                )
-                for q, got in plan.member_ids.items()
-            }
+            {q: functools.partial(self.peers.call, q, r) for q, r in member_requests.items()}
         )
         sent = {
             q: _read_ints({"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")})
             for q, reply in members.items()
         }
-        parity = self._fan(
-            {
-                h: functools.partial(
-                    self.peers.call,
+        parity_requests: dict[int, dict[str, np.ndarray]] = {}
+        for t, plan in plans.items():
+            for h, (_, slots) in plan.parity.items():
+                request = parity_requests.setdefault(
                     h,
                     {
                         "op": text("parity_read"),
-                        "table": text(table),
-                        "slots": slots,
                         **{
                             f"after/{q}": np.array([marks.get(h, 0)], dtype=np.int64)
                             for q, marks in sent.items()
                         },
                     },
                 )
-                for h, (_, slots) in plan.parity.items()
-            }
+                request[f"slots/{t}"] = slots
+        parity = self._fan(
+            {h: functools.partial(self.peers.call, h, r) for h, r in parity_requests.items()}
         )
+        out = {}
+        for t, plan in plans.items():
+            names = self._dtypes(t)
+            fields = plan.decode(
+                self.codec,
+                {h: {n: parity[h][f"{t}/{n}"] for n in names} for h in plan.parity},
+                {q: {n: members[q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
+                names,
+            )
+            out[t] = self._with_held_updates(t, plan.ids, fields)
         if self.rebuild is not None:
-            self.rebuild.degraded_rows += ids.size
-        fields = plan.decode(self.codec, parity, members, self._dtypes(table))
-        state = {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
-        self.ps.tables[table].optimizer.clamp_state(state)
-        with self.ps._apply_lock:  # updates waiting in the buffer: the reader sees them
-            held = [(got, p["grad"]) for got, p in self.buffer.peek(table)]
+            self.rebuild.degraded_rows += sum(plan.ids.size for plan in plans.values())
+        return out
+
+    def _with_held_updates(self, table: str, ids: np.ndarray, fields: Fields) -> Fields:
+        """Decoded ``fields`` of ``ids`` with the updates waiting in the buffer applied (the
+        reader sees them), optimizer state put back in range first."""
         optimizer = self.ps.tables[table].optimizer
+        state = {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
+        optimizer.clamp_state(state)
+        with self.ps._apply_lock:
+            held = [(got, p["grad"]) for got, p in self.buffer.peek(table)]
         state_names = [k for k in fields if k.startswith("state/")]
         for got, grads in held:
             mine, at_ids, at_held = np.intersect1d(ids, got, return_indices=True)
@@ -488,11 +501,16 @@ class EcrmPeer:
         table = read_text(req["table"]) if "table" in req else ""
         if op == "parity":
             return self._receive(req)
-        if op == "fields":  # with "sent": and the differences sent so far, read atomically
+        if op == "fields":  # with "sent": "ids/<table>" of several tables, and the
+            # differences sent so far, read atomically (a degraded read's members)
             if "sent" not in req:
                 return self.ps.tables[table].fields(req["ids"].astype(np.int64))
+            out = {}
             with self.ps._apply_lock:
-                out = self.ps.tables[table].fields(req["ids"].astype(np.int64))
+                for arg, ids in req.items():
+                    if arg.startswith("ids/"):
+                        got = self.ps.tables[arg[4:]].fields(ids.astype(np.int64))
+                        out.update({f"{arg[4:]}/{n}": v for n, v in got.items()})
                 marks = _ints(self.propagator.sent())
             for channel in self.channels.values():  # a degraded read waits for them
                 channel.flush()
@@ -510,7 +528,14 @@ class EcrmPeer:
                             ),
                             DEGRADED_DRAIN_S,
                         )
-                    return self.store.read(table, req["slots"])
+                    if table:  # one table (a rebuild's chunk)
+                        return self.store.read(table, req["slots"])
+                    out = {}  # "slots/<table>" of several (a degraded read)
+                    for arg, slots in req.items():
+                        if arg.startswith("slots/"):
+                            got = self.store.read(arg[6:], slots)
+                            out.update({f"{arg[6:]}/{n}": v for n, v in got.items()})
+                    return out
             finally:
                 if waits:
                     self._waiting_reads.release()

@@ -110,16 +110,26 @@ class ParameterServer:
     def pull(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         create = bool(req["create"][0]) if "create" in req else True
         out: dict[str, np.ndarray] = {}
-        for key, ids in req.items():
-            if not key.startswith("ids/"):
-                continue
-            name = key[4:]
+        wanted = {key[4:]: ids for key, ids in req.items() if key.startswith("ids/")}
+        pending = {}  # ECRM: rows this replacement has not rebuilt yet, per table
+        if self.ecrm is not None:
+            for name, ids in wanted.items():
+                mask = self.ecrm.pending(name, ids)
+                if mask is not None:
+                    pending[name] = mask
+        decoded = (
+            self.ecrm.degraded_reads({n: wanted[n][m] for n, m in pending.items()})
+            if self.ecrm is not None and pending
+            else {}
+        )
+        for name, ids in wanted.items():
             state_ids = req.get(f"state_ids/{name}")
             if state_ids is not None and not create:
                 raise ValueError("state_ids: only a training pull (create) returns row state")
-            pending = self.ecrm.pending(name, ids) if self.ecrm is not None else None
-            if pending is not None:  # ECRM: rows this replacement has not rebuilt yet
-                out.update(self._degraded_pull(name, ids, pending, create, state_ids))
+            if name in pending:
+                out.update(
+                    self._degraded_pull(name, ids, pending[name], decoded[name], create, state_ids)
+                )
                 continue
             if state_ids is None:
                 out[f"rows/{name}"] = self._table(name).lookup(ids, create=create)
@@ -141,15 +151,14 @@ class ParameterServer:
         name: str,
         ids: np.ndarray,
         pending: np.ndarray,
+        decoded: dict[str, np.ndarray],
         create: bool,
         state_ids: np.ndarray | None,
     ) -> dict[str, np.ndarray]:
         """A pull touching rows a replacement has not rebuilt yet (``ps.ecrm``): those are
-        decoded from parity (not created here: the rebuild writes them), the rest read as
+        ``decoded`` from parity (not created here: the rebuild writes them), the rest read as
         usual."""
-        assert self.ecrm is not None
         table = self._table(name)
-        decoded = self.ecrm.degraded_read(name, ids[pending])
         rows = np.empty((ids.size, table.dim), dtype=np.float32)
         rows[pending] = decoded["row"]
         rest = ids[~pending]
