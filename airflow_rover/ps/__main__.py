@@ -141,6 +141,9 @@ def wait_as_standby(ctx: NodeContext) -> str:
     """A spare PS (``recovery.standby_ps``): imports done, wait until the launcher says which
     lost PS this process is, then log to that PS's log. Under ECRM the parity placement is
     worked out meanwhile, so a rebuild starts without it."""
+    # numpy (2.4) imports numpy.ma on the first np.unique: ~80 ms under the import lock, which
+    # had stalled the first pulls a replacement served
+    np.unique(np.arange(2))
     spec = ctx.layout.read_spec()
     if spec.checkpoint.policy == "ecrm":
         groups = EmbeddingLayout.from_features(resolve_features(spec)).groups
