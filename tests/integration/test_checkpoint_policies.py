@@ -176,6 +176,12 @@ def test_ecrm_rebuilds_the_killed_ps_from_parity_while_training_goes_on(
     (rebuild,) = recovery["ecrm_rebuilds"]
     assert rebuild["node"] == "ps-0" and rebuild["done"] and "error" not in rebuild
     assert rebuild["rows"] > 0 and rebuild["incarnation"] == 1
+    # when the PS finished (its clock), not when the master next asked
+    assert (
+        rebuild["started_at"] - 1
+        < rebuild["finished_at"]
+        < rebuild["started_at"] + rebuild["seconds"] + 1
+    )
     assert "to rebuild it from parity (ECRM)" in run["master_log"]
     assert "ps-0 rebuilt from parity" in run["master_log"]
 
