@@ -548,6 +548,16 @@ def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
     if isinstance(started, int | float) and out.recovered_t > started:
         rebuilding = window(out, started, out.recovered_t)
         print(describe_window("  of which while rebuilding", rebuilding, normal))
+    phases = [(rebuild or {}).get(k) for k in ("finished_at", "seconds", "rows_seconds")]
+    if all(isinstance(p, int | float) for p in phases):
+        finished, seconds, rows_seconds = (float(p) for p in phases)
+        rows_done = finished - seconds + rows_seconds
+        for label, (a, b) in {
+            "    decoding its rows (degraded reads)": (finished - seconds, rows_done),
+            "    encoding the parity it held": (rows_done, finished),
+        }.items():
+            if b > a:
+                print(describe_window(label, window(out, a, b), normal))
     waiting = window(out, out.kill_t, out.ready_t)
     print(describe_window("  of which waiting for ps-1", waiting, normal))
     print(describe_pauses(out, out.recovered_t))

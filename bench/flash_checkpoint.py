@@ -77,7 +77,12 @@ def live_arrays(ps: ParameterServer) -> list[np.ndarray]:
     return out
 
 
-def best_of(repeats: int, fn: Callable[[], None]) -> float:
+def copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for target, source in pairs:
+        np.copyto(target, source)
+
+
+def best_of(repeats: int, fn: Callable[[], object]) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -92,7 +97,7 @@ def memcpy_rates(arrays: list[np.ndarray], repeats: int) -> tuple[float, float]:
     for d, a in zip(targets, arrays, strict=True):
         np.copyto(d, a)  # fault the pages in
     pairs = list(zip(targets, arrays, strict=True))
-    warm = best_of(repeats, lambda: [np.copyto(d, a) for d, a in pairs])
+    warm = best_of(repeats, lambda: copy_all(pairs))
     pairs.clear()
     targets.clear()
     fresh = best_of(repeats, lambda: [a.copy() for a in arrays])
@@ -230,7 +235,7 @@ def main() -> int:
         runs = []
         for i in range(args.repeats + 1):
             target = checkpoints / f"ckpt-{i + 1:06d}" / "ps-0.npz"
-            memcpy_s = best_of(1, lambda: [np.copyto(d, a) for d, a in pairs])
+            memcpy_s = best_of(1, lambda: copy_all(pairs))
             with Pusher(ps, group, args.dim) as pusher:
                 run = flash_save(ps, target)
             run["worst_push_s"] = pusher.worst
