@@ -820,12 +820,13 @@ def rows_to_rebuild(
     Every other row of the lost PS is still at its seeded initial value (no holder ever
     acknowledged an update of it), which the replacement re-creates by itself on first use."""
     out: dict[str, list[np.ndarray]] = {t: [] for t in layout.tables}
+    owned = {t: layout.ids_on(t, lost_ps) for t in layout.tables}
     for holder, by_table in materialised.items():
         member = (lost_ps - (holder - layout.k)) % layout.num_ps  # its place in the groups
         if member >= layout.k:  # not one of lost_ps's holders
             continue
         for table, slots in by_table.items():
-            mine = layout.ids_on(table, lost_ps)
+            mine = owned[table]
             local = np.asarray(slots, dtype=np.int64) * layout.k + member
             out[table].append(mine[local[local < mine.size]])
     return {

@@ -425,8 +425,9 @@ class EcrmPeer:
         member_requests: dict[int, dict[str, np.ndarray]] = {}
         for t, plan in plans.items():
             for q, got in plan.member_ids.items():
-                request = member_requests.setdefault(q, {"op": text("fields"), "sent": text("1")})
-                request[f"ids/{t}"] = got
+                if q not in member_requests:
+                    member_requests[q] = {"op": text("fields"), "sent": text("1")}
+                member_requests[q][f"ids/{t}"] = got
         members = self._fan(
             {q: functools.partial(self.peers.call, q, r) for q, r in member_requests.items()}
         )
@@ -437,17 +438,15 @@ class EcrmPeer:
         parity_requests: dict[int, dict[str, np.ndarray]] = {}
         for t, plan in plans.items():
             for h, (_, slots) in plan.parity.items():
-                request = parity_requests.setdefault(
-                    h,
-                    {
+                if h not in parity_requests:  # one request per holder, its marks made once
+                    parity_requests[h] = {
                         "op": text("parity_read"),
                         **{
                             f"after/{q}": np.array([marks.get(h, 0)], dtype=np.int64)
                             for q, marks in sent.items()
                         },
-                    },
-                )
-                request[f"slots/{t}"] = slots
+                    }
+                parity_requests[h][f"slots/{t}"] = slots
         parity = self._fan(
             {h: functools.partial(self.peers.call, h, r) for h, r in parity_requests.items()}
         )
