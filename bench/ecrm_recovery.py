@@ -549,8 +549,9 @@ def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
         rebuilding = window(out, started, out.recovered_t)
         print(describe_window("  of which while rebuilding", rebuilding, normal))
     phases = [(rebuild or {}).get(k) for k in ("finished_at", "seconds", "rows_seconds")]
-    if all(isinstance(p, int | float) for p in phases):
-        finished, seconds, rows_seconds = (float(p) for p in phases)
+    numbers = [float(p) for p in phases if isinstance(p, int | float)]
+    if len(numbers) == len(phases):
+        finished, seconds, rows_seconds = numbers
         rows_done = finished - seconds + rows_seconds
         for label, (a, b) in {
             "    decoding its rows (degraded reads)": (finished - seconds, rows_done),

@@ -509,6 +509,10 @@ class ParityStore:
         """Last sequence number processed from each source (its current incarnation)."""
         return dict(self._applied)
 
+    def source_epochs(self) -> dict[int, int]:
+        """The incarnation of each source ``applied`` counts the messages of."""
+        return dict(self._src_epoch)
+
     def fence(self, source: int, epoch: int) -> None:
         """``source`` is now incarnation ``epoch``: anything older is dropped from here on."""
         if source not in self._src_epoch:
@@ -771,6 +775,54 @@ def plan_decode(layout: EcrmLayout, table: str, lost_ps: int, ids: np.ndarray) -
         member_ps[rows], member_ids[rows] = mp, mi
     reads, gather = _gather_plan(member_ps, member_ids, skip=lost_ps)
     return DecodePlan(table, lost_ps, ids, parity, reads, gather)
+
+
+def restrict(delta: ParityDelta, ids_by_table: Mapping[str, np.ndarray]) -> list[TableDelta]:
+    """The parts of ``delta`` for rows in ``ids_by_table`` (per table, sorted unique): what of
+    a message still in flight a degraded read needs (``catch_up``)."""
+    out = []
+    for part in delta.tables:
+        wanted = ids_by_table.get(part.table)
+        if wanted is None:
+            continue
+        keep = _member(wanted, part.ids)
+        if keep.any():
+            out.append(
+                TableDelta(part.table, part.ids[keep], {n: f[keep] for n, f in part.fields.items()})
+            )
+    return out
+
+
+def catch_up(
+    layout: EcrmLayout,
+    codec: ParityCodec,
+    table: str,
+    holder: int,
+    slots: np.ndarray,
+    parity: Mapping[str, np.ndarray],
+    in_flight: Iterable[TableDelta],
+) -> None:
+    """Add to ``parity`` (fields of ``table``'s ``slots`` as ``ParityStore.read`` gave them at
+    ``holder``) the differences it had not applied yet: its members' messages still in flight,
+    one ``TableDelta`` per message (ids unique in each). The parity is then as of the members'
+    reads, which is what a degraded read decodes against. Rows of other tables or of groups
+    outside ``slots`` are ignored."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if slots.size == 0:
+        return
+    order = np.argsort(slots, kind="stable")
+    ordered = slots[order]
+    for part in in_flight:
+        if part.table != table:
+            continue
+        where, at = layout.parity_location(table, part.ids)
+        pos = np.minimum(np.searchsorted(ordered, at), ordered.size - 1)
+        hit = (where == holder) & (ordered[pos] == at)
+        if not hit.any():
+            continue
+        index = order[pos[hit]]
+        for name, arr in parity.items():
+            codec.add(arr, index, np.asarray(part.fields[name])[hit])
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -51,8 +51,10 @@ from airflow_rover.core.ecrm import (
     SumCodec,
     TableDelta,
     UpdateBuffer,
+    catch_up,
     plan_decode,
     plan_encode,
+    restrict,
     rows_to_rebuild,
 )
 from airflow_rover.core.ledger import NO_KEY
@@ -69,11 +71,6 @@ MAX_FRAME_ENTRIES = 256  # messages per parity RPC: a backlog goes in several
 LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
-DEGRADED_DRAIN_S = 0.2  # how long a degraded read waits for differences in flight
-# Parity reads a holder lets wait for differences in flight at once: each holds one of the PS's
-# server threads, and the frames they wait for need threads too. More answer at once (the
-# decoded row may then miss an update in flight, as a degraded read may anyway).
-MAX_WAITING_READS = rpc.SERVER_THREADS // 2
 # How long a holder keeps applied messages it may have to take out again (``_rollback``), and
 # at most how many per source: enough for what one channel can lag another (a linger, a send
 # and a retry); a rollback that finds too little fails the rebuild, and the try resumes from
@@ -242,6 +239,15 @@ class _Channel:
         with self._cond:
             return len(self._queue)
 
+    def in_flight(self) -> list[ParityDelta]:
+        """Messages to the live holder not acknowledged yet (it may have applied some)."""
+        with self._cond:
+            return [
+                e.delta
+                for e in self._queue
+                if e.delta is not None and e.holder_epoch == self.holder_epoch
+            ]
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -333,8 +339,6 @@ class EcrmPeer:
         self.buffer = UpdateBuffer()
         self.peers = Peers(addresses, token)
         self._parity_lock = threading.Lock()
-        self._parity_changed = threading.Condition(self._parity_lock)  # a frame was applied
-        self._waiting_reads = threading.BoundedSemaphore(MAX_WAITING_READS)
         self._src_epoch = {s: self.epochs[s] for s in self.layout.sources_of(self.index)}
         self.keys_from: dict[int, set[int]] = {s: set() for s in self._src_epoch}
         # the latest messages applied per source, with their batch keys: a batch only some
@@ -412,56 +416,79 @@ class EcrmPeer:
     def degraded_reads(self, ids_by_table: Mapping[str, np.ndarray]) -> dict[str, Fields]:
         """Lost rows not rebuilt yet, of every table a pull touches: their parity minus the
         group's other members, with the updates held for them applied (ECRM section 3.4).
-        Two round trips whatever the number of tables: every member PS is read once (all
-        tables), then every holder once.
+        One round trip whatever the number of tables: every member PS and every holder is read
+        once (all tables), all at once.
 
-        The members are read with how many differences their PS had sent, and the parity once
-        the holders have applied those (they wait, bounded, before they answer). Without
-        locks, a member updated between the two reads still makes the row off by that one
-        update: the read is the input of one step, as stale as asynchronous training allows,
-        and its optimizer state is put back in range; what the rebuild writes is exact (it
-        locks)."""
+        A member answers with its rows and the part for them of its messages to the holders
+        not acknowledged yet; a holder with its parity and how many messages of each source it
+        had applied. The parity is brought up to the members' reads with the messages it
+        lacked (``catch_up``), so a difference in flight costs no wait. Without locks a member
+        updated after its read, whose message reached the holder before the parity was read,
+        still makes the row off by that one update: the read is the input of one step, as
+        stale as asynchronous training allows, and its optimizer state is put back in range;
+        what the rebuild writes is exact (it locks)."""
         plans = {t: plan_decode(self.layout, t, self.index, ids) for t, ids in ids_by_table.items()}
-        member_requests: dict[int, dict[str, np.ndarray]] = {}
+        requests: dict[tuple[str, int], dict[str, np.ndarray]] = {}
         for t, plan in plans.items():
-            for q, got in plan.member_ids.items():
-                if q not in member_requests:
-                    member_requests[q] = {"op": text("fields"), "sent": text("1")}
-                member_requests[q][f"ids/{t}"] = got
-        members = self._fan(
-            {q: functools.partial(self.peers.call, q, r) for q, r in member_requests.items()}
-        )
-        sent = {
-            q: _read_ints({"keys": reply.pop("sent/keys"), "values": reply.pop("sent/values")})
-            for q, reply in members.items()
-        }
-        parity_requests: dict[int, dict[str, np.ndarray]] = {}
-        for t, plan in plans.items():
+            for q, ids in plan.member_ids.items():
+                member = requests.setdefault(("member", q), {})
+                if not member:
+                    member.update(op=text("fields"), degraded=text("1"))
+                member[f"ids/{t}"] = ids
             for h, (_, slots) in plan.parity.items():
-                if h not in parity_requests:  # one request per holder, its marks made once
-                    parity_requests[h] = {
-                        "op": text("parity_read"),
-                        **{
-                            f"after/{q}": np.array([marks.get(h, 0)], dtype=np.int64)
-                            for q, marks in sent.items()
-                        },
-                    }
-                parity_requests[h][f"slots/{t}"] = slots
-        parity = self._fan(
-            {h: functools.partial(self.peers.call, h, r) for h, r in parity_requests.items()}
+                holder = requests.setdefault(("holder", h), {})
+                if not holder:
+                    holder["op"] = text("parity_read")
+                holder[f"slots/{t}"] = slots
+        got: dict[tuple[str, int], Fields] = self._fan(
+            {key: functools.partial(self.peers.call, key[1], r) for key, r in requests.items()}
         )
         out = {}
         for t, plan in plans.items():
             names = self._dtypes(t)
+            parity = {h: {n: got["holder", h][f"{t}/{n}"] for n in names} for h in plan.parity}
+            for h, (_, slots) in plan.parity.items():
+                lacked = self._lacked(got["holder", h], h, t, plan.member_ids, got)
+                if lacked:
+                    parity[h] = {n: v.copy() for n, v in parity[h].items()}  # views: read-only
+                    catch_up(self.layout, self.codec, t, h, slots, parity[h], lacked)
             fields = plan.decode(
                 self.codec,
-                {h: {n: parity[h][f"{t}/{n}"] for n in names} for h in plan.parity},
-                {q: {n: members[q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
+                parity,
+                {q: {n: got["member", q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
                 names,
             )
             out[t] = self._with_held_updates(t, plan.ids, fields)
         if self.rebuild is not None:
             self.rebuild.degraded_rows += sum(plan.ids.size for plan in plans.values())
+        return out
+
+    @staticmethod
+    def _lacked(
+        parity: Mapping[str, np.ndarray],
+        holder: int,
+        table: str,
+        members: Iterable[int],
+        got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
+    ) -> list[TableDelta]:
+        """The members' messages to ``holder`` (their parts for ``table``) that it had not
+        applied when it read its parity: later than what it counts of their incarnation."""
+        applied = _read_ints({"keys": parity["applied/keys"], "values": parity["applied/values"]})
+        epochs = _read_ints({"keys": parity["epochs/keys"], "values": parity["epochs/values"]})
+        out = []
+        for q in members:
+            reply = got["member", q]
+            current = epochs.get(q) == int(reply["epoch"][0])
+            seen = applied.get(q, 0) if current else 0  # a new incarnation: none of its yet
+            head = f"flight/{holder}/"
+            for key, ids in reply.items():
+                if not (key.startswith(head) and key.endswith(f"/{table}/ids")):
+                    continue
+                seq = int(key[len(head) :].split("/", 1)[0])
+                if seq > seen:
+                    prefix = key[: -len("ids")] + "f/"
+                    fields = {k[len(prefix) :]: v for k, v in reply.items() if k.startswith(prefix)}
+                    out.append(TableDelta(table, ids, fields))
         return out
 
     def _with_held_updates(self, table: str, ids: np.ndarray, fields: Fields) -> Fields:
@@ -500,44 +527,23 @@ class EcrmPeer:
         table = read_text(req["table"]) if "table" in req else ""
         if op == "parity":
             return self._receive(req)
-        if op == "fields":  # with "sent": "ids/<table>" of several tables, and the
-            # differences sent so far, read atomically (a degraded read's members)
-            if "sent" not in req:
-                return self.ps.tables[table].fields(req["ids"].astype(np.int64))
-            out = {}
-            with self.ps._apply_lock:
-                for arg, ids in req.items():
-                    if arg.startswith("ids/"):
-                        got = self.ps.tables[arg[4:]].fields(ids.astype(np.int64))
-                        out.update({f"{arg[4:]}/{n}": v for n, v in got.items()})
-                marks = _ints(self.propagator.sent())
-            for channel in self.channels.values():  # a degraded read waits for them
-                channel.flush()
-            out.update({f"sent/{k}": v for k, v in marks.items()})
-            return out
-        if op == "parity_read":  # "after/<source>": once that many of its messages are applied
-            after = {int(k[6:]): int(v[0]) for k, v in req.items() if k.startswith("after/")}
-            waits = bool(after) and self._waiting_reads.acquire(blocking=False)
-            try:
-                with self._parity_changed:
-                    if waits:
-                        self._parity_changed.wait_for(
-                            lambda: all(
-                                self.store.applied().get(q, 0) >= n for q, n in after.items()
-                            ),
-                            DEGRADED_DRAIN_S,
-                        )
-                    if table:  # one table (a rebuild's chunk)
-                        return self.store.read(table, req["slots"])
-                    out = {}  # "slots/<table>" of several (a degraded read)
-                    for arg, slots in req.items():
-                        if arg.startswith("slots/"):
-                            got = self.store.read(arg[6:], slots)
-                            out.update({f"{arg[6:]}/{n}": v for n, v in got.items()})
-                    return out
-            finally:
-                if waits:
-                    self._waiting_reads.release()
+        if op == "fields":
+            if "degraded" in req:  # a degraded read's member: "ids/<table>" of several
+                return self._member_read(req)
+            return self.ps.tables[table].fields(req["ids"].astype(np.int64))
+        if op == "parity_read":
+            with self._parity_lock:
+                if table:  # one table (a rebuild's chunk)
+                    return self.store.read(table, req["slots"])
+                out = {}  # "slots/<table>" of several (a degraded read), and how far each
+                for arg, slots in req.items():  # source's messages are applied
+                    if arg.startswith("slots/"):
+                        got = self.store.read(arg[6:], slots)
+                        out.update({f"{arg[6:]}/{n}": v for n, v in got.items()})
+                out.update({f"applied/{k}": v for k, v in _ints(self.store.applied()).items()})
+                epochs = _ints(self.store.source_epochs())
+                out.update({f"epochs/{k}": v for k, v in epochs.items()})
+                return out
         if op == "applied":
             with self._parity_lock:
                 return _ints(self.store.applied())
@@ -578,6 +584,24 @@ class EcrmPeer:
             return self.status()
         raise ValueError(f"ecrm op {op!r}: unknown")
 
+    def _member_read(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """A degraded read's member: the rows asked for (``ids/<table>``, sorted unique), and
+        the part for those rows of every message to a holder not acknowledged yet
+        (``flight/<holder>/<seq>/<table>/...``), read atomically under the apply lock."""
+        wanted = {k[4:]: v.astype(np.int64) for k, v in req.items() if k.startswith("ids/")}
+        out = {"epoch": np.array([self.epoch], dtype=np.int64)}
+        with self.ps._apply_lock:
+            for t, ids in wanted.items():
+                out.update({f"{t}/{n}": v for n, v in self.ps.tables[t].fields(ids).items()})
+            flying = {h: channel.in_flight() for h, channel in self.channels.items()}
+        for h, deltas in flying.items():
+            for delta in deltas:
+                for part in restrict(delta, wanted):
+                    head = f"flight/{h}/{delta.seq}/{part.table}"
+                    out[f"{head}/ids"] = part.ids
+                    out.update({f"{head}/f/{n}": v for n, v in part.fields.items()})
+        return out
+
     def _receive(self, frame: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         source, epoch = (int(x) for x in frame["source"])
         if int(frame["holder_epoch"][0]) != self.epoch:
@@ -599,7 +623,6 @@ class EcrmPeer:
             dense = {k[8:]: v for k, v in frame.items() if k.startswith("replica/")}
             if dense:
                 self.replica[source] = dense
-            self._parity_changed.notify_all()
         return {}
 
     def _fence(self, source: int, epoch: int) -> dict[str, np.ndarray]:

@@ -18,10 +18,12 @@ from airflow_rover.core.ecrm import (
     SumCodec,
     UpdateBuffer,
     XorCodec,
+    catch_up,
     encode_members,
     make_codec,
     plan_decode,
     plan_encode,
+    restrict,
     rows_to_rebuild,
 )
 from airflow_rover.core.hashing import initial_rows, partition_of
@@ -476,6 +478,37 @@ def test_degraded_read_matches_live_rows_once_drained():
                 dtypes, _ = cluster.ps[lost].store.spec(table)
                 got = plan.decode(codec, parity, members, dtypes)
                 assert_fields_close(codec, got, cluster.ps[lost].read(table, ids), "read")
+
+
+def test_degraded_read_catches_up_with_differences_in_flight():
+    """Messages still in the channels, in a random interleaving: the parity read now plus the
+    members' undelivered messages for the rows read (``restrict``, ``catch_up``) decodes every
+    lost row to what its holders know of it, as a fully drained read would."""
+    for codec in (SumCodec(), XorCodec()):
+        cluster = Cluster(5, 2, codec, Optimizer("adagrad", 0.1), seed=21)
+        cluster.steps(400, p_push=0.7)
+        assert sum(len(q) for q in cluster.channels.values()) > 20
+        for lost in range(5):
+            for table in VOCAB:
+                ids = cluster.layout.ids_on(table, lost)
+                plan = plan_decode(cluster.layout, table, lost, ids)
+                members = {p: cluster.ps[p].read(table, m) for p, m in plan.member_ids.items()}
+                parity = {}
+                for h, (_, slots) in plan.parity.items():
+                    parity[h] = cluster.ps[h].store.read(table, slots)
+                    in_flight = [
+                        part
+                        for (source, to), queue in cluster.channels.items()
+                        if to == h and source in plan.member_ids
+                        for delta, _ in queue
+                        for part in restrict(delta, {table: plan.member_ids[source]})
+                    ]
+                    catch_up(cluster.layout, codec, table, h, slots, parity[h], in_flight)
+                dtypes, _ = cluster.ps[lost].store.spec(table)
+                got = plan.decode(codec, parity, members, dtypes)
+                src = cluster.ps[lost]
+                want = {n: v[src.pos(table, ids)] for n, v in src.acked[table].items()}
+                assert_fields_close(codec, got, want, "caught-up read")
 
 
 def test_rows_to_rebuild_are_the_updated_groups_of_the_lost_ps():

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -272,29 +271,47 @@ def test_state_off_by_an_update_in_flight_is_put_back_in_range(name: str) -> Non
         assert (state["accum"] >= 0.1).all()
 
 
-def test_a_holder_lets_only_some_parity_reads_wait(
+def test_a_degraded_read_is_exact_while_differences_are_in_flight(
     clusters: tuple[EcrmCluster, Cluster], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A degraded read's parity request waits at the holder for differences in flight; a
-    waiting request holds a server thread, so beyond ``MAX_WAITING_READS`` they answer at once
-    (the frames they wait for need threads too)."""
-    monkeypatch.setattr(ecrm, "DEGRADED_DRAIN_S", 2.0)
-    coded, _ = clusters
-    peer = coded.ps[0].ecrm
-    assert peer is not None
-    table = next(iter(coded.ps[0].tables))
-    source = peer.layout.sources_of(0)[0]
-    request = {
-        "op": ecrm.text("parity_read"),
-        "table": ecrm.text(table),
-        "slots": np.array([0], dtype=np.int64),
-        f"after/{source}": np.array([10**9], dtype=np.int64),  # never applied: waits the bound
-    }
-    with ThreadPoolExecutor(ecrm.MAX_WAITING_READS) as pool:
-        started = time.perf_counter()
-        waiting = [pool.submit(peer.handle, dict(request)) for _ in range(ecrm.MAX_WAITING_READS)]
-        time.sleep(0.2)
-        assert peer.handle(dict(request))  # one more: answered at once
-        assert time.perf_counter() - started < 1.5
-        assert all(f.result() for f in waiting)
-        assert time.perf_counter() - started >= 2.0  # those waited the bound
+    """The surviving members' last differences have not reached the holders (their frames
+    fail and are retried): a degraded read adds them to the parity it reads (the members send
+    what is not acknowledged), so the decoded rows are those of a job without the loss. The
+    rebuild waits for the same differences to drain, and ends once they do."""
+    coded, plain = clusters
+    push_steps([coded.client(), plain.client()], 0, 20, seed=11)
+    drained(coded)
+    calls = {}
+    for index in (1, 2):
+        peer = coded.ps[index].ecrm
+        assert peer is not None
+        calls[index] = call = peer.peers.call
+
+        def held_back(
+            to: int, arrays: dict[str, np.ndarray], timeout: float = 60, call=call
+        ) -> dict:
+            if ecrm.read_text(arrays["op"]) == "parity":
+                raise _Unreachable()
+            return call(to, arrays, timeout)
+
+        monkeypatch.setattr(peer.peers, "call", held_back)
+    push_steps([coded.client(), plain.client()], 20, 5, seed=12)
+    deadline = time.monotonic() + 10
+    while coded.ps[0].ecrm is not None and coded.ps[0].ecrm.status()["backlog"][0]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert all(coded.ps[i].ecrm.status()["backlog"][0] for i in (1, 2))  # type: ignore[union-attr]
+    coded.lose_and_replace(0)
+    coded.rebuild(0)
+    ids = batch(np.random.default_rng(13))
+    degraded, _ = coded.client().pull(ids, dense=False, create=False)
+    expected, _ = plain.client().pull(ids, dense=False, create=False)
+    for name in ids:
+        np.testing.assert_allclose(degraded[name], expected[name], atol=1e-5)
+    status = coded.ps[0].ecrm.status()  # type: ignore[union-attr]
+    assert int(status["rebuilding"][0]) == 1 and int(status["degraded_rows"][0]) > 0
+    for index, call in calls.items():
+        monkeypatch.setattr(coded.ps[index].ecrm.peers, "call", call)  # type: ignore[union-attr]
+    coded.wait_rebuilt(0)
+    drained(coded)
+    assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[0])
