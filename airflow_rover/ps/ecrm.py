@@ -11,8 +11,9 @@ rebuild state machine); this module runs it over gRPC between PS processes. Ever
 - ``encode`` (master, every PS, after a restore): re-encode the parity this PS holds from the
   restored rows of its sources, before any worker trains.
 - ``rebuild`` (master, a replacement PS started empty): fence the dead incarnation at the
-  holders (they hand back its ledger and the last replica of its dense variables), re-point
-  its sources' channels at it, and rebuild it chunk by chunk in a thread (``_Rebuild``).
+  holders (they hand back its ledger and the last replica of its dense variables) while its
+  sources re-point their channels at it and say which rows they have (one round trip), and
+  rebuild it chunk by chunk in a thread (``_Rebuild``).
 - ``parity`` (a source, in order per holder), ``parity_read``, ``applied``, ``fence``,
   ``reset_holder``, ``created``, ``fields``, ``lock``, ``unlock``, ``status``.
 
@@ -571,13 +572,9 @@ class EcrmPeer:
                 self.channels[holder].retarget(epoch)
                 for key in sorted(self.ps.ledger.applied):  # the new holder knows them too
                     self.channels[holder].put(None, key)
-            return {}
-        if op == "created":  # every table's ids this PS has rows for
-            out = {}
-            for name, t in self.ps.tables.items():
-                with t._lock:
-                    out[f"ids/{name}"] = t._ids[: t.size].copy()
-            return out
+            return self._created()  # read after the reset: a row created later is sent there
+        if op == "created":
+            return self._created()
         if op == "encode":
             return self._encode_all()
         if op == "status":
@@ -682,13 +679,27 @@ class EcrmPeer:
             slots_done += slots.size
         return {"slots": np.array([slots_done], dtype=np.int64)}
 
-    def _slots_with_rows(self) -> dict[str, np.ndarray]:
+    def _created(self) -> dict[str, np.ndarray]:
+        """Every table's ids this PS has rows for (``ids/<table>``)."""
+        out = {}
+        for name, t in self.ps.tables.items():
+            with t._lock:
+                out[f"ids/{name}"] = t._ids[: t.size].copy()
+        return out
+
+    def _slots_with_rows(
+        self, replies: Mapping[int, Mapping[str, np.ndarray]] | None = None
+    ) -> dict[str, np.ndarray]:
         """Per table, this holder's parity slots with a member some source has created; the
-        others are the code of initial values, which the store computes by itself. One call
-        per source for every table (it is on the path before the workers train again)."""
-        sources = self.layout.sources_of(self.index)
-        request = {"op": text("created")}
-        replies = self._fan({s: functools.partial(self.peers.call, s, request) for s in sources})
+        others are the code of initial values, which the store computes by itself. ``replies``:
+        each source's ``_created`` (asked for here if not given: one call per source for every
+        table)."""
+        if replies is None:
+            request = {"op": text("created")}
+            sources = self.layout.sources_of(self.index)
+            replies = self._fan(
+                {s: functools.partial(self.peers.call, s, request) for s in sources}
+            )
         out = {}
         for t in self.layout.tables:
             created = [reply[f"ids/{t}"] for reply in replies.values()]
@@ -714,8 +725,21 @@ class EcrmPeer:
             "source": np.array([self.index], dtype=np.int64),
             "epoch": np.array([self.epoch], dtype=np.int64),
         }
-        fenced = self._fan({h: functools.partial(self.peers.call, h, fence) for h in holders})
-        for h, reply in fenced.items():  # in holder order: the first one's dense replica
+        reset = {
+            "op": text("reset_holder"),
+            "holder": np.array([self.index], dtype=np.int64),
+            "epoch": np.array([self.epoch], dtype=np.int64),
+            "address": text(self.peers.addresses[self.index]),
+        }
+        # One round trip: the holders fence the dead incarnation while the sources re-point
+        # their channels here and say which rows they have (read after the re-pointing).
+        sources = self.layout.sources_of(self.index)
+        replies = self._fan(
+            {("fence", h): functools.partial(self.peers.call, h, fence) for h in holders}
+            | {("reset", s): functools.partial(self.peers.call, s, reset) for s in sources}
+        )
+        for h in holders:  # in holder order: the first one's dense replica
+            reply = replies["fence", h]
             seen[h] = {int(k) for k in reply["batch_keys"]}
             dense = dense or {k[8:]: v for k, v in reply.items() if k.startswith("replica/")}
             materialised[h] = {t: reply[f"materialised/{t}"] for t in self.layout.tables}
@@ -727,20 +751,12 @@ class EcrmPeer:
             plan = RebuildPlan(self.layout, self.index, self.rows_per_lock, nothing, nothing)
             self.rebuild = _Rebuild(plan, started, done_at=time.perf_counter(), error=str(exc))
             return self.status()
-        reset = {
-            "op": text("reset_holder"),
-            "holder": np.array([self.index], dtype=np.int64),
-            "epoch": np.array([self.epoch], dtype=np.int64),
-            "address": text(self.peers.addresses[self.index]),
-        }
-        sources = self.layout.sources_of(self.index)  # before reading what they created
-        self._fan({s: functools.partial(self.peers.call, s, reset) for s in sources})
         plan = RebuildPlan(
             self.layout,
             self.index,
             self.rows_per_lock,
             data_ids=rows_to_rebuild(self.layout, self.index, materialised),
-            parity_slots=self._slots_with_rows(),
+            parity_slots=self._slots_with_rows({s: replies["reset", s] for s in sources}),
         )
         with self.ps._apply_lock:
             self.ps.ledger.applied.update(keys)
