@@ -890,6 +890,24 @@ def test_apply_with_fields_returns_what_fields_reads_before_and_after_the_step(
         np.testing.assert_array_equal(b.fields(ids)["row"], want_new["row"])
 
 
+def test_fields_read_created_rows_and_the_initial_values_of_the_others_without_creating() -> None:
+    """``fields`` of ids some of which have rows: those rows as they are, the others their
+    seeded initial value and fresh optimizer state (computed outside the table's lock), in
+    the order asked, and no row is created."""
+    table = EmbeddingTable("t", 4, 50, 3, Optimizer("adagrad", 0.1))
+    created = np.array([3, 17, 40])
+    table.apply_gradients(created, np.ones((3, 4), np.float32))
+    ids = np.array([1, 3, 9, 17, 40, 49])
+    got = table.fields(ids)
+    assert table.size == 3
+    at = np.isin(ids, created)
+    np.testing.assert_array_equal(got["row"][at], table.fields(created)["row"])
+    initial = table.initial_fields(ids[~at])
+    for name, value in initial.items():
+        np.testing.assert_array_equal(got[name][~at], value)
+    assert (got["state/accum"][at] > ADAGRAD_INITIAL_ACCUMULATOR).all()
+
+
 def test_a_client_of_a_new_ps_list_keeps_the_channels_both_lists_name(three_ps: Cluster) -> None:
     """A worker back from a lost PS reconnects only to the replacement: the channels to the
     PS that stayed are handed over (still connected), the others closed."""
