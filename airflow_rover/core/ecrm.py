@@ -597,6 +597,15 @@ class ParityStore:
     def read(self, table: str, slots: np.ndarray) -> Fields:
         """Parity of ``slots`` (copies); slots never materialised are computed, not stored.
         A stale slot (being rebuilt) has no meaningful parity yet: reading one raises."""
+        out, initial = self.read_stored(table, slots)
+        self.fill_initial(table, slots, out, initial)
+        return out
+
+    def read_stored(self, table: str, slots: np.ndarray) -> tuple[Fields, np.ndarray]:
+        """``read`` in two steps, so that a caller guarding the store with a lock can compute
+        the parity of initial values (seeded rows of every member: the slow part) after it:
+        the stored parity of ``slots``, and the mask of slots never materialised, whose rows
+        ``fill_initial`` sets (they are the code of initial values as of this read)."""
         slots = self._check_slots(table, slots)
         t = self._table(table)
         if t.stale[slots].any():
@@ -609,11 +618,14 @@ class ParityStore:
         }
         for name, arr in t.arrays.items():
             out[name][have] = arr[pos[have]]
-        if not have.all():
-            init = self._initial_parity(table, slots[~have])
+        return out, ~have
+
+    def fill_initial(self, table: str, slots: np.ndarray, out: Fields, initial: np.ndarray) -> None:
+        """Set the rows of ``out`` that ``read_stored`` left to the code of initial values."""
+        if initial.any():
+            init = self._initial_parity(table, np.asarray(slots, dtype=np.int64)[initial])
             for name in out:
-                out[name][~have] = init[name]
-        return out
+                out[name][initial] = init[name]
 
     def write(self, table: str, slots: np.ndarray, fields: Mapping[str, np.ndarray]) -> None:
         """Set the parity of ``slots`` (a rebuild re-encoded it); they are no longer stale."""

@@ -532,19 +532,24 @@ class EcrmPeer:
             if "degraded" in req:  # a degraded read's member: "ids/<table>" of several
                 return self._member_read(req)
             return self.ps.tables[table].fields(req["ids"].astype(np.int64))
-        if op == "parity_read":
-            with self._parity_lock:
-                if table:  # one table (a rebuild's chunk)
-                    return self.store.read(table, req["slots"])
-                out = {}  # "slots/<table>" of several (a degraded read), and how far each
-                for arg, slots in req.items():  # source's messages are applied
-                    if arg.startswith("slots/"):
-                        got = self.store.read(arg[6:], slots)
-                        out.update({f"{arg[6:]}/{n}": v for n, v in got.items()})
-                out.update({f"applied/{k}": v for k, v in _ints(self.store.applied()).items()})
-                epochs = _ints(self.store.source_epochs())
-                out.update({f"epochs/{k}": v for k, v in epochs.items()})
-                return out
+        if op == "parity_read":  # "slots" of one table (a rebuild's chunk), or "slots/<table>"
+            # of several (a degraded read: with how far each source's messages are applied)
+            wanted = (
+                {table: req["slots"]}
+                if table
+                else {k[6:]: v for k, v in req.items() if k.startswith("slots/")}
+            )
+            out = {}
+            with self._parity_lock:  # the initial values' code is computed after it
+                stored = {t: self.store.read_stored(t, slots) for t, slots in wanted.items()}
+                if not table:
+                    out.update({f"applied/{k}": v for k, v in _ints(self.store.applied()).items()})
+                    epochs = _ints(self.store.source_epochs())
+                    out.update({f"epochs/{k}": v for k, v in epochs.items()})
+            for t, (got, initial) in stored.items():
+                self.store.fill_initial(t, wanted[t], got, initial)
+                out.update(got if table else {f"{t}/{n}": v for n, v in got.items()})
+            return out
         if op == "applied":
             with self._parity_lock:
                 return _ints(self.store.applied())
