@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 
 DENSE_REPLICA_S = 1.0
 MAX_FRAME_ENTRIES = 256  # messages per parity RPC: a backlog goes in several
-LINGER_S = 0.02  # how long a channel lets messages gather before it sends them
+LINGER_S = 0.1  # how long a channel lets messages gather: one RPC per frame, not per push
 RETRY_S = 0.2
 DRAIN_POLL_S = 0.002
 # How long a holder keeps applied messages it may have to take out again (``_rollback``), and
