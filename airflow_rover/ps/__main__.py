@@ -163,6 +163,19 @@ def wait_as_standby(ctx: NodeContext) -> str:
     return node_id
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``, from a thread of their own. A handler runs on the main
+    thread between two bytecodes, possibly while that thread holds ``stop``'s lock (inside
+    ``stop.wait()``, or inside the ``set`` of a signal before): setting it there deadlocks for
+    good. Seen: a PS signalled twice as its master died hung in nested ``set`` calls, orphaned."""
+
+    def handler(_signum: int, _frame: object) -> None:
+        threading.Thread(target=stop.set, name="stop", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="airflow_rover.ps")
     parser.add_argument("--role", default="ps", choices=["ps"])
@@ -205,8 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
     server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop_on_signals(stop)
     advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")
     master.ready(ctx.node_id, f"{advertised}:{port}")
     log.info("%s serving on port %d", ctx.node_id, port)
