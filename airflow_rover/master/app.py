@@ -75,6 +75,10 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
     def shard_done(shard_id: int, body: protocol.ShardDone) -> protocol.ShardDoneReply:
         return protocol.ShardDoneReply(accepted=master.shard_done(shard_id, body))
 
+    @app.post(f"{P}/nodes/{{node_id}}/release")
+    def release(node_id: str) -> dict[str, int]:
+        return {"released": _known(master.release_shards, node_id)}
+
     @app.post(f"{P}/evaluation")
     def evaluation(body: protocol.EvalReport) -> dict[str, bool]:
         try:

@@ -71,6 +71,11 @@ class MasterClient:
         reply = self._request("POST", f"/shards/{shard_id}/done", body)
         return bool(reply["accepted"])
 
+    def release_shards(self, node_id: str) -> int:
+        """Give back the shards this worker holds (it switched PS layout mid-shard); the
+        master resumes each from the PS ledgers. Returns how many there were."""
+        return int(self._request("POST", f"/nodes/{node_id}/release")["released"])
+
     def report_evaluation(self, report: protocol.EvalReport) -> None:
         self._request("POST", "/evaluation", report)
 

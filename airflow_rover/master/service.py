@@ -130,6 +130,7 @@ class JobMaster:
             self.queue.release_all()
             self.resumed_from = str(checkpoint)
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
+        self._unreconciled: list[Shard] = []  # released while the PS ledgers were unreadable
         # ECRM: parity is kept once every PS was set up (re-encoded from restored rows); a lost
         # PS's replacement is rebuilt from it (``ps.ecrm``).
         self._ecrm_live = False
@@ -321,6 +322,18 @@ class JobMaster:
                 log.warning("rejected completion of shard %d by %s", shard_id, body.node_id)
             return accepted
 
+    def release_shards(self, node_id: str) -> int:
+        """A worker that switched PS layout gives its shards back, once what it pushed to the
+        old layout has landed: each resumes at its first batch some PS lacks. Under ECRM a
+        worker trains on through a lost PS's gap (``ps.lost``), so its shards stay leased until
+        it has delivered the pushes it held for the replacement."""
+        with self._lock:
+            self._node(node_id)
+            released = self.queue.release_worker(node_id)
+            if released and not self._reconcile(released):
+                self._unreconciled.extend(released)  # ledgers unreadable: again next tick
+            return len(released)
+
     def report_evaluation(self, body: protocol.EvalReport) -> None:
         """Accept the held-out score only from the evaluator node, only while evaluating."""
         with self._lock:
@@ -459,6 +472,8 @@ class JobMaster:
                 for shard in expired:
                     log.warning("lease of shard %d expired; back to TODO", shard.shard_id)
                 self._reconcile(expired)
+                if self._unreconciled and self._reconcile(self._unreconciled):
+                    self._unreconciled = []
                 if self.queue.finished and not self._wrapping_up and not self._rebuilding:
                     self._wrapping_up = True  # until a PS restore sends training back
                     if self.resize is not None:
@@ -609,7 +624,9 @@ class JobMaster:
             if other.role == "evaluator" and other.exit_code is None:
                 other.stopping = True  # it scores again once training is over
                 self.launcher.stop(other.node_id)
-            if other.role == "worker":  # it waits for the PS (``worker.runtime.train``)
+            if other.role == "worker" and not self._ecrm_live:
+                # it waits for the PS (``worker.runtime.train``); under ECRM it trains on
+                # and gives its shards back once its held pushes reached the replacement
                 self.queue.release_worker(other.node_id)
         self._reconcile_pending = True
         node.address = None

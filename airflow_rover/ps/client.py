@@ -14,6 +14,9 @@ from airflow_rover.core.checkpoint_files import PartDigest
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.lost import EcrmReads, LostPS
+
+LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
 
 @dataclass
@@ -80,7 +83,10 @@ class PSClient:
         token: str,
         timeout_s: float = 60.0,
         channels: Mapping[str, grpc.Channel] | None = None,
+        ecrm: EcrmReads | None = None,
     ) -> None:
+        """``ecrm``: the job keeps ECRM parity, so a lost PS's rows can be decoded: PushPulls
+        and pushes go on without it (``lost``) until the client is moved to its replacement."""
         if not addresses:
             raise ValueError("addresses: at least one parameter server is needed")
         self.num_ps = len(addresses)
@@ -95,10 +101,13 @@ class PSClient:
         self._stubs = [
             {m: ch.unary_unary(rpc.method_path(m)) for m in rpc.METHODS} for ch in self._channels
         ]
+        self.ecrm = ecrm
+        self.lost: LostPS | None = None
+        """The PS this client lost (ECRM only): its rows are decoded, its pushes held."""
 
     def connected_to(self, addresses: list[str]) -> PSClient:
         """A client of another PS list with this one's token and timeout (own channels)."""
-        return PSClient(addresses, self._token, self._timeout)
+        return PSClient(addresses, self._token, self._timeout, ecrm=self.ecrm)
 
     def reconnect(self, addresses: list[str]) -> PSClient:
         """This client moved to another PS list (a relaunched PS, a resized job): the new
@@ -107,9 +116,45 @@ class PSClient:
         this client is not to be used after."""
         both = zip(self.addresses, self._channels, strict=True)
         kept = {a: ch for a, ch in both if a in addresses}
-        client = PSClient(addresses, self._token, self._timeout, kept)
+        client = PSClient(addresses, self._token, self._timeout, kept, self.ecrm)
         self.close(keep=set(kept))
         return client
+
+    def deliver(self, lost: LostPS) -> None:
+        """Send the pushes another client held for a PS it lost to that PS's replacement (PS
+        ``lost.index`` here), in the order they were made. Each keeps its batch key, so one
+        the lost PS had applied (and its holders knew) is turned away."""
+        for request in lost.held:
+            self._call_one(lost.index, "Push", request)
+
+    def _may_lose(self, index: int, exc: grpc.RpcError) -> bool:
+        """Whether PS ``index`` failing with ``exc`` can be trained around (ECRM, the PS is
+        gone, no other one is lost); if so it is ``lost`` from now on."""
+        if self.ecrm is None or exc.code() not in LOST_CODES:
+            return False
+        if self.lost is None:
+            self.lost = LostPS(index, self.num_ps, self.ecrm)
+        return self.lost.index == index
+
+    def _start_decoding(
+        self, ids_by_table: dict[str, np.ndarray]
+    ) -> Callable[[], dict[str, dict[str, np.ndarray]]]:
+        """Start the reads that decode the lost PS's rows ``ids_by_table`` (one ``Ecrm`` call
+        per PS that has a part, all at once); the returned function waits and decodes."""
+        lost = self.lost
+        assert lost is not None
+        plans, requests = lost.requests(ids_by_table)
+        calls = {
+            key: self._stubs[key[1]]["Ecrm"].future(
+                codec.encode(req), metadata=self._metadata, timeout=self._timeout
+            )
+            for key, req in requests.items()
+        }
+
+        def decoded() -> dict[str, dict[str, np.ndarray]]:
+            return lost.rows(plans, {key: codec.decode(c.result()) for key, c in calls.items()})
+
+        return decoded
 
     def close(self, keep: Collection[str] = ()) -> None:
         """Close the channels, but those to ``keep`` (handed over to another client)."""
@@ -118,10 +163,15 @@ class PSClient:
                 channel.close()
         self._channels, self._stubs, self.addresses = [], [], []
 
-    def _start_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[Any]:
-        """Send request i to PS i, all in flight at once; returns the gRPC futures."""
+    def _start_all(
+        self, method: str, requests: list[dict[str, np.ndarray]], skip: int | None = None
+    ) -> list[Any]:
+        """Send request i to PS i, all in flight at once; returns the gRPC futures (None for
+        PS ``skip``)."""
         return [
-            self._stubs[i][method].future(
+            None
+            if i == skip
+            else self._stubs[i][method].future(
                 codec.encode(req), metadata=self._metadata, timeout=self._timeout
             )
             for i, req in enumerate(requests)
@@ -213,8 +263,23 @@ class PSClient:
         key: int = NO_KEY,
     ) -> None:
         """Send gradients (already summed per unique id) to the owners of the rows. ``key``:
-        the batch they come from; a PS that already applied that batch ignores them."""
-        self._call_all("Push", self._push_requests(ids_by_table, grads_by_table, dense_grads, key))
+        the batch they come from; a PS that already applied that batch ignores them. A lost
+        PS's part is held (``lost``)."""
+        requests = self._push_requests(ids_by_table, grads_by_table, dense_grads, key)
+        lost = self.lost
+        if lost is not None:
+            lost.hold(requests[lost.index])
+        calls = self._start_all("Push", requests, skip=lost.index if lost else None)
+        for i, call in enumerate(calls):
+            if call is None:
+                continue
+            try:
+                call.result()
+            except grpc.RpcError as exc:
+                if not self._may_lose(i, exc):
+                    raise
+                assert self.lost is not None
+                self.lost.hold(requests[i])
 
     def reshard(self, addresses: list[str]) -> list[dict[str, np.ndarray]]:
         """Every PS of this client (the old and the new layout's together) hands the rows and
@@ -309,7 +374,9 @@ class PSClient:
         push_key: int = NO_KEY,
     ) -> PendingPushPull:
         """``push_pull`` started in the background; ``state_ids`` (per table, a subset of its
-        pull ids) also reads those rows' optimizer state."""
+        pull ids) also reads those rows' optimizer state. A lost PS (``lost``; one that fails
+        now becomes it, under ECRM) gets no call: its part of the push is held, its rows are
+        decoded from the others."""
         requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
         state_masks = self._split(state_ids or {})
         for i, req in enumerate(requests):
@@ -320,10 +387,42 @@ class PSClient:
                 requests, self._push_requests(*push, key=push_key, prefix="push/"), strict=True
             ):
                 req.update(push_req)
-        calls = self._start_all("PushPull", requests)
+
+        def hold(i: int) -> None:
+            if push is not None:
+                assert self.lost is not None
+                self.lost.hold({k[5:]: v for k, v in requests[i].items() if k[:5] == "push/"})
+
+        def parts(i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+            pulled = {t: ids[masks[i][t]] for t, ids in pull_ids.items()}
+            return pulled, {t: ids[state_masks[i][t]] for t, ids in (state_ids or {}).items()}
+
+        lost = self.lost
+        if lost is not None:
+            hold(lost.index)
+        calls = self._start_all("PushPull", requests, skip=lost.index if lost else None)
+        decoding = self._start_decoding(parts(lost.index)[0]) if lost is not None else None
 
         def merge() -> PushPullReply:
-            replies = [codec.decode(call.result()) for call in calls]
+            nonlocal decoding
+            got: list[dict[str, np.ndarray] | None] = []
+            for i, call in enumerate(calls):
+                try:
+                    got.append(None if call is None else codec.decode(call.result()))
+                except grpc.RpcError as exc:
+                    if not self._may_lose(i, exc):
+                        raise
+                    hold(i)
+                    got.append(None)
+            if self.lost is not None:
+                index = self.lost.index
+                if decoding is None:  # lost during this call: one more round trip, once
+                    decoding = self._start_decoding(parts(index)[0])
+                live = [r for r in got if r is not None]
+                got[index] = _decoded_reply(
+                    *parts(index), decoding(), dense_versions[index], live[0]
+                )
+            replies = [r for r in got if r is not None]
             rows, values = self._merge_pull(replies, masks, pull_ids)
             dense_state: dict[str, dict[str, np.ndarray]] = {}
             for reply in replies:
@@ -398,6 +497,31 @@ class PSClient:
 
 
 _PERSIST_STATES = {0: "unknown", 1: "persisting", 2: "done", 3: "failed"}
+
+
+def _decoded_reply(
+    pulled: dict[str, np.ndarray],
+    state_ids: dict[str, np.ndarray],
+    fields: dict[str, dict[str, np.ndarray]],
+    dense_version: int,
+    like: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """A lost PS's PushPull reply made of its decoded rows: ``rows/<t>`` and ``rstate/<t>/..``
+    as it would have sent them, its dense version as the caller expects (the worker applies its
+    own dense gradients meanwhile), no dense values. ``like``: a live PS's reply (row widths)."""
+    reply = {"dense_version": np.array([dense_version], dtype=np.int64)}
+    for t, ids in pulled.items():
+        got = fields.get(t)
+        if got is None:  # none of this table's ids are on the lost PS
+            reply[f"rows/{t}"] = like[f"rows/{t}"][:0]
+            continue
+        reply[f"rows/{t}"] = got["row"]
+        order = np.argsort(ids)  # where each of state_ids (a subset of ids) is in ids
+        at = order[np.searchsorted(ids, state_ids.get(t, ids[:0]), sorter=order)]
+        for name, value in got.items():
+            if name.startswith("state/"):
+                reply[f"rstate/{t}/{name[6:]}"] = value[at]
+    return reply
 
 
 def _text(value: str) -> np.ndarray:

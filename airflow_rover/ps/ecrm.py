@@ -42,9 +42,11 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.ecrm import (
+    DecodePlan,
     DifferencePropagator,
     EcrmLayout,
     Fields,
+    ParityCodec,
     ParityDelta,
     ParityStore,
     RebuildPlan,
@@ -60,6 +62,7 @@ from airflow_rover.core.ecrm import (
 )
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.ps import codec, rpc
+from airflow_rover.ps.optimizers import Optimizer
 
 if TYPE_CHECKING:
     from airflow_rover.ps.server import ParameterServer
@@ -154,6 +157,117 @@ def decode_frame(frame: Mapping[str, np.ndarray]) -> list[ParityDelta]:
             j += 1
         deltas.append(ParityDelta(source, epoch, holder, holder_epoch, seq, tuple(parts)))
     return deltas
+
+
+# ----------------------------------------------------------------------------- degraded reads
+
+
+def degraded_requests(
+    layout: EcrmLayout, lost: int, ids_by_table: Mapping[str, np.ndarray]
+) -> tuple[dict[str, DecodePlan], dict[tuple[str, int], dict[str, np.ndarray]]]:
+    """What to read to decode rows of the lost PS ``lost`` (a replacement's pull of rows not
+    rebuilt yet, or a worker's while its PS is away): per table the decode plan, and one
+    ``Ecrm`` request per PS, keyed ``("member", ps)`` (``fields``: its rows and its messages
+    to the holders not acknowledged yet) or ``("holder", ps)`` (``parity_read``: the parity
+    and how many messages of each source it applied), every table in the same request."""
+    plans = {t: plan_decode(layout, t, lost, ids) for t, ids in ids_by_table.items()}
+    requests: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    for t, plan in plans.items():
+        for q, ids in plan.member_ids.items():
+            member = requests.setdefault(("member", q), {})
+            if not member:
+                member.update(op=text("fields"), degraded=text("1"))
+            member[f"ids/{t}"] = ids
+        for h, (_, slots) in plan.parity.items():
+            holder = requests.setdefault(("holder", h), {})
+            if not holder:
+                holder["op"] = text("parity_read")
+            holder[f"slots/{t}"] = slots
+    return plans, requests
+
+
+def decode_degraded(
+    layout: EcrmLayout,
+    codec: ParityCodec,
+    plans: Mapping[str, DecodePlan],
+    got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
+    dtypes: Callable[[str], Mapping[str, np.dtype]],
+) -> dict[str, Fields]:
+    """The rows of ``degraded_requests``' plans from the replies ``got`` (same keys): each
+    holder's parity is brought up to the members' reads with the messages it lacked
+    (``catch_up``), so a difference in flight costs no wait, then the members are taken out.
+    ``dtypes(table)``: the fields and their dtypes."""
+    out = {}
+    for t, plan in plans.items():
+        names = dtypes(t)
+        parity = {h: {n: got["holder", h][f"{t}/{n}"] for n in names} for h in plan.parity}
+        for h, (_, slots) in plan.parity.items():
+            lacked = _lacked(got["holder", h], h, t, plan.member_ids, got)
+            if lacked:
+                parity[h] = {n: v.copy() for n, v in parity[h].items()}  # views: read-only
+                catch_up(layout, codec, t, h, slots, parity[h], lacked)
+        out[t] = plan.decode(
+            codec,
+            parity,
+            {q: {n: got["member", q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
+            names,
+        )
+    return out
+
+
+def _lacked(
+    parity: Mapping[str, np.ndarray],
+    holder: int,
+    table: str,
+    members: Iterable[int],
+    got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
+) -> list[TableDelta]:
+    """The members' messages to ``holder`` (their parts for ``table``) that it had not
+    applied when it read its parity: later than what it counts of their incarnation."""
+    applied = _read_ints({"keys": parity["applied/keys"], "values": parity["applied/values"]})
+    epochs = _read_ints({"keys": parity["epochs/keys"], "values": parity["epochs/values"]})
+    out = []
+    for q in members:
+        reply = got["member", q]
+        current = epochs.get(q) == int(reply["epoch"][0])
+        seen = applied.get(q, 0) if current else 0  # a new incarnation: none of its yet
+        head = f"flight/{holder}/"
+        for key, ids in reply.items():
+            if not (key.startswith(head) and key.endswith(f"/{table}/ids")):
+                continue
+            seq = int(key[len(head) :].split("/", 1)[0])
+            if seq > seen:
+                prefix = key[: -len("ids")] + "f/"
+                fields = {k[len(prefix) :]: v for k, v in reply.items() if k.startswith(prefix)}
+                out.append(TableDelta(table, ids, fields))
+    return out
+
+
+def _state_of(fields: Fields) -> dict[str, np.ndarray]:
+    return {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
+
+
+def apply_updates(
+    optimizer: Optimizer,
+    ids: np.ndarray,
+    fields: Fields,
+    updates: Iterable[tuple[np.ndarray, np.ndarray]],
+) -> Fields:
+    """Decoded ``fields`` of ``ids`` with ``updates`` (ids, their gradients), not applied
+    anywhere yet, applied in order: the reader sees them (a replacement's held updates, or a
+    worker's own pushes held while its PS is away)."""
+    state_names = [k for k in fields if k.startswith("state/")]
+    for got, grads in updates:
+        mine, at_ids, at_held = np.intersect1d(ids, got, return_indices=True)
+        if mine.size == 0:
+            continue
+        rows = fields["row"][at_ids]
+        state = {k[6:]: fields[k][at_ids] for k in state_names}
+        optimizer.apply(rows, state, grads[at_held])
+        fields["row"][at_ids] = rows
+        for k in state_names:
+            fields[k][at_ids] = state[k[6:]]
+    return fields
 
 
 class Peers:
@@ -428,90 +542,20 @@ class EcrmPeer:
         still makes the row off by that one update: the read is the input of one step, as
         stale as asynchronous training allows, and its optimizer state is put back in range;
         what the rebuild writes is exact (it locks)."""
-        plans = {t: plan_decode(self.layout, t, self.index, ids) for t, ids in ids_by_table.items()}
-        requests: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-        for t, plan in plans.items():
-            for q, ids in plan.member_ids.items():
-                member = requests.setdefault(("member", q), {})
-                if not member:
-                    member.update(op=text("fields"), degraded=text("1"))
-                member[f"ids/{t}"] = ids
-            for h, (_, slots) in plan.parity.items():
-                holder = requests.setdefault(("holder", h), {})
-                if not holder:
-                    holder["op"] = text("parity_read")
-                holder[f"slots/{t}"] = slots
+        plans, requests = degraded_requests(self.layout, self.index, ids_by_table)
         got: dict[tuple[str, int], Fields] = self._fan(
             {key: functools.partial(self.peers.call, key[1], r) for key, r in requests.items()}
         )
+        decoded = decode_degraded(self.layout, self.codec, plans, got, self._dtypes)
         out = {}
-        for t, plan in plans.items():
-            names = self._dtypes(t)
-            parity = {h: {n: got["holder", h][f"{t}/{n}"] for n in names} for h in plan.parity}
-            for h, (_, slots) in plan.parity.items():
-                lacked = self._lacked(got["holder", h], h, t, plan.member_ids, got)
-                if lacked:
-                    parity[h] = {n: v.copy() for n, v in parity[h].items()}  # views: read-only
-                    catch_up(self.layout, self.codec, t, h, slots, parity[h], lacked)
-            fields = plan.decode(
-                self.codec,
-                parity,
-                {q: {n: got["member", q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
-                names,
-            )
-            out[t] = self._with_held_updates(t, plan.ids, fields)
+        for t, fields in decoded.items():
+            self.ps.tables[t].optimizer.clamp_state(_state_of(fields))
+            with self.ps._apply_lock:
+                held = [(got, p["grad"]) for got, p in self.buffer.peek(t)]
+            out[t] = apply_updates(self.ps.tables[t].optimizer, plans[t].ids, fields, held)
         if self.rebuild is not None:
             self.rebuild.degraded_rows += sum(plan.ids.size for plan in plans.values())
         return out
-
-    @staticmethod
-    def _lacked(
-        parity: Mapping[str, np.ndarray],
-        holder: int,
-        table: str,
-        members: Iterable[int],
-        got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
-    ) -> list[TableDelta]:
-        """The members' messages to ``holder`` (their parts for ``table``) that it had not
-        applied when it read its parity: later than what it counts of their incarnation."""
-        applied = _read_ints({"keys": parity["applied/keys"], "values": parity["applied/values"]})
-        epochs = _read_ints({"keys": parity["epochs/keys"], "values": parity["epochs/values"]})
-        out = []
-        for q in members:
-            reply = got["member", q]
-            current = epochs.get(q) == int(reply["epoch"][0])
-            seen = applied.get(q, 0) if current else 0  # a new incarnation: none of its yet
-            head = f"flight/{holder}/"
-            for key, ids in reply.items():
-                if not (key.startswith(head) and key.endswith(f"/{table}/ids")):
-                    continue
-                seq = int(key[len(head) :].split("/", 1)[0])
-                if seq > seen:
-                    prefix = key[: -len("ids")] + "f/"
-                    fields = {k[len(prefix) :]: v for k, v in reply.items() if k.startswith(prefix)}
-                    out.append(TableDelta(table, ids, fields))
-        return out
-
-    def _with_held_updates(self, table: str, ids: np.ndarray, fields: Fields) -> Fields:
-        """Decoded ``fields`` of ``ids`` with the updates waiting in the buffer applied (the
-        reader sees them), optimizer state put back in range first."""
-        optimizer = self.ps.tables[table].optimizer
-        state = {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
-        optimizer.clamp_state(state)
-        with self.ps._apply_lock:
-            held = [(got, p["grad"]) for got, p in self.buffer.peek(table)]
-        state_names = [k for k in fields if k.startswith("state/")]
-        for got, grads in held:
-            mine, at_ids, at_held = np.intersect1d(ids, got, return_indices=True)
-            if mine.size == 0:
-                continue
-            rows = fields["row"][at_ids]
-            state = {k[6:]: fields[k][at_ids] for k in state_names}
-            optimizer.apply(rows, state, grads[at_held])
-            fields["row"][at_ids] = rows
-            for k in state_names:
-                fields[k][at_ids] = state[k[6:]]
-        return fields
 
     def _fields(self, ps: int, table: str, ids: np.ndarray) -> Fields:
         if ps == self.index:

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 import pytest
-from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, Cluster
+from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, VOCAB, Cluster
 
 from airflow_rover.ps import ecrm
 from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.lost import EcrmReads
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 
@@ -89,12 +90,20 @@ class EcrmCluster(Cluster):
         client.ecrm_setup(K, self.rows_per_lock, self.addresses, self.epochs, encode)
         client.close()
 
-    def lose_and_replace(self, index: int) -> ParameterServer:
-        """Stop PS ``index`` (its parity work with it) and start an empty replacement."""
+    def lose(self, index: int) -> None:
+        """Stop PS ``index`` (its parity work with it)."""
         lost = self.ps[index]
         self.servers[index].stop(None)
         assert lost.ecrm is not None
         lost.ecrm.close()
+
+    def lose_and_replace(self, index: int) -> ParameterServer:
+        """Stop PS ``index`` and start an empty replacement."""
+        self.lose(index)
+        return self.replace(index)
+
+    def replace(self, index: int) -> ParameterServer:
+        """Start an empty replacement of lost PS ``index``."""
         self.epochs[index] += 1
         fresh = ParameterServer(index, NUM_PS, LAYOUT, ADAGRAD, SEED)
         server, port = start_server(fresh, TOKEN, threads=4)
@@ -315,3 +324,52 @@ def test_a_degraded_read_is_exact_while_differences_are_in_flight(
     coded.wait_rebuilt(0)
     drained(coded)
     assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[0])
+
+
+def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replacement(
+    clusters: tuple[EcrmCluster, Cluster],
+) -> None:
+    """Until a replacement is announced, a worker of an ECRM job decodes the lost PS's rows
+    itself and holds its part of every push (``ps.lost``): with one worker its reads are those
+    of a job without the loss, the row state it replays its step on too. Delivered to the
+    replacement while it rebuilds, the held pushes leave every row and ledger as that job's,
+    including the push that was in flight when the PS died."""
+    coded, plain = clusters
+    push_steps([coded.client(), plain.client()], 0, 20, seed=21)
+    drained(coded)
+    worker = PSClient(coded.addresses, TOKEN, ecrm=EcrmReads(K, VOCAB, ADAGRAD))
+    reference = plain.client()
+    coded.lose(1)
+    rng = np.random.default_rng(22)
+    ids = batch(rng)
+    for key in range(20, 27):
+        grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
+        dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
+        nxt = batch(rng)
+        both = {n: np.intersect1d(nxt[n], ids[n]) for n in ids}
+        push = (ids, grads, dgrads)
+        got, want = (
+            c.push_pull_async(push, nxt, [-1] * NUM_PS, state_ids=both, push_key=key).result()
+            for c in (worker, reference)
+        )
+        for name in nxt:
+            np.testing.assert_allclose(got.rows[name], want.rows[name], atol=1e-5)
+            np.testing.assert_allclose(
+                got.row_state[name]["accum"], want.row_state[name]["accum"], atol=1e-5
+            )
+        ids = nxt
+    worker.push(ids, {n: np.ones((i.size, DIMS[n]), np.float32) for n, i in ids.items()}, {}, 27)
+    reference.push(ids, {n: np.ones((i.size, DIMS[n]), np.float32) for n, i in ids.items()}, {}, 27)
+    lost = worker.lost
+    assert lost is not None and lost.index == 1
+    assert [int(r["key"][0]) for r in lost.held] == list(range(20, 28))
+    coded.replace(1)
+    coded.rebuild(1)
+    back = worker.reconnect(coded.addresses)
+    assert back.lost is None
+    back.deliver(lost)
+    coded.wait_rebuilt(1)
+    drained(coded)
+    assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[1], atol=1e-4)
+    assert all(set(ps.ledger.applied) == set(range(28)) for ps in coded.ps)
+    back.close()
