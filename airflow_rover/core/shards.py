@@ -305,6 +305,10 @@ class ShardQueue:
     def is_todo(self, shard_id: int) -> bool:
         return shard_id in self._todo
 
+    def leased(self) -> list[int]:
+        """The shards leased now."""
+        return list(self._doing)
+
     def held_by(self, worker: str) -> list[Shard]:
         return [self._shards[s] for s, lease in self._doing.items() if lease.worker == worker]
 

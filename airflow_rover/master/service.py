@@ -131,6 +131,7 @@ class JobMaster:
             self.resumed_from = str(checkpoint)
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
         self._unreconciled: list[Shard] = []  # released while the PS ledgers were unreadable
+        self._recheck: set[int] = set()  # shards leased through an ECRM loss (``shard_done``)
         # ECRM: parity is kept once every PS was set up (re-encoded from restored rows); a lost
         # PS's replacement is rebuilt from it (``ps.ecrm``).
         self._ecrm_live = False
@@ -320,13 +321,18 @@ class JobMaster:
             accepted = self.queue.complete(shard_id, body.node_id)
             if not accepted:
                 log.warning("rejected completion of shard %d by %s", shard_id, body.node_id)
+            elif shard_id in self._recheck:  # reopened at the first batch some PS lacks
+                self._recheck.discard(shard_id)
+                shard = [self.queue.static(shard_id)]
+                if not self._reconcile(shard):
+                    self._unreconciled.extend(shard)
             return accepted
 
     def release_shards(self, node_id: str) -> int:
-        """A worker that switched PS layout gives its shards back, once what it pushed to the
-        old layout has landed: each resumes at its first batch some PS lacks. Under ECRM a
-        worker trains on through a lost PS's gap (``ps.lost``), so its shards stay leased until
-        it has delivered the pushes it held for the replacement."""
+        """A worker that lost a PS and gave up on what it was training gives its shards back,
+        once it is connected to the replacement: each resumes at its first batch some PS
+        lacks. (Under ECRM a lost PS does not release the workers' shards: they train on
+        through it, ``ps.lost``.)"""
         with self._lock:
             self._node(node_id)
             released = self.queue.release_worker(node_id)
@@ -454,6 +460,11 @@ class JobMaster:
                     worker = self.nodes.get(f"worker-{i}")
                     if worker is None or worker.exit_code is not None:
                         self._start(f"worker-{i}", "worker")
+                if recovered and self._ecrm:
+                    # The workers trained on through the loss and keep their shards; one may
+                    # hold a batch the lost PS applied but never passed on to its holders,
+                    # which the replacement lacks: checked when the shard is reported done.
+                    self._recheck.update(self.queue.leased())
                 if recovered:  # the workers that waited it out reconnect to the relaunched PS
                     self._next_layout()
                 self.state = JobState.RUNNING

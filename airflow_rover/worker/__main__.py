@@ -10,12 +10,14 @@ import threading
 
 import grpc
 
+from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.layout import NodeContext
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.master.client import MasterClient
 from airflow_rover.master.protocol import EXIT_PS_LOST
 from airflow_rover.ps.client import PSClient
+from airflow_rover.ps.lost import EcrmReads
 from airflow_rover.ps.optimizers import Optimizer
 
 log = logging.getLogger("airflow_rover.worker")
@@ -43,7 +45,14 @@ def main(argv: list[str] | None = None) -> None:
     features = resolve_features(spec)
     master = MasterClient(ctx.master_addr, ctx.token)
     cluster = master.cluster()
-    ps = PSClient(cluster.ps, ctx.token)
+    optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
+    ecrm = None
+    if spec.checkpoint.policy == "ecrm" and args.role == "worker":
+        # a lost PS's rows are decoded here until its replacement is up (``ps.lost``)
+        groups = EmbeddingLayout.from_features(features).groups
+        ecrm = EcrmReads(spec.checkpoint.ecrm.k, {g.name: g.vocab_size for g in groups}, optimizer)
+        threading.Thread(target=ecrm.warm, args=(len(cluster.ps),), daemon=True).start()
+    ps = PSClient(cluster.ps, ctx.token, ecrm=ecrm)
     keras.utils.set_random_seed(spec.training.seed)
     model = PSModel(
         load_factory(spec.model)(features),
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             progress = train(
                 ctx.node_id,
                 model,
-                Optimizer(spec.training.optimizer, spec.training.learning_rate),
+                optimizer,
                 open_dataset(spec.train_data),
                 master,
                 spec.training.batch_size,

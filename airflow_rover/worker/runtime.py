@@ -306,25 +306,35 @@ def leased_batches(
     stop: threading.Event,
     wait_s: float = 0.2,
     layout: Callable[[], int | None] = lambda: None,
+    wake: threading.Event | None = None,
+    keeps: Callable[[int], bool] | None = None,
 ) -> Iterator[tuple[Batch, int, bool, int, int]]:
     """(batch, shard id, last batch of its shard, batch key, PS layout version) for every shard
     the master hands out (from where it resumes: a requeued shard skips batches every PS already
     applied), and an empty batch whenever the master has nothing to hand out yet (``wait``): the
     trainer then flushes its pending gradients, which may be exactly what completes the queue
     (or lets a PS resize begin). ``layout()``: the PS layout the trainer uses now; the master
-    hands no shard to a trainer of another layout (one that has not noticed a PS change)."""
+    hands no shard to a trainer of another layout (one that has not noticed a PS change).
+    ``wake``: cuts a wait short (the trainer learnt of a new layout). ``keeps(version)``:
+    whether the trainer still trains shards leased under that layout (default: it is the
+    trainer's; an ECRM replacement keeps the shards of the layout before)."""
+    if keeps is None:
+        keeps = lambda version: layout() in (None, version)  # noqa: E731
     while not stop.is_set():
         reply = master.lease(node_id, layout())
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
             yield reader.read(0, 0), NO_SHARD, False, NO_KEY, reply.layout_version
-            time.sleep(wait_s)
+            if wake is None:
+                time.sleep(wait_s)
+            elif wake.wait(wait_s):
+                wake.clear()
             continue
         shard = reply.shard
         samples = reader.read(shard.start, shard.end)
         for index, lo in enumerate(range(0, len(samples), batch_size)):
-            if layout() not in (None, reply.layout_version):
+            if not keeps(reply.layout_version):
                 break  # the trainer moved on (a lost PS is back): the master requeued the shard
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
@@ -356,18 +366,30 @@ def train(
     """Lease shards until the master says the queue is done. ``layout_version``: that of the
     PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
 
-    A lost PS does not end the worker: its training loop stops (what was in flight is dropped;
-    the master requeues those shards from the PS ledgers), it waits for the master to announce
-    the relaunched PS (a new layout version) and trains on against it, TensorFlow and the input
-    pipeline warm (elements leased before are skipped). Raises ``PSLost`` if that does not
-    happen within ``RELAUNCH_WAIT_S``."""
+    A lost PS does not end the worker. Under ECRM it trains on (``ps.lost``: the lost rows
+    are decoded, its part of each push held) until the master announces the replacement, then
+    delivers what it held there and moves on (``_TrainLoop._switch_layout``). Otherwise its
+    training loop stops (what was in flight is dropped; the master requeues those shards from
+    the PS ledgers), it waits for the master to announce the relaunched PS (a new layout
+    version) and trains on against it, TensorFlow and the input pipeline warm (elements leased
+    before are skipped). Raises ``PSLost`` if that does not happen within
+    ``RELAUNCH_WAIT_S``."""
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop, report_s)
-    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version)
+    wake = threading.Event()
+    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version, stop, wake)
     # The lambda reads ``loop`` when called: the layout of whichever loop trains now.
     elements = iter(
         _input_pipeline(
-            node_id, model, reader, master, batch_size, stop, lambda: loop.layout_version
+            node_id,
+            model,
+            reader,
+            master,
+            batch_size,
+            stop,
+            lambda: loop.layout_version,
+            wake,
+            lambda version: loop.trains(version),
         )
     )
     while True:
@@ -381,9 +403,11 @@ def train(
         finally:
             loop.close()
         cluster = _wait_for_relaunch(master, loop.layout_version, stop)
-        model.ps = model.ps.reconnect(cluster.ps)
+        loop.move_to(cluster, carry=False)
         model.offer_initial_weights()  # only what the PS lacks: none unless it lost them all
-        loop = _TrainLoop(node_id, model, optimizer, master, progress, cluster.layout_version)
+        loop = _TrainLoop(
+            node_id, model, optimizer, master, progress, cluster.layout_version, stop, wake
+        )
         log.info(
             "%s: training on against the relaunched PS (layout %d)", node_id, loop.layout_version
         )
@@ -399,13 +423,17 @@ def _input_pipeline(
     batch_size: int,
     stop: threading.Event,
     layout: Callable[[], int],
+    wake: threading.Event | None = None,
+    keeps: Callable[[int], bool] | None = None,
 ) -> tf.data.Dataset:
     """The leased shards' batches as model inputs, prefetched; built once per worker (building
     one costs about 0.1 s, which a relaunched PS would otherwise add to every recovery).
     ``layout()``: the PS layout the trainer is on (leases ask for it)."""
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        batches = leased_batches(node_id, reader, master, batch_size, stop, layout=layout)
+        batches = leased_batches(
+            node_id, reader, master, batch_size, stop, layout=layout, wake=wake, keeps=keeps
+        )
         for batch, shard_id, last, key, version in batches:
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
@@ -422,7 +450,7 @@ def _input_pipeline(
 def _run_loop(loop: _TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
     for element in elements:
         version = int(element["layout"])
-        if version < loop.layout_version:
+        if version < loop.layout_version and not loop.trains(version):
             continue  # leased before a lost PS was relaunched: the master requeued its shard
         loop.feed(element if int(element["label"].shape[0]) else None, version)
     loop.feed(None)
@@ -462,8 +490,9 @@ class _TrainLoop:
     the optimizer state of the rows both steps touch, and the worker replays its update on them
     with the PS's optimizer code (bit-identical, as ``DenseMirror`` does for dense weights). So
     with one worker training stays exactly sequential while the PS works during the worker's
-    step instead of between steps. The request is encoded and sent from a sender thread, so
-    that Python work overlaps TensorFlow's step too (TF releases the GIL). A shard is reported
+    step instead of between steps. The request is encoded and sent, and the replies merged
+    (a lost PS's rows decoded), on a sender thread, so that Python work overlaps TensorFlow's
+    step too (TF releases the GIL). A shard is reported
     done once the push of its last batch has landed.
     """
 
@@ -475,8 +504,12 @@ class _TrainLoop:
         master: MasterClient,
         progress: Progress,
         layout_version: int = 0,
+        stop: threading.Event | None = None,
+        wake: threading.Event | None = None,
     ) -> None:
         self.node_id = node_id
+        self.stop = stop or threading.Event()
+        self.wake = wake or threading.Event()  # set when the loop should see a new layout
         self.layout_version = layout_version
         self.model = model
         self.optimizer = optimizer
@@ -488,14 +521,23 @@ class _TrainLoop:
         self.pending: Push | None = None  # applied here, not yet pushed
         self.pending_key = NO_KEY  # the batch ``pending`` comes from
         self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
+        self.deferred: list[int] = []  # shards done but for pushes held for a lost PS
+        self.carried: set[int] = set()  # older layouts whose shards are still trained (ECRM)
+        self.relaunched: protocol.ClusterInfo | None = None  # a lost PS's replacement, announced
+        self._watcher: threading.Thread | None = None
+        self._watch_error: PSLost | None = None
 
     def feed(self, element: dict[str, Any] | None, layout: int | None = None) -> None:
         """The next element of the input pipeline, or None when there is none to train now
         (the master said wait, or the input ended): then everything pending is pushed.
         ``layout``: the PS layout the master announced with it."""
-        if layout is not None and layout != self.layout_version:
-            self._flush()  # gradients of the old layout: pushed (a resize waits for them)
-            self.current = None  # rows read ahead from the old layout (its lease is gone)
+        if self._watch_error is not None:
+            raise self._watch_error
+        if self.relaunched is not None:
+            self._switch_layout(self.relaunched)
+        if layout is not None and layout < self.layout_version and not self.trains(layout):
+            return  # leased before a lost PS's replacement came: that shard is given back
+        if layout is not None and layout > self.layout_version:
             self._switch_layout()
         if self.current is None:
             if element is not None:
@@ -512,6 +554,7 @@ class _TrainLoop:
         """Read an element's rows when nothing is pending (the first step after a pause)."""
         unique = self._unique(element)
         reply = self.model.ps.push_pull_async(None, unique, self.mirror.expected(False)).result()
+        self._watch_if_lost()
         self.mirror.after_reply(reply.dense, None)
         return _Pulled(element, unique, reply.rows)
 
@@ -522,8 +565,9 @@ class _TrainLoop:
             g: np.intersect1d(ids, cur.unique[g], assume_unique=True, return_indices=True)
             for g, ids in next_unique.items()
         }
+        start = self.model.ps.push_pull_async  # its replies merged on the sender thread too
         call = self._sender.submit(
-            self.model.ps.push_pull_async,
+            lambda *args, **kwargs: start(*args, **kwargs).result(),
             self.pending,
             next_unique,
             self.mirror.expected(pushing=self.pending is not None),
@@ -531,7 +575,8 @@ class _TrainLoop:
             push_key=self.pending_key,
         )
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
-        reply = call.result().result()
+        reply = call.result()
+        self._watch_if_lost()
         self._report(self.pending_shard)  # the push that just landed completed it
         self.mirror.after_reply(reply.dense, dense_grads)
         self.pending = (cur.unique, row_grads, dense_grads)
@@ -547,15 +592,78 @@ class _TrainLoop:
             reply.rows[g][at_next] = rows
         return _Pulled(nxt, next_unique, reply.rows)
 
-    def _switch_layout(self) -> None:
-        """The PS were resized: read the new PS list and start over against it (rows and dense
-        weights are read afresh). The master resizes only once every worker has flushed, so
-        nothing is in flight here; if something were, it would belong to the old layout."""
-        if self.current is not None or self.pending is not None:
-            raise RuntimeError("the PS layout changed while a step was in flight")
-        cluster = self.master.cluster()
-        self.model.ps = self.model.ps.reconnect(cluster.ps)
-        self.mirror = DenseMirror(self.model, self.optimizer)
+    def _watch_if_lost(self) -> None:
+        """Once the client has lost a PS (ECRM: it trains on without it), wait in the
+        background for the master to announce the replacement; the loop moves to it at its
+        next element (``wake`` cuts the input pipeline's wait for one short)."""
+        lost = self.model.ps.lost
+        if lost is None or self._watcher is not None:
+            return
+        log.warning(
+            "%s: PS %d went away; training on (its rows decoded from parity, its pushes held) "
+            "until its replacement is announced",
+            self.node_id,
+            lost.index,
+        )
+
+        def watch() -> None:
+            try:
+                self.relaunched = _wait_for_relaunch(self.master, self.layout_version, self.stop)
+            except PSLost as exc:
+                self._watch_error = exc
+            self.wake.set()
+
+        self._watcher = threading.Thread(target=watch, name="relaunch-watch", daemon=True)
+        self._watcher.start()
+
+    def trains(self, version: int) -> bool:
+        """Whether shards leased under PS layout ``version`` are still this loop's to train."""
+        return version == self.layout_version or version in self.carried
+
+    def move_to(self, cluster: protocol.ClusterInfo, carry: bool) -> None:
+        """Point the model at ``cluster``'s PS and deliver the pushes held for a lost PS to
+        its replacement. ``carry``: this worker trains on its shards (an ECRM replacement):
+        the shards finished meanwhile are reported now (the master checks each against the
+        PS ledgers: the lost PS may have applied a batch it never passed on to its parity
+        holders, which the replacement lacks and is trained again). Otherwise the shards are
+        given back, and the master resumes each from the ledgers."""
+        old = self.model.ps
+        lost = old.lost
+        if lost is not None and len(cluster.ps) != old.num_ps:
+            raise RuntimeError(f"PS {lost.index} was lost and the PS were resized meanwhile")
+        self.model.ps = old.reconnect(cluster.ps)
+        if lost is not None:
+            self.model.ps.deliver(lost)
+            log.info(
+                "%s: %d push(es) held for PS %d delivered to its replacement",
+                self.node_id,
+                len(lost.held),
+                lost.index,
+            )
+        deferred, self.deferred = self.deferred, []
+        if carry:
+            for shard_id in deferred:
+                self._report(shard_id)
+        else:
+            self.master.release_shards(self.node_id)
+
+    def _switch_layout(self, cluster: protocol.ClusterInfo | None = None) -> None:
+        """The PS changed: push what is pending (a lost PS's part is held and delivered to
+        its replacement) and read the new PS list. Under ECRM (a lost PS replaced: the PS
+        are never resized) training goes on where it was, on the same shards, the dense
+        weights read afresh with the next step. Otherwise (a resize) it starts over against
+        the new PS (rows and dense weights read afresh, the shards given back)."""
+        self._flush()
+        cluster = cluster or self.master.cluster()
+        carry = self.model.ps.ecrm is not None
+        self.move_to(cluster, carry)
+        self.relaunched, self._watcher = None, None
+        if carry:
+            self.carried.add(self.layout_version)
+            self.mirror.versions = [-1] * self.model.ps.num_ps  # every PS sends them all
+        else:
+            self.current = None
+            self.mirror = DenseMirror(self.model, self.optimizer)
         log.info(
             "%s: PS layout %d -> %d (%d PS)",
             self.node_id,
@@ -571,13 +679,20 @@ class _TrainLoop:
     def _flush(self) -> None:
         if self.pending is not None:
             self.model.ps.push(*self.pending, key=self.pending_key)
+            self._watch_if_lost()
             self.mirror.pushed()
             self.pending = None
         self._report(self.pending_shard)
         self.pending_shard = NO_SHARD
 
     def _report(self, shard_id: int) -> None:
-        if shard_id != NO_SHARD and not self.master.shard_done(self.node_id, shard_id):
+        """The shard's last push landed: done (once a lost PS's replacement has its part:
+        ``move_to``)."""
+        if shard_id == NO_SHARD:
+            return
+        if self.model.ps.lost is not None:
+            self.deferred.append(shard_id)
+        elif not self.master.shard_done(self.node_id, shard_id):
             log.warning("master rejected completion of shard %d", shard_id)
 
 

@@ -203,6 +203,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/nodes/worker-0/heartbeat", {"steps": 5, "samples": 99, "step_time_ms": 1.0}),
     ("POST", "/shards/lease", {"node_id": "worker-0"}),
     ("POST", "/shards/0/done", {"node_id": "worker-0"}),
+    ("POST", "/nodes/worker-0/release", None),
     ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
     ("GET", "/plans", None),
     ("POST", "/plans", {"num_workers": 9}),
@@ -758,6 +759,35 @@ def test_stop_request(make_job) -> None:
     job.master.shutdown_nodes()
     assert job.launcher.stop_all_calls == 1
     assert {n["state"] for n in job.status()["nodes"]} == {"stopped"}
+
+
+def test_a_worker_gives_its_shards_back_and_they_resume_from_the_ps_ledger(make_job) -> None:
+    """A worker that gave up on what it trained (a lost PS, ``worker.runtime.train``) gives
+    its shards back once it is connected again: each resumes at its first batch a PS lacks."""
+    job = make_job()
+    job.master.step()
+    layout = EmbeddingLayout.from_features(job.master.features)
+    ps = ParameterServer(0, 1, layout, Optimizer("adagrad", 0.05), 0)
+    server, port = start_server(ps, TOKEN, threads=2)
+    client = PSClient([f"127.0.0.1:{port}"], TOKEN)
+    try:
+        job.post("/nodes/ps-0/ready", {"address": f"127.0.0.1:{port}"})
+        job.master.step()
+        group = layout.groups[0]
+        ids = {group.name: np.arange(10, dtype=np.int64)}
+        grads = {group.name: np.full((10, group.dim), 0.01, np.float32)}
+        shard = job.lease("worker-0")["shard"]
+        for index in range(2):
+            client.push(ids, grads, {}, key=shard["first_key"] + index)
+        assert job.post("/nodes/worker-0/release") == {"released": 1}
+        assert job.post("/nodes/worker-0/release") == {"released": 0}
+        again = job.lease("worker-1")["shard"]
+        assert again["shard_id"] == shard["shard_id"]
+        assert again["first_key"] == shard["first_key"] + 2
+        assert again["start"] == shard["start"] + 2 * BATCH_SIZE
+    finally:
+        client.close()
+        server.stop(None)
 
 
 @pytest.mark.parametrize("with_eval", [False, True], ids=["train-only", "with-eval"])
