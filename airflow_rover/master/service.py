@@ -130,7 +130,7 @@ class JobMaster:
             self.queue.release_all()
             self.resumed_from = str(checkpoint)
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
-        self._unreconciled: list[Shard] = []  # released while the PS ledgers were unreadable
+        self._unreconciled: list[Shard] = []  # to resume from the PS ledgers at the next tick
         self._recheck: set[int] = set()  # shards leased through an ECRM loss (``shard_done``)
         # ECRM: parity is kept once every PS was set up (re-encoded from restored rows); a lost
         # PS's replacement is rebuilt from it (``ps.ecrm``).
@@ -271,7 +271,7 @@ class JobMaster:
         with self._lock:
             self._node(node_id).last_seen = time.time()
             version = self.layout_version
-            if self.state != JobState.RUNNING:
+            if self.state != JobState.RUNNING and not self._training_through_loss:
                 done = self.state in TERMINAL_STATES or self.state == JobState.EVALUATING
                 return protocol.LeaseReply(
                     status="done" if done else "wait", layout_version=version
@@ -322,10 +322,8 @@ class JobMaster:
             if not accepted:
                 log.warning("rejected completion of shard %d by %s", shard_id, body.node_id)
             elif shard_id in self._recheck:  # reopened at the first batch some PS lacks
-                self._recheck.discard(shard_id)
-                shard = [self.queue.static(shard_id)]
-                if not self._reconcile(shard):
-                    self._unreconciled.extend(shard)
+                self._recheck.discard(shard_id)  # (next tick: the ledgers are not read here)
+                self._unreconciled.append(self.queue.static(shard_id))
             return accepted
 
     def release_shards(self, node_id: str) -> int:
@@ -485,7 +483,8 @@ class JobMaster:
                 self._reconcile(expired)
                 if self._unreconciled and self._reconcile(self._unreconciled):
                     self._unreconciled = []
-                if self.queue.finished and not self._wrapping_up and not self._rebuilding:
+                finished = self.queue.finished and not self._unreconciled
+                if finished and not self._wrapping_up and not self._rebuilding:
                     self._wrapping_up = True  # until a PS restore sends training back
                     if self.resize is not None:
                         self._cancel_resize(self.resize, "training ended before the PS resize")
@@ -714,6 +713,14 @@ class JobMaster:
             log.warning("ECRM setup or rebuild could not reach a PS (%s); next tick", exc)
             return False
         return True
+
+    @property
+    def _training_through_loss(self) -> bool:
+        """A lost PS's replacement is on its way under ECRM: the workers train on meanwhile
+        (their pushes for it held, ``ps.lost``), so shards are still handed out; the ones
+        leased then are checked against the ledgers when done, like those leased at the
+        loss."""
+        return self.state == JobState.RECOVERING and self._ecrm_live and bool(self._ecrm_pending)
 
     def _active_rebuilds(self) -> list[int]:
         return [i for i, r in self.rebuilds.items() if not r["done"]]

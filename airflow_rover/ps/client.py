@@ -122,8 +122,10 @@ class PSClient:
 
     def deliver(self, lost: LostPS) -> None:
         """Send the pushes another client held for a PS it lost to that PS's replacement (PS
-        ``lost.index`` here), in the order they were made. Each keeps its batch key, so one
-        the lost PS had applied (and its holders knew) is turned away."""
+        ``lost.index`` here), one after the other: in the order they were made, as the PS
+        would have applied them (with one worker, training stays exactly sequential). Each
+        keeps its batch key, so one the lost PS had applied (and its holders knew) is turned
+        away."""
         for request in lost.held:
             self._call_one(lost.index, "Push", request)
 

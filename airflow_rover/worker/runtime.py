@@ -672,6 +672,7 @@ class _TrainLoop:
             len(cluster.ps),
         )
         self.layout_version = cluster.layout_version
+        self.wake.set()  # the input pipeline may wait on a lease refused to the old layout
 
     def close(self) -> None:
         self._sender.shutdown(wait=True)

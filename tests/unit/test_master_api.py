@@ -693,6 +693,64 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert fresh["shard"]["shard_id"] == 0
 
 
+def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
+    make_job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ECRM: the workers train on while a lost PS's replacement starts (``ps.lost``): their
+    shards stay leased and more are handed out. Once the replacement is up, every shard
+    leased through the loss is checked against the PS ledgers when it is done: the lost PS
+    may have applied one of its batches without its parity holders hearing of it. (The PS are
+    fakes here: the ECRM set-up and the ledger read are recorded, not made.)"""
+    config = CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
+    job = make_job(num_ps=3, checkpoint=config)
+    rebuilt: list[int] = []
+
+    def ecrm_ready() -> bool:
+        job.master._ecrm_live = True
+        rebuilt.extend(sorted(job.master._ecrm_pending))
+        job.master._ecrm_pending.clear()
+        return True
+
+    reconciled: list[list[int]] = []
+
+    def reconcile(shards: list) -> bool:
+        if shards:
+            reconciled.append(sorted(s.shard_id for s in shards))
+        return True
+
+    monkeypatch.setattr(job.master, "_ecrm_ready", ecrm_ready)
+    monkeypatch.setattr(job.master, "_reconcile", reconcile)
+    job.master.step()
+    for i in range(3):
+        job.post(f"/nodes/ps-{i}/ready", {"address": f"127.0.0.1:{i + 1}"})
+    job.master.step()
+    assert job.status()["state"] == "running"
+    first = job.lease("worker-0")["shard"]["shard_id"]
+
+    job.launcher.exit("ps-1", 137)
+    job.master.step()
+    assert job.status()["state"] == "recovering"
+    assert [s.shard_id for s in job.master.queue.held_by("worker-0")] == [first]  # kept
+    second = job.lease("worker-1")
+    assert second["status"] == "ok" and second["layout_version"] == 0  # trained through it
+    job.post("/nodes/ps-1/ready", {"address": "127.0.0.1:9"})
+    reconciled.clear()
+    job.master.step()
+    assert rebuilt == [1] and job.status()["state"] == "running"
+    assert job.get("/cluster")["layout_version"] == 1
+    assert reconciled == [list(range(NUM_SHARDS))]  # the leased two are skipped in there
+    assert job.done("worker-0", first)
+    job.master.step()
+    assert reconciled[-1] == [first]  # checked against the ledgers once done
+    assert job.done("worker-1", second["shard"]["shard_id"])
+    job.master.step()
+    assert reconciled[-1] == [second["shard"]["shard_id"]]
+    third = job.post("/shards/lease", {"node_id": "worker-0", "layout_version": 1})["shard"]
+    assert job.done("worker-0", third["shard_id"])
+    job.master.step()
+    assert reconciled[-1] == [second["shard"]["shard_id"]]  # leased after: not checked again
+
+
 def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) -> None:
     """``GET /cluster?after=N&wait_s=S`` is held until the layout moves past N (the relaunched
     PS is announced) instead of the worker polling for it; answered at once when it already
