@@ -525,7 +525,7 @@ class _TrainLoop:
         self.carried: set[int] = set()  # older layouts whose shards are still trained (ECRM)
         self.relaunched: protocol.ClusterInfo | None = None  # a lost PS's replacement, announced
         self._watcher: threading.Thread | None = None
-        self._watch_error: PSLost | None = None
+        self._watch_error: Exception | None = None
 
     def feed(self, element: dict[str, Any] | None, layout: int | None = None) -> None:
         """The next element of the input pipeline, or None when there is none to train now
@@ -609,7 +609,7 @@ class _TrainLoop:
         def watch() -> None:
             try:
                 self.relaunched = _wait_for_relaunch(self.master, self.layout_version, self.stop)
-            except PSLost as exc:
+            except Exception as exc:  # raised by the training loop (no replacement, no master)
                 self._watch_error = exc
             self.wake.set()
 
