@@ -534,7 +534,9 @@ class _TrainLoop:
         if self._watch_error is not None:
             raise self._watch_error
         if self.relaunched is not None:
-            self._switch_layout(self.relaunched)
+            if self.relaunched.layout_version > self.layout_version:
+                self._switch_layout(self.relaunched)
+            self.relaunched = None  # (or a lease reply had told of it first)
         if layout is not None and layout < self.layout_version and not self.trains(layout):
             return  # leased before a lost PS's replacement came: that shard is given back
         if layout is not None and layout > self.layout_version:
