@@ -120,12 +120,17 @@ class PSClient:
         self.close(keep=set(kept))
         return client
 
-    def deliver(self, lost: LostPS) -> None:
+    def deliver(self, lost: LostPS, dense: Mapping[str, np.ndarray]) -> None:
         """Send the pushes another client held for a PS it lost to that PS's replacement (PS
         ``lost.index`` here), one after the other: in the order they were made, as the PS
         would have applied them (with one worker, training stays exactly sequential). Each
         keeps its batch key, so one the lost PS had applied (and its holders knew) is turned
-        away."""
+        away. First ``dense`` (the caller's dense weights) is offered for the variables the
+        PS owns: a replacement whose holders had no copy of them yet (a PS lost within a
+        second of its start) takes these rather than none."""
+        mine = {f"dense/{n}": v for n, v in dense.items() if self.dense_owner(n) == lost.index}
+        if mine:
+            self._call_one(lost.index, "InitDense", mine)
         for request in lost.held:
             self._call_one(lost.index, "Push", request)
 
@@ -135,7 +140,7 @@ class PSClient:
         if self.ecrm is None or exc.code() not in LOST_CODES:
             return False
         if self.lost is None:
-            self.lost = LostPS(index, self.num_ps, self.ecrm)
+            self.lost = LostPS(index, self.num_ps, self.ecrm, exc)
         return self.lost.index == index
 
     def _start_decoding(
@@ -418,6 +423,10 @@ class PSClient:
                     got.append(None)
             if self.lost is not None:
                 index = self.lost.index
+                if dense_versions[index] < 0:
+                    # the caller has none of its dense weights yet (it has just started):
+                    # without them there is nothing to train on until the replacement is up
+                    raise self.lost.error
                 if decoding is None:  # lost during this call: one more round trip, once
                     decoding = self._start_decoding(parts(index)[0])
                 live = [r for r in got if r is not None]

@@ -59,8 +59,9 @@ class EcrmReads:
 class LostPS:
     """PS ``index``, lost: the parts of pushes held for its replacement, and its rows decoded."""
 
-    def __init__(self, index: int, num_ps: int, reads: EcrmReads) -> None:
+    def __init__(self, index: int, num_ps: int, reads: EcrmReads, error: Exception) -> None:
         self.index = index
+        self.error = error  # how it was lost
         self.reads = reads
         self.layout = reads.layout(num_ps)
         self.held: list[dict[str, np.ndarray]] = []

@@ -635,7 +635,7 @@ class _TrainLoop:
             raise RuntimeError(f"PS {lost.index} was lost and the PS were resized meanwhile")
         self.model.ps = old.reconnect(cluster.ps)
         if lost is not None:
-            self.model.ps.deliver(lost)
+            self.model.ps.deliver(lost, self.mirror.values)
             log.info(
                 "%s: %d push(es) held for PS %d delivered to its replacement",
                 self.node_id,

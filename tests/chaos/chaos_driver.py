@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,12 +71,16 @@ class ChaosDriver:
         kills: int,
         gap_s: tuple[float, float] = (1.0, 2.5),
         weights: dict[str, float] | None = None,
+        may_kill: Callable[[dict[str, Any]], bool] | None = None,
     ) -> None:
+        """``may_kill(status)``: whether the job may lose a node now (default: it is running;
+        an ECRM job also needs its last lost PS rebuilt, as it recovers one at a time)."""
         self.layout = layout
         self.rng = random.Random(seed)
         self.target = kills
         self.gap_s = gap_s
         self.weights = weights or KIND_WEIGHTS
+        self.may_kill = may_kill or (lambda status: status.get("state") == "running")
 
     def run(self, timeout_s: float) -> ChaosReport:
         start = time.monotonic()
@@ -89,11 +94,7 @@ class ChaosDriver:
             procs = job_processes(self.layout)
             now = time.monotonic()
             self._mark_recoveries(report, status, procs, now - start)
-            if (
-                len(report.kills) < self.target
-                and now >= next_kill
-                and status.get("state") == "running"
-            ):
+            if len(report.kills) < self.target and now >= next_kill and self.may_kill(status):
                 kill = self._kill_one(procs, now - start)
                 if kill is not None:
                     report.kills.append(kill)

@@ -339,9 +339,15 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
     drained(coded)
     worker = PSClient(coded.addresses, TOKEN, ecrm=EcrmReads(K, VOCAB, ADAGRAD))
     reference = plain.client()
-    coded.lose(1)
     rng = np.random.default_rng(22)
     ids = batch(rng)
+    known = worker.push_pull_async(None, ids, [-1] * NUM_PS).result().dense.versions
+    coded.lose(1)
+    starting = PSClient(coded.addresses, TOKEN, ecrm=EcrmReads(K, VOCAB, ADAGRAD))
+    with pytest.raises(grpc.RpcError) as raised:  # no dense weights of PS 1 yet: it waits
+        starting.push_pull_async(None, ids, [-1] * NUM_PS).result()
+    assert raised.value.code() == grpc.StatusCode.UNAVAILABLE
+    starting.close()
     for key in range(20, 27):
         grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
         dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
@@ -349,8 +355,8 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
         both = {n: np.intersect1d(nxt[n], ids[n]) for n in ids}
         push = (ids, grads, dgrads)
         got, want = (
-            c.push_pull_async(push, nxt, [-1] * NUM_PS, state_ids=both, push_key=key).result()
-            for c in (worker, reference)
+            c.push_pull_async(push, nxt, versions, state_ids=both, push_key=key).result()
+            for c, versions in ((worker, known), (reference, [-1] * NUM_PS))
         )
         for name in nxt:
             np.testing.assert_allclose(got.rows[name], want.rows[name], atol=1e-5)
@@ -367,7 +373,7 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
     coded.rebuild(1)
     back = worker.reconnect(coded.addresses)
     assert back.lost is None
-    back.deliver(lost)
+    back.deliver(lost, DENSE_INIT)  # offered first: the replacement restored its replica
     coded.wait_rebuilt(1)
     drained(coded)
     assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[1], atol=1e-4)
