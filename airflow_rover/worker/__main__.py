@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> None:
         model.warm_up()
     master.ready(ctx.node_id)
     if args.role == "worker":
-        model.offer_initial_weights()
         try:
+            model.offer_initial_weights()  # a PS lost now: EXIT_PS_LOST too (not a failure)
             progress = train(
                 ctx.node_id,
                 model,
