@@ -657,7 +657,6 @@ class EcrmPeer:
                 return {"fenced": np.ones(1, dtype=np.uint8)}
             if epoch > self._src_epoch[source]:  # a new incarnation speaks first
                 self._src_epoch[source] = epoch
-                self.keys_from[source] = set()
             recent = self.recent.setdefault(source, collections.deque(maxlen=RECENT_MESSAGES))
             now = time.monotonic()
             for delta, key in zip(decode_frame(frame), frame["delta_keys"], strict=True):
@@ -678,8 +677,11 @@ class EcrmPeer:
         with self._parity_lock:
             self.store.fence(source, epoch)
             self._src_epoch[source] = max(self._src_epoch[source], epoch)
+            # Every batch this holder knows the partition applied, whichever incarnation sent
+            # it: a replacement sends its ledger again, and if it is lost before this holder
+            # heard all of it, forgetting here would make old batches look missing here and
+            # present at the other holders, with nothing left to take out (``_rollback``).
             keys = self.keys_from.get(source, set())
-            self.keys_from[source] = set()
             out = {"batch_keys": np.array(sorted(keys), dtype=np.int64)}
             out.update({f"replica/{k}": v for k, v in self.replica.pop(source, {}).items()})
             for t in self.layout.tables:
@@ -702,6 +704,7 @@ class EcrmPeer:
             self.recent[source] = collections.deque(
                 (e for e in recent if e[2].epoch >= live), maxlen=RECENT_MESSAGES
             )
+            self.keys_from[source] -= found  # to be trained again
         return {"missing": np.array(sorted(keys - found), dtype=np.int64)}
 
     def _release(self, table: str, ids: np.ndarray) -> int:

@@ -246,6 +246,43 @@ def test_batches_only_some_holders_got_are_taken_out_and_trained_again(
     assert all(set(ps.ledger.applied) == set(range(13)) for ps in coded.ps)
 
 
+def test_a_ps_lost_again_before_its_holders_heard_its_ledger_again_keeps_its_batches(
+    clusters: tuple[EcrmCluster, Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replacement sends its ledger to its holders again. Lost before one of them heard it
+    (its channel there cut), its own replacement still finds every batch known to both holders:
+    a holder does not forget what a partition applied when its incarnation is fenced. (It did:
+    the rebuild then failed, the batches looking like ones to take out, with no message left
+    to take out; seen in the ECRM chaos case, a PS killed 0.1 s after its rebuild.)"""
+    coded, plain = clusters
+    push_steps([coded.client(), plain.client()], 0, 10, seed=7)
+    drained(coded)
+    peer = coded.ps[1].ecrm
+    assert peer is not None
+    late = peer.layout.holders_of(1)[0]
+    call = ecrm.Peers.call
+
+    def cut_off(
+        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
+    ) -> dict:
+        first_replacement = "source" in arrays and arrays["source"].tolist() == [1, 1]
+        if index == late and ecrm.read_text(arrays["op"]) == "parity" and first_replacement:
+            raise _Unreachable()
+        return call(self, index, arrays, timeout)
+
+    monkeypatch.setattr(ecrm.Peers, "call", cut_off)
+    coded.lose_and_replace(1)
+    coded.rebuild(1)
+    coded.wait_rebuilt(1)
+    assert coded.ps[1].ecrm.channels[late].backlog() > 0  # type: ignore[union-attr]
+    coded.lose_and_replace(1)
+    coded.rebuild(1)
+    coded.wait_rebuilt(1)
+    assert set(coded.ps[1].ledger.applied) == set(range(10))
+    drained(coded)
+    assert_same_rows(rows_of([coded.ps[1]]), rows_of([plain.ps[1]]), coded.ps[1])
+
+
 def test_parity_is_encoded_again_after_a_restore(clusters: tuple[EcrmCluster, Cluster]) -> None:
     coded, plain = clusters
     push_steps([coded.client(), plain.client()], 0, 15, seed=5)
