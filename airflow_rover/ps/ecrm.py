@@ -451,6 +451,8 @@ class EcrmPeer:
         self.codec = SumCodec()
         self.store = ParityStore(self.layout, self.index, self.codec, self._initial, self.epoch)
         self.propagator = DifferencePropagator(self.layout, self.index, self.codec, self.epoch)
+        for h in self.layout.holders_of(self.index):  # its messages carry each holder's epoch:
+            self.propagator.reset_holder(h, self.epochs[h])  # a holder drops older ones
         self.buffer = UpdateBuffer()
         self.peers = Peers(addresses, token)
         self._parity_lock = threading.Lock()

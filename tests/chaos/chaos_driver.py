@@ -72,19 +72,15 @@ class ChaosDriver:
         gap_s: tuple[float, float] = (1.0, 2.5),
         weights: dict[str, float] | None = None,
         may_kill: Callable[[dict[str, Any]], bool] | None = None,
-        once: bool = False,
     ) -> None:
         """``may_kill(status)``: whether the job may lose a node now (default: it is running;
-        an ECRM job also needs its last lost PS rebuilt, as it recovers one at a time).
-        ``once``: kill each node at most once."""
+        an ECRM job also needs its last lost PS rebuilt, as it recovers one at a time)."""
         self.layout = layout
         self.rng = random.Random(seed)
         self.target = kills
         self.gap_s = gap_s
         self.weights = weights or KIND_WEIGHTS
         self.may_kill = may_kill or (lambda status: status.get("state") == "running")
-        self.once = once
-        self._killed: set[str] = set()
 
     def run(self, timeout_s: float) -> ChaosReport:
         start = time.monotonic()
@@ -108,11 +104,7 @@ class ChaosDriver:
 
     def _kill_one(self, procs: dict[str, psutil.Process], at_s: float) -> Kill | None:
         kinds = {
-            kind: sorted(
-                n
-                for n in procs
-                if (n == kind or n.startswith(f"{kind}-")) and not (self.once and n in self._killed)
-            )
+            kind: sorted(n for n in procs if n == kind or n.startswith(f"{kind}-"))
             for kind in self.weights
         }
         kinds = {k: nodes for k, nodes in kinds.items() if nodes}
@@ -125,7 +117,6 @@ class ChaosDriver:
             proc.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             return None
-        self._killed.add(node)
         return Kill(at_s=round(at_s, 2), kind=kind, node=node, pid=proc.pid)
 
     @staticmethod

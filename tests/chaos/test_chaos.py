@@ -80,14 +80,13 @@ def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return status["result"]
 
 
-ECRM_SETTLE_S = 4.0
+ECRM_SETTLE_S = 2.0
 
 
 def ecrm_training(status: dict[str, Any]) -> bool:
-    """Every worker training, and no PS rebuilt from parity in the last ``ECRM_SETTLE_S``.
-    ECRM recovers one lost PS at a time: a second loss during a rebuild fails the try, by
-    design, and so can one that comes before the rebuilt PS's last messages reached every
-    holder (a holder whose parity was being re-encoded cannot take them out again)."""
+    """Every worker training, and no PS rebuilt from parity in the last ``ECRM_SETTLE_S``:
+    ECRM recovers one lost PS at a time (a second loss during a rebuild fails the try, by
+    design), and each kill here is to be a fresh single loss."""
     rebuilds = status.get("recovery", {}).get("ecrm_rebuilds", [])
     workers = [n for n in status.get("nodes", []) if n["role"] == "worker"]
     settled = all(
@@ -106,11 +105,8 @@ CASES = {
     "seed-2": (2, {}, {}),
     "seed-3": (3, {}, {}),
     # ECRM: the workers train through each lost PS (``ps.lost``) while its replacement is
-    # rebuilt from parity; each PS is killed once, while every worker trains (workers and the
-    # master are killed in the cases above). A replacement lost in its turn can fail its own
-    # replacement's rebuild (the holders disagree on its last batches and one cannot take them
-    # out: the try fails and an Airflow retry resumes from the last checkpoint); seen with
-    # this code and stop 16's alike, open in issue 7.
+    # rebuilt from parity; PS (replacements too) are killed while every worker trains (workers
+    # and the master are killed in the cases above).
     "ecrm-seed-4": (
         4,
         {
@@ -122,31 +118,12 @@ CASES = {
             "gap_s": (0.8, 1.6),
             "weights": {"ps": 1.0},
             "may_kill": ecrm_training,
-            "once": True,
         },
     ),
 }
 
 
-ECRM_REPEATED_LOSSES = (
-    "open (issue 7): under ECRM, repeated PS losses in one job can fail a rebuild. A lost "
-    "replacement's own replacement found its holders disagreeing on its last batches with one "
-    "unable to take them out (6 of 10 runs of this stop's code; stop 16's code too, 2 of 3), "
-    "and once a third PS's rebuild waited for its holders to drain until the test's 400 s ran "
-    "out. One loss per job is covered by "
-    "tests/integration/test_checkpoint_policies.py"
-)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.skip(reason=ECRM_REPEATED_LOSSES))
-        if c.startswith("ecrm")
-        else c
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_job_survives_random_kills_with_every_batch_trained_once(
     case: str, data: Any, failure_free: dict[str, Any], tmp_path: Path
 ) -> None:

@@ -283,6 +283,39 @@ def test_a_ps_lost_again_before_its_holders_heard_its_ledger_again_keeps_its_bat
     assert_same_rows(rows_of([coded.ps[1]]), rows_of([plain.ps[1]]), coded.ps[1])
 
 
+def test_a_replacement_started_after_its_holder_was_replaced_reaches_it(
+    clusters: tuple[EcrmCluster, Cluster],
+) -> None:
+    """A PS's messages carry its holders' incarnations, and a holder drops those addressed to
+    an older one. A replacement started after one of its holders had been replaced stamped
+    them with incarnation 0 for every holder: that holder dropped all of them, its parity went
+    stale, and the replacement's own loss later could not be rebuilt (the ECRM chaos case)."""
+    coded, plain = clusters
+    push_steps([coded.client(), plain.client()], 0, 10, seed=8)
+    drained(coded)
+    peer = coded.ps[0].ecrm
+    assert peer is not None
+    holder = peer.layout.holders_of(0)[0]
+    coded.lose_and_replace(holder)  # a holder of PS 0, replaced first
+    coded.rebuild(holder)
+    coded.wait_rebuilt(holder)
+    push_steps([coded.client(), plain.client()], 10, 5, seed=10)
+    drained(coded)
+    time.sleep(0.2)  # a dense replica at the new holder (sent when the variables change)
+    coded.lose_and_replace(0)  # then PS 0: its replacement knows the holder's incarnation
+    coded.rebuild(0)
+    coded.wait_rebuilt(0)
+    push_steps([coded.client(), plain.client()], 15, 10, seed=9)
+    drained(coded)
+    time.sleep(0.2)
+    coded.lose_and_replace(0)  # rebuilt from that holder's parity among others
+    coded.rebuild(0)
+    coded.wait_rebuilt(0)
+    drained(coded)
+    assert_same_rows(rows_of([coded.ps[0]]), rows_of([plain.ps[0]]), coded.ps[0], atol=1e-4)
+    assert set(coded.ps[0].ledger.applied) == set(range(25))
+
+
 def test_parity_is_encoded_again_after_a_restore(clusters: tuple[EcrmCluster, Cluster]) -> None:
     coded, plain = clusters
     push_steps([coded.client(), plain.client()], 0, 15, seed=5)
