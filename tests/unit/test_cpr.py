@@ -121,6 +121,20 @@ def test_top_rows_picks_exactly_the_most_accessed_rows():
     assert top_rows(np.zeros(5, np.uint32), 3).size == 0
 
 
+def test_top_rows_ranks_counters_past_the_histogram():
+    """Counters at or above the histogram's last bin (and up to 2**32-1) rank exactly too."""
+    rng = np.random.default_rng(1)
+    for trial in range(100):
+        size = int(rng.integers(1, 300))
+        small = rng.integers(0, 5000, size=size)
+        large = rng.integers(4090, 2**32, size=size, dtype=np.uint64)
+        counts = np.where(rng.random(size) < 0.5, small, large).astype(np.uint32)
+        counts[rng.random(size) < 0.2] = 4095  # ties at the histogram's edge
+        n = int(rng.integers(0, size + 3))
+        got = top_rows(counts, n)
+        np.testing.assert_array_equal(got, _reference_top(counts, n), err_msg=f"trial {trial}")
+
+
 def test_mfu_counts_saves_the_top_share_and_clears_it():
     mfu = MfuTracker(num_rows=10, r=0.3)
     assert mfu.save_size == 3
