@@ -2,7 +2,7 @@
 
 A full save writes every PS's ``ParameterServer.snapshot()`` with
 ``core.checkpoint_files.write_npz`` (checksummed, fsynced, renamed) plus the dense model; a
-load checks the file's checksum (``read_digest``), ``np.load``-s it and ``restore``-s it into a
+load checks the file's checksum and reads it (``read_npz``), then ``restore``-s it into a
 fresh ``ParameterServer``, as a replacement PS does. MFU/SSU saves write the ``r*N`` selected
 rows of each PS (``core.cpr``: ``top_rows`` over the PS's own access counters, or an
 ``SsuTracker``'s list) and a restore replays that PS's chain with ``latest_rows``.
@@ -22,16 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import read_digest, write_npz
+from airflow_rover.core.checkpoint_files import read_npz, read_npz_parts, write_npz
 from airflow_rover.core.cpr import SsuTracker, latest_rows, top_rows
 from bench._recovery_cluster import Cluster
-
-
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    """What a replacement PS does with its part: verify the checksum, then read it."""
-    read_digest(path)
-    with np.load(path) as archive:
-        return {name: archive[name] for name in archive.files}
 
 
 @dataclass
@@ -85,7 +78,7 @@ class CheckpointStore:
         start = time.perf_counter()
         ps = cluster.new_ps(p)
         if self.last_full is not None:
-            ps.restore(_load_npz(self.last_full / f"ps-{p}.npz"))
+            ps.restore(read_npz(self.last_full / f"ps-{p}.npz"))
         cluster.ps[p] = ps
         return time.perf_counter() - start
 
@@ -97,7 +90,7 @@ class CheckpointStore:
             if p == 0:
                 start = time.perf_counter()
                 if self.last_full is not None:
-                    cluster.net.load(_load_npz(self.last_full / "dense.npz"))
+                    cluster.net.load(read_npz(self.last_full / "dense.npz"))
                 else:
                     cluster.net.reset()
                 seconds += time.perf_counter() - start
@@ -147,7 +140,11 @@ class CheckpointStore:
         copy (``latest_rows``); every other row restarts from its seeded initial value."""
         start = time.perf_counter()
         ps = cluster.new_ps(p)
-        saves = [_load_npz(path) for path in self.chains.get(p, [])]
+        saves = []
+        for _, arrays in read_npz_parts(self.chains.get(p, [])):
+            if isinstance(arrays, Exception):
+                raise arrays
+            saves.append(arrays)
         for name, table in ps.tables.items():
             prefix = f"table/{name}/"
             parts = [
@@ -157,7 +154,7 @@ class CheckpointStore:
                 )
                 for s in saves
             ]
-            ids, fields = latest_rows(parts)
+            ids, fields = latest_rows(parts, ascending=False)
             if ids.size:
                 fields.pop("ids", None)
                 fields["counts"] = np.zeros(ids.size, np.uint32)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import write_npz
+from airflow_rover.core.checkpoint_files import read_npz, write_npz
 from airflow_rover.core.checkpoint_policy import (
     CheckpointCosts,
     CheckpointPlan,
@@ -34,7 +34,7 @@ from airflow_rover.core.checkpoint_policy import (
     plan_checkpoints,
 )
 from airflow_rover.core.cpr import CprSaveSchedule, PlsTracker, SsuTracker
-from bench._recovery_ckpt import CheckpointStore, _load_npz
+from bench._recovery_ckpt import CheckpointStore
 from bench._recovery_cluster import BATCH_SIZE, SEED, Cluster, DenseNet, Workload
 from bench._recovery_ecrm import EcrmHooks, Verdict
 
@@ -354,7 +354,7 @@ def _reload_time(cluster: Cluster, p: int, where: Path) -> float:
     path = where / f"ps-{p}.npz"
     write_npz(path, cluster.ps[p].snapshot().items())
     start = time.perf_counter()
-    cluster.new_ps(p).restore(_load_npz(path))
+    cluster.new_ps(p).restore(read_npz(path))
     return time.perf_counter() - start
 
 

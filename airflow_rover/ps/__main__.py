@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_digest
+from airflow_rover.core.checkpoint_files import read_npz_parts
 from airflow_rover.core.ecrm import EcrmLayout
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.features import resolve_features
@@ -87,17 +87,11 @@ def apply_partial_saves(
     number = checkpoint_number(checkpoint.name)
     if number is None:
         return
+    parts = [d / f"ps-{ps.index}.npz" for d in layout.partial_dirs(number)]
     applied = 0
-    for directory in layout.partial_dirs(number):
-        part = directory / f"ps-{ps.index}.npz"
-        if not part.exists():
-            continue
-        try:
-            read_digest(part)
-            with np.load(part) as saved:
-                arrays = dict(saved)
-        except (CorruptCheckpoint, OSError, ValueError) as exc:
-            log.warning("%s: partial save %s skipped: %s", node_id, directory.name, exc)
+    for part, arrays in read_npz_parts([p for p in parts if p.exists()]):
+        if isinstance(arrays, Exception):
+            log.warning("%s: partial save %s skipped: %s", node_id, part.parent.name, arrays)
             continue
         for name, table in ps.tables.items():
             prefix = f"table/{name}/"

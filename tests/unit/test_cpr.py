@@ -302,6 +302,10 @@ def test_latest_rows_matches_a_dict_merge_of_random_chains():
         np.testing.assert_array_equal(ids, sorted(newest))
         np.testing.assert_array_equal(fields["row"], [newest[i] for i in sorted(newest)])
         np.testing.assert_array_equal(fields["count"], ids * 2)
+        any_order, unsorted = latest_rows(saves, ascending=False)  # what a restore takes
+        assert sorted(any_order.tolist()) == sorted(newest)
+        np.testing.assert_array_equal(unsorted["row"], [newest[int(i)] for i in any_order])
+        np.testing.assert_array_equal(unsorted["count"], any_order * 2)
 
 
 def test_simulators_reject_bad_input():
