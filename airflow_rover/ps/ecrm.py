@@ -603,13 +603,14 @@ class EcrmPeer:
             with self.ps._apply_lock:
                 self.buffer.lock(table, req["ids"])
                 sent = _ints(self.propagator.sent())
-            for channel in self.channels.values():
-                channel.flush()
+            self._flush_channels()
             return sent
-        if op == "unlock":
+        if op == "unlock":  # with the send counters after the held updates went out
             with self.ps._apply_lock:
                 held = self._release(table, req["ids"])
-            return {"held": np.array([held], dtype=np.int64)}
+                sent = _ints(self.propagator.sent())
+            self._flush_channels()
+            return {"held": np.array([held], dtype=np.int64), **sent}
         if op == "fence":
             return self._fence(int(req["source"][0]), int(req["epoch"][0]))
         if op == "rollback":
@@ -631,6 +632,10 @@ class EcrmPeer:
         if op == "status":
             return self.status()
         raise ValueError(f"ecrm op {op!r}: unknown")
+
+    def _flush_channels(self) -> None:
+        for channel in self.channels.values():
+            channel.flush()
 
     def _member_read(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """A degraded read's member: the rows asked for (``ids/<table>``, sorted unique), and
@@ -891,6 +896,7 @@ class EcrmPeer:
             request = {"op": text(op), "table": text(t), **arrays}
             return lambda: self.peers.call(q, request)
 
+        released: dict[int, dict[int, int]] = {}  # each PS's send counters after its unlock
         while (chunk := plan.next_chunk()) is not None:
             t = chunk.table
             others = [q for q in chunk.lock_ps if q != self.index]
@@ -922,15 +928,38 @@ class EcrmPeer:
                     self.ps.tables[t].put_fields(chunk.ids, fields)
                     plan.chunk_written()
                     rebuild.held_rows += self._release(t, chunk.locks[self.index])
+                    released[self.index] = self.propagator.sent()
+                self._flush_channels()
                 rebuild.rows_done_at = time.perf_counter()
             else:
                 fields = chunk.encode(self.codec, self._fan(reads), self._dtypes(t))
                 with self._parity_lock:
                     self.store.write(t, chunk.slots, fields)
                 plan.chunk_written()
-            released = self._fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
-            rebuild.held_rows += sum(int(reply["held"][0]) for reply in released.values())
+            unlocked = self._fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
+            rebuild.held_rows += sum(int(reply["held"][0]) for reply in unlocked.values())
+            released.update({q: _read_ints(reply) for q, reply in unlocked.items()})
             rebuild.chunks += 1
+        self._wait_delivered(released)
+
+    def _wait_delivered(self, sent: Mapping[int, Mapping[int, int]]) -> None:
+        """Until every holder has applied what each PS had sent when it released its held
+        updates. Those went out without a batch key of their own: were one PS lost later with
+        them at one of its holders only, the holders would agree on its batches and the rows
+        of the other holder's groups would be rebuilt without them. So a rebuild is done only
+        once they are everywhere (and a loss during a rebuild fails the try)."""
+        marks = {
+            (q, h): n
+            for q, counts in sent.items()
+            for h, n in counts.items()
+            if h in self.layout.holders_of(q)
+        }
+        holders = sorted({h for _, h in marks})
+        while True:
+            applied = self._fan({h: functools.partial(self._applied, h) for h in holders})
+            if all(applied[h].get(q, 0) >= n for (q, h), n in marks.items()):
+                return
+            time.sleep(DRAIN_POLL_S)
 
     def _applied(self, holder: int) -> dict[int, int]:
         if holder == self.index:

@@ -6,6 +6,7 @@ the dense variables too, and a job with a loss ends with the very rows a job wit
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -314,6 +315,73 @@ def test_a_replacement_started_after_its_holder_was_replaced_reaches_it(
     drained(coded)
     assert_same_rows(rows_of([coded.ps[0]]), rows_of([plain.ps[0]]), coded.ps[0], atol=1e-4)
     assert set(coded.ps[0].ledger.applied) == set(range(25))
+
+
+def push_key(clients: list[PSClient], key: int) -> None:
+    """The push of batch ``key``: the same gradients whenever it is pushed again."""
+    rng = np.random.default_rng([77, key])
+    ids = batch(rng)
+    grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
+    dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
+    for client in clients:
+        client.push(ids, grads, dgrads, key=key)
+
+
+def test_a_ps_lost_right_after_a_rebuild_had_its_released_updates_at_every_holder(
+    clusters: tuple[EcrmCluster, Cluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member PS releases the pushes a rebuild's lock held without their batch keys. Were
+    it lost with those messages at one of its holders only, both holders would still know the
+    batches (from the pushes' first messages), nothing would be trained again, and the rows
+    of the other holder's groups would be rebuilt without them. So a rebuild is done only once
+    they are at every holder: PS 1, its messages to one holder slow, lost as soon as PS 0's
+    rebuild is done, comes back with the rows of a job without the losses."""
+    monkeypatch.setattr(ecrm, "RECENT_S", 60.0)  # however slow this machine is
+    coded, plain = clusters
+    for key in range(20):
+        push_key([coded.client(), plain.client()], key)
+    drained(coded)
+    peer = coded.ps[1].ecrm
+    assert peer is not None
+    slow = peer.layout.holders_of(1)[0]
+    call = ecrm.Peers.call
+
+    def slow_call(
+        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
+    ) -> dict:
+        if self is peer.peers and index == slow and ecrm.read_text(arrays["op"]) == "parity":
+            time.sleep(0.2)
+            if peer._closed.is_set():  # a lost process sends nothing more
+                raise _Unreachable()
+        return call(self, index, arrays, timeout)
+
+    monkeypatch.setattr(ecrm.Peers, "call", slow_call)
+    coded.lose_and_replace(0)
+    coded.rebuild(0)
+    stop, pushed = threading.Event(), list(range(20))
+
+    def pushing() -> None:  # until the rebuild is done: some pushes wait in PS 1's buffer
+        clients = [coded.client(), plain.client()]
+        while not stop.is_set():
+            push_key(clients, len(pushed))
+            pushed.append(len(pushed))
+
+    thread = threading.Thread(target=pushing)
+    thread.start()
+    status = coded.wait_rebuilt(0)
+    stop.set()
+    thread.join()
+    coded.lose(1)  # right away: what it sent the slow holder after the rebuild is lost
+    assert int(status["held_rows"][0]) > 0
+    coded.replace(1)
+    coded.rebuild(1)
+    coded.wait_rebuilt(1)
+    retrain = sorted(set(pushed) - set(coded.ps[1].ledger.applied))  # the master requeues
+    for key in retrain:
+        push_key([coded.client()], key)  # the PS that applied them turn them away
+    drained(coded)
+    assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[1], atol=1e-4)
+    assert all(set(ps.ledger.applied) == set(pushed) for ps in coded.ps)
 
 
 def test_parity_is_encoded_again_after_a_restore(clusters: tuple[EcrmCluster, Cluster]) -> None:
