@@ -80,7 +80,7 @@ def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     return status["result"]
 
 
-ECRM_SETTLE_S = 2.0
+ECRM_SETTLE_S = 0.5
 
 
 def ecrm_training(status: dict[str, Any]) -> bool:
@@ -114,8 +114,8 @@ CASES = {
             "checkpoint": {"policy": "ecrm", "ecrm": {"k": 2}},
         },
         {
-            "kills": 3,
-            "gap_s": (0.8, 1.6),
+            "kills": 4,
+            "gap_s": (0.3, 0.8),
             "weights": {"ps": 1.0},
             "may_kill": ecrm_training,
         },
