@@ -33,15 +33,20 @@ def batch(rng: np.random.Generator) -> dict[str, np.ndarray]:
     }
 
 
+def push_batch(clients: list[PSClient], rng: np.random.Generator, key: int) -> None:
+    """Batch ``key``'s push, random gradients drawn from ``rng``, to each client's cluster."""
+    ids = batch(rng)
+    grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
+    dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
+    for client in clients:
+        client.push(ids, grads, dgrads, key=key)
+
+
 def push_steps(clients: list[PSClient], first_key: int, count: int, seed: int) -> None:
     """``count`` keyed pushes of the same random gradients to each client's cluster."""
     rng = np.random.default_rng(seed)
     for key in range(first_key, first_key + count):
-        ids = batch(rng)
-        grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
-        dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
-        for client in clients:
-            client.push(ids, grads, dgrads, key=key)
+        push_batch(clients, rng, key)
 
 
 def rows_of(servers: list[ParameterServer]) -> dict[tuple[str, int], np.ndarray]:
@@ -319,12 +324,7 @@ def test_a_replacement_started_after_its_holder_was_replaced_reaches_it(
 
 def push_key(clients: list[PSClient], key: int) -> None:
     """The push of batch ``key``: the same gradients whenever it is pushed again."""
-    rng = np.random.default_rng([77, key])
-    ids = batch(rng)
-    grads = {n: rng.normal(size=(i.size, DIMS[n])).astype(np.float32) for n, i in ids.items()}
-    dgrads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in DENSE_INIT.items()}
-    for client in clients:
-        client.push(ids, grads, dgrads, key=key)
+    push_batch(clients, np.random.default_rng([77, key]), key)
 
 
 def test_a_ps_lost_right_after_a_rebuild_had_its_released_updates_at_every_holder(
