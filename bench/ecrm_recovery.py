@@ -3,6 +3,7 @@
     python bench/ecrm_recovery.py            # ~3 min on 2 cores (300k samples, 2 jobs)
     python bench/ecrm_recovery.py --quick    # ~2 min: a smoke run (60k samples)
     python bench/ecrm_recovery.py --checkpoint-interval 20 --work-dir /tmp/ecrm-bench
+    python bench/ecrm_recovery.py --only ecrm --window 10   # one policy: to iterate on it
 
 ECRM's recovery methodology (``papers/ecrm-erasure-coding.txt`` section 4.2, metrics: "time
 to fully recover a failed server and training throughput during recovery") on the real
@@ -595,6 +596,11 @@ def main() -> int:
     )
     parser.add_argument("--window", type=float, help="seconds traced before the kill (30; 10)")
     parser.add_argument("--work-dir", type=Path, help="kept afterwards (default: a temp dir)")
+    parser.add_argument(
+        "--only",
+        choices=POLICIES,
+        help="run this policy's job alone (to iterate on it; no goals: they need both)",
+    )
     args = parser.parse_args()
     if args.kill_phase >= 0.95:
         parser.error("--kill-phase must be < 0.95 (the next checkpoint is due at 1)")
@@ -619,8 +625,8 @@ def main() -> int:
         data = generate_dataset(
             root / "data", SyntheticConfig(num_train=settings.samples, num_eval=1000, seed=4)
         )
-        outcomes = {policy: run_policy(data, root, policy, settings) for policy in POLICIES}
-    full, ecrm = outcomes["full"], outcomes["ecrm"]
+        policies = (args.only,) if args.only else POLICIES
+        outcomes = {policy: run_policy(data, root, policy, settings) for policy in policies}
     print(
         f"3 PS, 2 workers, {settings.samples:,} samples x {settings.epochs} epochs, "
         f"adagrad, shard 2048; SIGKILL of ps-1 after {settings.window_s:g} s of tracing"
@@ -635,8 +641,14 @@ def main() -> int:
             else "; a lost PS is relaunched as a new process (--no-standby)\n"
         )
     )
-    report_full(full, settings)
-    during = report_ecrm(ecrm, settings)
+    if "full" in outcomes:
+        report_full(outcomes["full"], settings)
+    if "ecrm" in outcomes:
+        during = report_ecrm(outcomes["ecrm"], settings)
+    if args.only:
+        print(f"\n(bench took {time.monotonic() - began:.0f} s; --only: no goals)")
+        return 0
+    full, ecrm = outcomes["full"], outcomes["ecrm"]
     print("== goals")
     speedup = 0.0
     if full.recovery_s is not None and ecrm.recovery_s is not None:

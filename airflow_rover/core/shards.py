@@ -111,6 +111,7 @@ class ShardQueue:
         self.failures: collections.Counter[int] = collections.Counter()
         self.quarantined: set[int] = set()
         self.completions: collections.Counter[int] = collections.Counter()
+        self.leases: collections.Counter[int] = collections.Counter()  # given, per shard
         self.requeues = 0
 
     # -- transitions -------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class ShardQueue:
         if not self._todo:
             return None
         sid = self._todo.popleft()
+        self.leases[sid] += 1
         shard = self.remaining(sid)
         end = None
         if max_batches is not None and shard.start + max_batches * self.batch_size < shard.end:

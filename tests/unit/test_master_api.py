@@ -751,6 +751,77 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     assert reconciled[-1] == [second["shard"]["shard_id"]]  # leased after: not checked again
 
 
+def test_under_ecrm_the_api_answers_while_the_master_waits_on_the_ps(
+    make_job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ECRM: the workers train through a lost PS, so the master's tick must not stall their
+    leases while it waits on the PS: the replacement's set-up and the ledger read took about
+    0.3 s at a loss, with every worker's lease waiting on them (measured). A shard leased
+    during the ledger read is left out of that check and checked once done, at the next
+    tick, against ledgers read then. (Fake PS: each call makes a request from another thread,
+    which must be answered before the call returns.)"""
+    config = CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
+    job = make_job(num_ps=3, checkpoint=config)
+
+    def answered_meanwhile(request: Callable[[], dict]) -> dict:
+        reply: list[dict] = []
+        thread = threading.Thread(target=lambda: reply.append(request()))
+        thread.start()
+        thread.join(timeout=5)
+        assert reply, "the API waited for the master's tick"
+        return reply[0]
+
+    during: dict[str, dict] = {}
+
+    class SlowPS:  # the master's PSClient, for what this test reaches
+        def ecrm_setup(self, *args: object) -> None:
+            pass
+
+        def ecrm_rebuild(self, index: int, *args: object) -> dict[str, np.ndarray]:
+            during["set-up"] = answered_meanwhile(lambda: job.lease("worker-1"))
+            return {"rows_total": np.array([100])}
+
+        def ecrm_status(self, index: int) -> dict[str, np.ndarray]:
+            return {"rebuilding": np.array([1])}  # still going: the transition is what counts
+
+        def close(self) -> None:
+            pass
+
+    def applied_everywhere(purpose: str) -> set[int]:
+        if "ledger read" not in during:
+            during["ledger read"] = answered_meanwhile(lambda: job.lease("worker-0"))
+        return set()  # no batch anywhere: every shard checked resumes at its start
+
+    checked: list[list[int]] = []
+    reconcile = job.master.queue.reconcile
+
+    def recorded(shards: list, applied: set[int]) -> None:
+        checked.append(sorted(s.shard_id for s in shards))
+        reconcile(shards, applied)
+
+    monkeypatch.setattr(job.master, "_ps_client", SlowPS)
+    monkeypatch.setattr(job.master, "_applied_everywhere", applied_everywhere)
+    monkeypatch.setattr(job.master.queue, "reconcile", recorded)
+    job.master.step()
+    for i in range(3):
+        job.post(f"/nodes/ps-{i}/ready", {"address": f"127.0.0.1:{i + 1}"})
+    job.master.step()
+    assert job.status()["state"] == "running"
+    job.launcher.exit("ps-1", 137)
+    job.master.step()
+    job.post("/nodes/ps-1/ready", {"address": "127.0.0.1:9"})
+    job.master.step()  # the replacement's set-up, then the ledger read: the API answers both
+    assert job.status()["state"] == "running"
+    assert during["set-up"]["status"] == "ok" and during["set-up"]["layout_version"] == 0
+    meanwhile = during["ledger read"]["shard"]["shard_id"]
+    assert during["ledger read"]["layout_version"] == 0
+    assert sorted({*checked[-1], meanwhile}) == list(range(NUM_SHARDS))  # all but that one
+    assert job.done("worker-0", meanwhile)
+    job.master.step()
+    assert checked[-1] == [meanwhile]  # against the ledgers read now: it lacks its batches
+    assert job.master.queue.is_todo(meanwhile)
+
+
 def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) -> None:
     """``GET /cluster?after=N&wait_s=S`` is held until the layout moves past N (the relaunched
     PS is announced) instead of the worker polling for it; answered at once when it already
