@@ -38,7 +38,10 @@ paper's best / average / worst-case estimates (relaunch time plus none / half / 
 checkpoint interval's work redone at the measured rate); for ECRM the rebuild's rows, held
 updates and degraded (decoded) reads. Both narrow definitions are printed too: full's reload
 (the master's ``recovery_seconds["ps"]``: PS death detected to restored PS ready) and ECRM's
-rebuild (``ecrm_rebuilds[].seconds``).
+rebuild (``ecrm_rebuilds[].seconds``). Last, where the cores went (``CpuMeter``): the machine's
+and the job's workers, PS and master, during recovery against as long just before the kill.
+Every process of both jobs shares this machine's cores, so the rebuild's work is taken from the
+workers whenever the machine was busy before (the paper's replacement has a server of its own).
 
 Goals (ECRM issue): ECRM recovers >= 5x faster than the checkpoint reload (full's time to fully
 recover / ECRM's), and keeps >= 85% of the normal throughput during recovery. Printed as MET /
@@ -69,7 +72,7 @@ from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.launchers.local import job_processes, node_processes
+from airflow_rover.launchers.local import ENV_NODE_ID, job_processes, node_processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.elastic import wait_for, worker_samples
@@ -110,6 +113,7 @@ class Point:
     checkpoints: int
     ps_recoveries: list[float]  # recovery_seconds["ps"]
     rebuilds: list[dict[str, Any]]  # recovery.ecrm_rebuilds
+    cpu: dict[str, float]  # core-seconds used so far (``CpuMeter``)
 
 
 @dataclass
@@ -129,6 +133,7 @@ class Outcome:
     restored_age_s: float | None = None  # that snapshot's age at the kill (full)
     final_state: str = ""
     error: str | None = None  # why the run ended before recovering
+    cpu: CpuMeter | None = None
 
     @property
     def recovery_s(self) -> float | None:
@@ -163,7 +168,54 @@ def spec_for(data: GeneratedDataset, policy: str, settings: Settings) -> JobSpec
     )
 
 
-def poll(hook: ElasticJobHook) -> Point:
+class CpuMeter:
+    """Core-seconds used so far by this machine and by the job's processes, per role: the
+    master, its PS (the spare and the replacement among them) and its workers. On 2 cores
+    the workers compete with the rebuild for CPU: this says how much each side had. A
+    process keeps what it used once it dies; one is counted from when it is first seen
+    (looked for every ``every`` samples)."""
+
+    ROLES = ("workers", "ps", "master")
+
+    def __init__(self, layout: JobLayout, every: int = 10) -> None:
+        self.layout, self.every = layout, every
+        self._procs: dict[int, tuple[str, psutil.Process]] = {}
+        self._last: dict[int, float] = {}
+        self._used = dict.fromkeys(self.ROLES, 0.0)
+        self._samples = 0
+
+    def _discover(self) -> None:
+        pid = self.layout.master_info().get("pid")
+        if pid is None:
+            return
+        with contextlib.suppress(psutil.Error):
+            master = psutil.Process(pid)
+            self._procs.setdefault(pid, ("master", master))
+            for child in master.children():
+                with contextlib.suppress(psutil.Error):
+                    node = child.environ().get(ENV_NODE_ID, "")
+                    role = "workers" if node.startswith("worker") else "ps"
+                    self._procs.setdefault(child.pid, (role, child))
+
+    def sample(self) -> dict[str, float]:
+        if self._samples % self.every == 0:
+            self._discover()
+        self._samples += 1
+        for pid, (role, proc) in list(self._procs.items()):
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                del self._procs[pid]
+                continue
+            now = times.user + times.system
+            self._used[role] += now - self._last.get(pid, now)
+            self._last[pid] = now
+        machine = psutil.cpu_times()
+        busy = sum(machine) - machine.idle - getattr(machine, "iowait", 0.0)
+        return {"machine": busy, **self._used}
+
+
+def poll(hook: ElasticJobHook, meter: CpuMeter | None = None) -> Point:
     status = hook.get_status()
     recovery = status.get("recovery") or {}
     return Point(
@@ -176,6 +228,7 @@ def poll(hook: ElasticJobHook) -> Point:
         checkpoints=int(recovery.get("checkpoints", 0)),
         ps_recoveries=list((recovery.get("recovery_seconds") or {}).get("ps", [])),
         rebuilds=list(recovery.get("ecrm_rebuilds") or []),
+        cpu=meter.sample() if meter is not None else {},
     )
 
 
@@ -184,7 +237,7 @@ def trace_until(
 ) -> Point:
     deadline = time.monotonic() + timeout_s
     while True:
-        point = poll(hook)
+        point = poll(hook, out.cpu)
         out.trace.append(point)
         if point.state in ("failed", "stopped", "succeeded"):
             raise RuntimeError(f"the {out.policy} job ended ({point.state}) before recovering")
@@ -198,7 +251,7 @@ def trace_until(
 def run_policy(data: GeneratedDataset, root: Path, policy: str, settings: Settings) -> Outcome:
     hook = ElasticJobHook(root / policy)
     layout = hook.get_conn()
-    out = Outcome(policy)
+    out = Outcome(policy, cpu=CpuMeter(layout))
     hook.launch(spec_for(data, policy, settings))
     try:
         _kill_and_trace(hook, out, settings)
@@ -488,6 +541,7 @@ def report_full(out: Outcome, settings: Settings) -> Window | None:
     print(describe_window("throughput during recovery", whole, normal))
     print("  (all of it re-trains lost work: new progress during recovery is nil by definition)")
     print(describe_pauses(out, out.recovered_t))
+    print(describe_cpu(out, out.kill_t, out.recovered_t))
     estimates = full_estimates(out, settings)
     if estimates is not None:
         redo = Samples(out.trace).rate(out.ready_t, out.recovered_t)
@@ -563,8 +617,31 @@ def report_ecrm(out: Outcome, settings: Settings) -> Window | None:
     waiting = window(out, out.kill_t, out.ready_t)
     print(describe_window("  of which waiting for ps-1", waiting, normal))
     print(describe_pauses(out, out.recovered_t))
+    print(describe_cpu(out, out.kill_t, out.recovered_t))
     print()
     return whole
+
+
+def cpu_rates(out: Outcome, start: float, end: float) -> dict[str, float]:
+    """Cores busy on average from ``start`` to ``end``, per ``CpuMeter`` entry (the
+    nearest samples inside)."""
+    inside = [p for p in out.trace if start <= p.t <= end and p.cpu]
+    if len(inside) < 2 or inside[-1].t <= inside[0].t:
+        return {}
+    a, b = inside[0], inside[-1]
+    return {k: (b.cpu[k] - a.cpu[k]) / (b.t - a.t) for k in b.cpu if k in a.cpu}
+
+
+def describe_cpu(out: Outcome, start: float, end: float) -> str:
+    """Where the cores went during recovery against as long just before the kill."""
+    during = cpu_rates(out, start, end)
+    before = cpu_rates(out, out.kill_t - (end - start), out.kill_t)
+    if not during or not before:
+        return "cores busy: not sampled"
+    said = ", ".join(
+        f"{k} {before[k]:.2f} -> {during[k]:.2f}" for k in ("machine", *CpuMeter.ROLES)
+    )
+    return f"cores busy (of {psutil.cpu_count()}), just before the kill -> during recovery: {said}"
 
 
 def _age(seconds: float | None) -> str:
