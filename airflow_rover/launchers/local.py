@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,9 @@ _MASTER_ONLY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_T
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: deliver SIGTERM to it when its parent goes away."""
+    """Runs in the child before exec: deliver SIGTERM to it when its parent goes away. The
+    kernel means the parent *thread* (prctl(2), PR_SET_PDEATHSIG): fork from one that lives
+    as long as the process (``LocalNodeLauncher._fork``)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -96,6 +99,10 @@ class LocalNodeLauncher:
         self._standby: tuple[str, subprocess.Popen] | None = None  # a spare PS, not a node yet
         self._standbys = 0
         self._standby_failed = False
+        # Every node is forked from this one thread, which lives as long as the launcher: the
+        # API's pool threads retire when idle, and a PS a resize started from one was
+        # SIGTERMed about 10 s later (its parent thread gone: ``_die_with_parent``).
+        self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-forker")
 
     def _env(self, node_id: str) -> dict[str, str]:
         # The durable store's credentials are the master's alone: nodes never get them.
@@ -121,10 +128,12 @@ class LocalNodeLauncher:
         self._watch(self._procs[node_id])
 
     def _spawn(self, node_id: str, role: Role) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", _ROLE_MODULE[role], "--role", role]
-        return _popen(
-            cmd, self.layout.log_file(node_id), self._env(node_id), preexec_fn=_die_with_parent
-        )
+        return self._fork([sys.executable, "-m", _ROLE_MODULE[role], "--role", role], node_id)
+
+    def _fork(self, cmd: list[str], node_id: str) -> subprocess.Popen:
+        """Start a node's process on the launcher's own thread, whichever thread asks."""
+        log_file, env = self.layout.log_file(node_id), self._env(node_id)
+        return self._forker.submit(_popen, cmd, log_file, env, preexec_fn=_die_with_parent).result()
 
     def _watch(self, proc: subprocess.Popen) -> None:
         if self.exited is not None:

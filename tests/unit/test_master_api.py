@@ -1150,6 +1150,30 @@ def test_the_local_launcher_keeps_one_spare_and_hands_it_over(
     assert all(p.poll() is not None for p in spawned)  # the spare too
 
 
+def test_a_node_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> None:
+    """A node dies with its parent (PR_SET_PDEATHSIG), which the kernel takes to be the thread
+    that forked it. The master starts nodes from the API's pool threads too (a resize applied
+    by ``POST /plans/{id}/apply``), which retire when idle: a PS started so was SIGTERMed
+    about 10 s later, the evaluator then failed ten times on its address and the job failed
+    (seen in CI). Nodes are forked from the launcher's own thread, whoever asks. (Forked from
+    the asking thread, the same child is gone with -15 once that thread ends.)"""
+    launcher = LocalNodeLauncher(JobLayout(tmp_path / "job"), "http://127.0.0.1:1")
+    started: list[subprocess.Popen] = []
+    asker = threading.Thread(
+        target=lambda: started.append(
+            launcher._fork([sys.executable, "-c", "import time; time.sleep(30)"], "ps-1")
+        )
+    )
+    asker.start()
+    asker.join()  # the asking thread is gone
+    try:
+        time.sleep(0.5)  # the signal would be delivered at once
+        assert started[0].poll() is None, f"exited with {started[0].returncode}"
+    finally:
+        started[0].kill()
+        started[0].wait()
+
+
 def test_a_spare_that_dies_waiting_is_not_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
