@@ -555,8 +555,8 @@ class JobMaster:
             if node.stopping:
                 node.state = NodeState.STOPPED
                 continue
-            if code == 0:
-                node.state = NodeState.SUCCEEDED
+            if code == 0 and node.role != "ps":  # a PS is never done by itself: stopped by
+                node.state = NodeState.SUCCEEDED  # someone else (a SIGTERM), it is lost
                 continue
             node.state = NodeState.FAILED
             cause = f"{node_id} exited with code {code}"

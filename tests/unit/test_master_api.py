@@ -693,6 +693,20 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert fresh["shard"]["shard_id"] == 0
 
 
+def test_a_ps_that_exits_cleanly_unasked_is_lost_not_done(make_job) -> None:
+    """A PS the master did not stop has not finished: a SIGTERM from elsewhere (an eviction,
+    a dead parent thread) ends it with code 0, and its rows are gone all the same. It had
+    been marked SUCCEEDED without a word; the evaluator then failed on its address."""
+    job = make_job()
+    _start_running(job)
+    job.launcher.exit("ps-0", 0)
+    job.master.step()
+    status = job.status()
+    assert status["state"] == "recovering"
+    assert "ps-0 exited with code 0" in status["message"]
+    assert job.launcher.started.count(("ps-0", "ps")) == 2
+
+
 def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     make_job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
