@@ -555,8 +555,10 @@ class JobMaster:
             if node.stopping:
                 node.state = NodeState.STOPPED
                 continue
-            if code == 0 and node.role != "ps":  # a PS is never done by itself: stopped by
-                node.state = NodeState.SUCCEEDED  # someone else (a SIGTERM), it is lost
+            # A PS is never done by itself: one that exits 0 unasked was stopped by someone
+            # else (a SIGTERM), and its rows are lost.
+            if code == 0 and node.role != "ps":
+                node.state = NodeState.SUCCEEDED
                 continue
             node.state = NodeState.FAILED
             cause = f"{node_id} exited with code {code}"
