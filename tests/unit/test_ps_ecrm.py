@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -47,6 +47,25 @@ def push_steps(clients: list[PSClient], first_key: int, count: int, seed: int) -
     rng = np.random.default_rng(seed)
     for key in range(first_key, first_key + count):
         push_batch(clients, rng, key)
+
+
+def on_parity_frames(
+    monkeypatch: pytest.MonkeyPatch,
+    holder: int,
+    act: Callable[[ecrm.Peers, dict[str, np.ndarray]], None],
+) -> None:
+    """Every parity frame any PS sends ``holder`` goes through ``act(sender's peers, frame)``
+    first, which may delay it or raise (the frame is then not delivered)."""
+    call = ecrm.Peers.call
+
+    def intercepted(
+        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
+    ) -> dict:
+        if index == holder and ecrm.read_text(arrays["op"]) == "parity":
+            act(self, arrays)
+        return call(self, index, arrays, timeout)
+
+    monkeypatch.setattr(ecrm.Peers, "call", intercepted)
 
 
 def rows_of(servers: list[ParameterServer]) -> dict[tuple[str, int], np.ndarray]:
@@ -266,17 +285,12 @@ def test_a_ps_lost_again_before_its_holders_heard_its_ledger_again_keeps_its_bat
     peer = coded.ps[1].ecrm
     assert peer is not None
     late = peer.layout.holders_of(1)[0]
-    call = ecrm.Peers.call
 
-    def cut_off(
-        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
-    ) -> dict:
-        first_replacement = "source" in arrays and arrays["source"].tolist() == [1, 1]
-        if index == late and ecrm.read_text(arrays["op"]) == "parity" and first_replacement:
+    def cut_off(peers: ecrm.Peers, arrays: dict[str, np.ndarray]) -> None:
+        if "source" in arrays and arrays["source"].tolist() == [1, 1]:  # first replacement
             raise _Unreachable()
-        return call(self, index, arrays, timeout)
 
-    monkeypatch.setattr(ecrm.Peers, "call", cut_off)
+    on_parity_frames(monkeypatch, late, cut_off)
     coded.lose_and_replace(1)
     coded.rebuild(1)
     coded.wait_rebuilt(1)
@@ -344,18 +358,14 @@ def test_a_ps_lost_right_after_a_rebuild_had_its_released_updates_at_every_holde
     peer = coded.ps[1].ecrm
     assert peer is not None
     slow = peer.layout.holders_of(1)[0]
-    call = ecrm.Peers.call
 
-    def slow_call(
-        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
-    ) -> dict:
-        if self is peer.peers and index == slow and ecrm.read_text(arrays["op"]) == "parity":
+    def slow_down(peers: ecrm.Peers, arrays: dict[str, np.ndarray]) -> None:
+        if peers is peer.peers:
             time.sleep(0.2)
             if peer._closed.is_set():  # a lost process sends nothing more
                 raise _Unreachable()
-        return call(self, index, arrays, timeout)
 
-    monkeypatch.setattr(ecrm.Peers, "call", slow_call)
+    on_parity_frames(monkeypatch, slow, slow_down)
     coded.lose_and_replace(0)
     coded.rebuild(0)
     stop, pushed = threading.Event(), list(range(20))
