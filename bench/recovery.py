@@ -104,6 +104,12 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def breakdown(run: RunResult) -> str:
+    """Where the overhead went, in ms: saves / loads / retrained samples / the rest."""
+    parts = (run.save_s, run.load_s, run.lost_s, run.other_s)
+    return "/".join(f"{1e3 * s:.0f}" for s in parts)
+
+
 def policy_rows(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> list[list[str]]:
     full = runs["full"]
     full_over = full.overhead if isinstance(full, RunResult) else None
@@ -111,7 +117,7 @@ def policy_rows(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> 
     for key in (*CPR_POLICIES, *(f"ecrm-k{k}" for k in ECRM_K)):
         run = runs[key]
         if isinstance(run, str):
-            lines.append([LABELS[key], f"{size}%", str(base.num_ps), *["-"] * 7, run])
+            lines.append([LABELS[key], f"{size}%", str(base.num_ps), *["-"] * 8, run])
             continue
         below = "-" if key == "full" or not full_over else pct(1 - run.overhead / full_over)
         t_save = "-" if run.interval_steps is None else f"{run.interval_steps:.1f}"
@@ -127,6 +133,7 @@ def policy_rows(size: str, base: Baseline, runs: dict[str, RunResult | str]) -> 
                 f"{run.pls:.4f}",
                 str(run.saves),
                 t_save,
+                breakdown(run),
                 run.note,
             ]
         )
@@ -319,15 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     print("\n== Overhead, accuracy and PLS per policy and failure size")
     header = ["policy", "lost", "PS", "overhead", "model", "vs full", "AUC delta", "PLS"]
     table(
-        [*header, "saves", "T_save steps", "note"],
-        [16, 5, 2, 8, 8, 8, 9, 6, 5, 12, 0],
+        [*header, "saves", "T_save steps", "ms s/l/r/o", "note"],
+        [16, 5, 2, 8, 8, 8, 9, 6, 5, 12, 18, 0],
         lines,
     )
     print(
         "   overhead: measured save/load pauses + retrained samples (+ SSU tracking, ECRM parity\n"
         "   and slower steps while rebuilding) over the failure-free training time; model: CPR\n"
         f"   eq. 1/2 (ECRM: ecrm_overhead) at the measured costs; PLS target {TARGET_PLS}, "
-        f"r = {R}; AUC delta vs the failure-free run."
+        f"r = {R}; AUC delta vs the failure-free run.\n"
+        "   ms s/l/r/o: the overhead's parts in ms: saves / loads / retrained samples / other\n"
+        "   (SSU tracking; ECRM: slower steps while rebuilding; ECRM's parity work not included)."
     )
     if rec_lines:
         print("\n== ECRM: each failure's rebuild (training goes on) vs the checkpoint's recovery")

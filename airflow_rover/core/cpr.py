@@ -6,8 +6,8 @@ Pure numpy, no Airflow, network or TensorFlow (CPR paper sections 4.1-4.2,
 * the master keeps one ``PlsTracker`` per job: ``checkpoint(samples)`` when a save cycle
   completes, ``failure(samples)`` when an embedding PS is lost and restored from its own last
   save (the others keep their progress); ``pls`` goes in the job's status and result.
-* the master asks ``CprSaveSchedule.due(now)`` on its checkpoint tick: vanilla CPR saves every
-  PS in full every ``T_save``; MFU/SSU save ``r*N`` rows of each PS every ``r*T_save``.
+* ``CprSaveSchedule.due(now)`` says when CPR saves (``bench/recovery.py``'s emulated job):
+  vanilla every PS in full every ``T_save``; MFU/SSU ``r*N`` rows of each PS every ``r*T_save``.
 * each PS selects the rows of an MFU/SSU save: MFU from its 4-byte per-row access counters
   (``top_rows(table.counts[:size], n)`` on the counters the PS already keeps, or an
   ``MfuTracker``), then clears the saved rows' counters; SSU from an ``SsuTracker`` fed with the
@@ -382,7 +382,10 @@ class CprSaveSchedule:
     def due(self, now_s: float) -> SaveDue | None:
         if now_s < self.next_due_s:
             return None
-        latest = int((now_s - self._start) // self.step_s)  # the last grid point passed
+        # The last grid point passed. At a grid point itself ``now_s >= next_due_s`` can hold
+        # while the floor division rounds down to the point before (293 * 0.00555 s against a
+        # 0.32523 s grid): without the max the index stayed put and the next call saved again.
+        latest = max(self._index, int((now_s - self._start) // self.step_s))
         skipped = latest - self._index
         crossed = latest // self.per_cycle > (self._index - 1) // self.per_cycle
         self._index = latest + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import numpy as np
@@ -273,6 +274,20 @@ def test_save_schedule_vanilla_and_partial_cycles():
     assert jump is not None and jump.cycle_start and jump.skipped == 3
     with pytest.raises(ValueError, match="interval_s"):
         CprSaveSchedule(0.0)
+
+
+def test_save_schedule_saves_once_per_grid_point_despite_float_rounding():
+    # 293 * 0.00555 reaches the 5th point of a 0.32523 s grid, but divides to 4.999...: the
+    # schedule saved at step 293 and again at 294 (44 saves where 40 were due).
+    step_s = 0.00555
+    schedule = CprSaveSchedule(468.8 * step_s, "mfu", r=0.125)
+    due = [step for step in range(2344) if schedule.due(step * step_s) is not None]
+    assert len(due) == 39  # grid points 58.6, 117.2, ... below step 2344
+    assert min(b - a for a, b in itertools.pairwise(due)) >= 58
+    cycle = CprSaveSchedule(8 * 0.1, "ssu", r=0.125)
+    saves = [d for t in range(1, 33) if (d := cycle.due(t * 0.1)) is not None]
+    assert len(saves) == 32 and [d.cycle_start for d in saves].count(True) == 4
+    assert all(d.skipped == 0 for d in saves)
 
 
 def test_latest_rows_merges_partial_saves_newest_first():
