@@ -131,6 +131,7 @@ class JobMaster:
             self.queue = ShardQueue.from_dict(saved)
             self.queue.release_all()
             self.resumed_from = str(checkpoint)
+        self._drop_partial_saves()
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
         self._unreconciled: list[Shard] = []  # to resume from the PS ledgers at the next tick
         self._recheck: set[int] = set()  # shards leased through an ECRM loss (``shard_done``)
@@ -869,6 +870,17 @@ class JobMaster:
             self.pls,
         )
         return True
+
+    def _drop_partial_saves(self) -> None:
+        """A new master resumes the whole job from its checkpoint and trains every batch after
+        it again; CPR's partial saves hold rows trained past that checkpoint (for one lost
+        PS, the others keeping their progress), so PS restored with them would get those
+        batches twice. They are removed before any PS starts."""
+        stale = self.layout.partial_dirs()
+        for directory in stale:
+            shutil.rmtree(directory, ignore_errors=True)
+        if stale:
+            log.info("dropped %d CPR partial saves of the previous attempt", len(stale))
 
     def _partial_tick(self) -> None:
         """CPR-MFU/SSU: every ``r * T_save`` each PS saves its ``r`` most-used (or sampled)

@@ -101,6 +101,15 @@ class Job:
         finally:
             client.close()
 
+    def rows(self, ids: np.ndarray, training: bool = False) -> np.ndarray:
+        """The rows of ``ids``: read as a worker does (counted as accesses) when ``training``,
+        else as an evaluation reads them."""
+        client = PSClient(self.master.cluster().ps, self.token, timeout_s=60)
+        try:
+            return client.pull({self.group: ids}, dense=False, create=training)[0][self.group]
+        finally:
+            client.close()
+
     def ledgers(self) -> list[set[int]]:
         client = PSClient(self.master.cluster().ps, self.token, timeout_s=60)
         try:
@@ -128,7 +137,7 @@ def make_job(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Callable[...
     jobs: list[Job] = []
     layout = JobLayout(tmp_path / "job")
 
-    def make(vocab: int, master_pid: int | None = None) -> Job:
+    def make(vocab: int, master_pid: int | None = None, **spec_extra: object) -> Job:
         spec = JobSpec(
             job_id="flash-integrity.1",
             train_data=str(dataset.train_dir),
@@ -139,6 +148,7 @@ def make_job(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Callable[...
             plan={"num_ps": 2, "num_workers": 1},
             training={"optimizer": "adagrad", "learning_rate": 0.1},
             recovery={"checkpoint_interval_s": 0.3},
+            **spec_extra,  # type: ignore[arg-type]
         )
         layout.write_spec(spec)
         job = Job(layout, spec, os.getpid() if master_pid is None else master_pid)
@@ -234,3 +244,37 @@ def test_a_corrupted_part_is_skipped_by_the_new_master_and_every_ps(
         log = again.log(node)
         assert "checkpoint ckpt-000002 skipped: ps-1.npz: checksum mismatch" in log, log
         assert f"restored {first / node}.npz" in log, log
+
+
+def test_a_new_master_under_cpr_restores_the_checkpoint_not_the_partial_saves_after_it(
+    make_job: Callable[..., Job],
+) -> None:
+    """CPR-MFU's partial saves hold rows newer than their checkpoint, for a lost PS to take
+    over while the others keep their progress. A new master (a retry) resumes the whole job
+    from the checkpoint and trains every batch after it again: the partial saves of the old
+    attempt must not be restored, or their rows would get those batches twice."""
+    cpr = {"checkpoint": {"policy": "cpr", "mtbf_s": 3600, "cpr": {"variant": "mfu"}}}
+    job = make_job(20_000, **cpr)
+    job.running()
+    hot = np.arange(0, 500, dtype=np.int64)
+    job.push(0, np.arange(0, 20_000, dtype=np.int64))
+    first = job.master.checkpoint()
+    assert first is not None
+    at_checkpoint = job.rows(hot)
+    job.push(1, hot)  # after the checkpoint: the batch a resumed job trains again
+    after = job.rows(hot, training=True)  # the most used rows, for MFU
+    assert not np.array_equal(after, at_checkpoint)
+    partial = job.layout.partial_dir(1, 1)
+    client = PSClient(job.master.cluster().ps, job.token, timeout_s=60)
+    try:
+        assert client.partial_save(partial, "mfu", 0.1) > 0
+    finally:
+        client.close()
+    job.close()
+
+    again = make_job(20_000, **cpr)
+    assert again.master.resumed_from == str(first)
+    again.running()
+    assert again.ledgers() == [{0}, {0}]  # batch 1 is trained again...
+    np.testing.assert_array_equal(again.rows(hot), at_checkpoint)  # ...on the checkpoint's rows
+    assert again.layout.partial_dirs(1) == []  # the old attempt's saves: gone, not restored
