@@ -131,7 +131,7 @@ class JobMaster:
             self.queue = ShardQueue.from_dict(saved)
             self.queue.release_all()
             self.resumed_from = str(checkpoint)
-        self._drop_partial_saves()
+        self._drop_partial_saves("of the previous attempt")
         self._reconcile_pending = checkpoint is not None  # once the PS are up, ask their ledgers
         self._unreconciled: list[Shard] = []  # to resume from the PS ledgers at the next tick
         self._recheck: set[int] = set()  # shards leased through an ECRM loss (``shard_done``)
@@ -871,16 +871,17 @@ class JobMaster:
         )
         return True
 
-    def _drop_partial_saves(self) -> None:
-        """A new master resumes the whole job from its checkpoint and trains every batch after
-        it again; CPR's partial saves hold rows trained past that checkpoint (for one lost
-        PS, the others keeping their progress), so PS restored with them would get those
-        batches twice. They are removed before any PS starts."""
+    def _drop_partial_saves(self, which: str) -> None:
+        """CPR's partial saves hold rows trained past their checkpoint: right for one PS lost
+        under partial recovery (its missing batches are forgiven), wrong wherever those
+        batches are trained again. So they go when a new master resumes the whole job from
+        its checkpoint (before any PS starts), and when the job stops running as CPR (its
+        benefit check fell back to full recovery)."""
         stale = self.layout.partial_dirs()
         for directory in stale:
             shutil.rmtree(directory, ignore_errors=True)
         if stale:
-            log.info("dropped %d CPR partial saves of the previous attempt", len(stale))
+            log.info("dropped %d CPR partial saves %s", len(stale), which)
 
     def _partial_tick(self) -> None:
         """CPR-MFU/SSU: every ``r * T_save`` each PS saves its ``r`` most-used (or sampled)
@@ -938,6 +939,8 @@ class JobMaster:
         if (plan.policy, plan.reason) != (self.policy, self.policy_reason):
             log.info("checkpoint policy %s: %s", plan.policy, plan.reason)
         self.policy, self.policy_reason = plan.policy, plan.reason
+        if self.policy != "cpr":
+            self._drop_partial_saves(f"(the job runs as {self.policy} now)")
         advice = judge_choice(cfg, costs)
         if advice is not None and advice != self.policy_advice:
             log.warning("%s", advice)  # once per change: the costs are measured each time

@@ -17,12 +17,14 @@ import grpc
 import numpy as np
 import pytest
 
+from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
 from airflow_rover.core.embedding_layout import EmbeddingLayout
 from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.master import protocol
+from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
@@ -301,6 +303,28 @@ def test_expired_lease_of_a_fully_pushed_shard_is_settled(make_rig: Callable[...
     assert rig.master.queue.is_done(0)
     assert not rig.done("worker-0", 0)
     assert rig.lease("worker-1").shard_id == 1
+
+
+def test_partial_saves_are_dropped_once_cpr_falls_back_to_full(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec]
+) -> None:
+    """Under full recovery a restored PS's missing batches are trained again, so CPR's partial
+    saves (rows past their checkpoint) must not be restored once CPR's benefit check has
+    switched the job to full: the commit that switches deletes them."""
+    cpr = CheckpointPolicyConfig.model_validate(
+        {"policy": "cpr", "mtbf_s": 60.0, "cpr": {"variant": "mfu"}}
+    )
+    rig = make_rig(job_spec().model_copy(update={"checkpoint": cpr}))
+    rig.run()
+    first = rig.master.checkpoint()
+    assert first is not None and rig.master.policy == "cpr"  # a save of ms against 60 s
+    partial = rig.layout.partial_dir(1, 1)
+    partial.mkdir(parents=True)
+    (partial / "ps-0.npz").write_bytes(b"rows past ckpt-1")
+    # A save of 30 s against a failure a minute: CPR's interval (12 s) costs 250%, full 50%.
+    rig.master._checkpoint_committed(first, CheckpointTimes(30.0, 30.0, 1))
+    assert rig.master.policy == "full"
+    assert rig.layout.partial_dirs() == []
 
 
 # -- (c) checkpoints: a new master resumes from the last one ----------------------------------
