@@ -47,6 +47,7 @@ STATE_MIRROR_INTERVAL_S = 2.0
 MIRROR_FLUSH_TIMEOUT_S = 600.0
 LAYOUT_WAITERS = 16  # requests that may wait for a new PS layout at once (``cluster(after=)``)
 MAX_LAYOUT_WAIT_S = 5.0
+PARTIAL_RECOVERY_KEY = "partial_recovery"  # in queue.json: CPR's lost updates at the snapshot
 
 
 class NodeInfo:
@@ -126,6 +127,7 @@ class JobMaster:
                 layout.commit_checkpoint(fetched)
                 checkpoint = layout.latest_checkpoint()
         self.resumed_from: str | None = None
+        saved: dict[str, Any] = {}
         if checkpoint is not None and (checkpoint / "queue.json").exists():
             saved = layout.read_json(checkpoint / "queue.json") or {}
             self.queue = ShardQueue.from_dict(saved)
@@ -147,7 +149,11 @@ class JobMaster:
             layout,
             spec.recovery.checkpoint_interval_s,
             self._ps_client,
-            lambda: {**self.queue.to_dict(), "job_id": self.spec.job_id},  # whose it is
+            lambda: {
+                **self.queue.to_dict(),
+                "job_id": self.spec.job_id,  # whose it is
+                PARTIAL_RECOVERY_KEY: {"batches": self.lost_batches, "samples": self.lost_samples},
+            },
             0 if checkpoint is None else int(checkpoint.name.rsplit("-", 1)[1]),
             on_commit=self._checkpoint_committed,
         )
@@ -156,8 +162,11 @@ class JobMaster:
         self.policy: str = spec.checkpoint.policy
         self.policy_reason = "as requested"
         self.policy_advice: str | None = None  # a cheaper policy, from the measured costs
-        self.lost_batches = 0
-        self.lost_samples = 0
+        # Updates CPR forgave before the checkpoint resumed from are lost in the model it
+        # holds (its ledgers count them as applied): they stay in the job's PLS.
+        lost = saved.get(PARTIAL_RECOVERY_KEY, {})
+        self.lost_batches = int(lost.get("batches", 0))
+        self.lost_samples = int(lost.get("samples", 0))
         self._last_partial = time.time()
         self._wrapping_up = False  # training done: final checkpoint taken, evaluation started
         self._durable_wait_since: float | None = None

@@ -479,6 +479,47 @@ def test_ps_restored_from_a_checkpoint_reopens_a_shard_it_lost(
     assert list(status["recovery"]["recovery_seconds"]) == ["ps"]
 
 
+def test_cpr_lost_updates_stay_in_the_pls_of_a_job_resumed_from_a_checkpoint(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec]
+) -> None:
+    """Under CPR a restored PS's missing batches are forgiven: recorded as applied, their
+    updates lost. A checkpoint taken after that holds the loss in its rows and ledgers, so a
+    new master resuming from it (a retry) still counts those samples in the job's PLS."""
+    cpr = CheckpointPolicyConfig.model_validate({"policy": "cpr", "mtbf_s": 3600.0})
+    spec = job_spec(num_ps=2).model_copy(update={"checkpoint": cpr})  # one PS: nothing to keep
+    rig = make_rig(spec)
+    rig.run()
+    for sid in (0, 1):
+        shard = rig.lease("worker-0")
+        rig.push(shard)
+        assert rig.done("worker-0", sid)
+        if sid == 0:
+            first = rig.master.checkpoint()
+    assert first is not None
+    rig.kill("ps-0", 137)
+    rig.start_ps(0, restore_from=first)
+    rig.master.step()
+    assert rig.master.state == JobState.RUNNING
+    assert (rig.master.lost_batches, rig.master.lost_samples) == (PER_SHARD, SHARD_SIZE)
+    pls = rig.master.pls
+    assert pls > 0
+    second = rig.master.checkpoint()  # shard 1 forgiven: done, its updates lost
+    assert second is not None
+    rig.close()
+
+    resumed = make_rig(spec)
+    assert resumed.master.resumed_from == str(second)
+    assert (resumed.master.lost_batches, resumed.master.lost_samples) == (PER_SHARD, SHARD_SIZE)
+    resumed.master.step()
+    for index in (0, 1):
+        resumed.start_ps(index, restore_from=second)
+    resumed.master.step()
+    assert resumed.master.state == JobState.RUNNING
+    status = resumed.finish()
+    assert status["recovery"]["lost_samples"] == SHARD_SIZE
+    assert status["recovery"]["pls"] == pytest.approx(pls)
+
+
 def test_ps_that_keeps_dying_fails_the_job_naming_the_budget(
     make_rig: Callable[..., Rig],
 ) -> None:
