@@ -135,6 +135,19 @@ class Rig:
         finally:
             client.close()
 
+    def checkpoint_between_shards(self) -> Path:
+        """worker-0 trains shard 0, a checkpoint is taken, then it trains shard 1 (done after
+        the checkpoint); returns the checkpoint."""
+        checkpoint = None
+        for sid in (0, 1):
+            shard = self.lease("worker-0")
+            self.push(shard)
+            assert self.done("worker-0", sid)
+            if sid == 0:
+                checkpoint = self.master.checkpoint()
+        assert checkpoint is not None
+        return checkpoint
+
     def push_to(self, index: int, key: int) -> None:
         """A push that reached ps-<index> only (its worker died mid-way through the fan-out)."""
         ids, grads = self._request()
@@ -446,13 +459,7 @@ def test_ps_restored_from_a_checkpoint_reopens_a_shard_it_lost(
     checkpoint without its batches: shard 1 is reopened and trained again, once."""
     rig = make_rig()
     rig.run()
-    for sid in (0, 1):
-        shard = rig.lease("worker-0")
-        rig.push(shard)
-        assert rig.done("worker-0", sid)
-        if sid == 0:
-            checkpoint = rig.master.checkpoint()
-    assert checkpoint is not None
+    checkpoint = rig.checkpoint_between_shards()
     held = rig.lease("worker-1")
 
     rig.kill("ps-0", 137)
@@ -489,13 +496,7 @@ def test_cpr_lost_updates_stay_in_the_pls_of_a_job_resumed_from_a_checkpoint(
     spec = job_spec(num_ps=2).model_copy(update={"checkpoint": cpr})  # one PS: nothing to keep
     rig = make_rig(spec)
     rig.run()
-    for sid in (0, 1):
-        shard = rig.lease("worker-0")
-        rig.push(shard)
-        assert rig.done("worker-0", sid)
-        if sid == 0:
-            first = rig.master.checkpoint()
-    assert first is not None
+    first = rig.checkpoint_between_shards()
     rig.kill("ps-0", 137)
     rig.start_ps(0, restore_from=first)
     rig.master.step()
