@@ -28,7 +28,7 @@ import httpx
 import yaml
 from pydantic import ValidationError
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
@@ -55,7 +55,7 @@ def run_job(
 ) -> dict[str, Any]:
     """Preflight, launch and wait for a local job; returns its final status."""
     preflight(spec)
-    layout = JobLayout(job_dir.resolve())
+    layout = JobDir(job_dir.resolve())
     LocalJobLauncher().start_job(layout, spec)
     while True:
         status = local_job_status(layout)

@@ -43,13 +43,13 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "airflow-rover",
                 "python-modules": [
                     "airflow_rover.hooks.elastic_job",
-                    "airflow_rover.store.connection",
+                    "airflow_rover.hooks.history_store",
                 ],
             }
         ],
         "connection-types": [
             {
-                "hook-class-name": "airflow_rover.store.connection.HistoryStoreHook",
+                "hook-class-name": "airflow_rover.hooks.history_store.HistoryStoreHook",
                 "connection-type": "rover_history",
             }
         ],

@@ -30,7 +30,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_layout import EmbeddingGroup, EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlacement
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, open_dataset
@@ -59,8 +59,8 @@ class BenchSetup:
     seed: int = 0
 
     @property
-    def layout(self) -> EmbeddingLayout:
-        return EmbeddingLayout.from_features(self.features)
+    def layout(self) -> EmbeddingPlacement:
+        return EmbeddingPlacement.from_features(self.features)
 
     def group_columns(self, group: EmbeddingGroup) -> tuple[list[int], np.ndarray]:
         """Dataset column of each table of ``group`` and the table's offset in the group."""
@@ -109,7 +109,7 @@ class _StepClock(keras.callbacks.Callback):
 
 def keras_model(setup: BenchSetup, fused: bool) -> keras.Model:
     """``wide_deep(features)`` behind in-graph embeddings: one ``Embedding`` per table, or one
-    per dim group over fused ids (``EmbeddingLayout`` offsets), as the rover PS stores them."""
+    per dim group over fused ids (``EmbeddingPlacement`` offsets), as the rover PS stores them."""
     dense_in = keras.Input((setup.features.num_dense,), name="x_dense")
     ids_in = keras.Input((len(setup.columns),), dtype="int64", name="x_ids")
     looked_up: dict[str, Any] = {DENSE_KEY: dense_in}

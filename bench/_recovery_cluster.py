@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from airflow_rover.core.cpr import SsuTracker
-from airflow_rover.core.embedding_layout import EmbeddingGroup, EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlacement
 from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, default_features
@@ -56,7 +56,7 @@ class Workload:
     train: Batch
     held_out: Batch
     features: FeatureConfig
-    layout: EmbeddingLayout
+    layout: EmbeddingPlacement
     columns: dict[str, int]
     teacher_auc: float
 
@@ -87,7 +87,7 @@ def load_workload(work_dir: Path, num_train: int, num_eval: int) -> Workload:
         train=train_reader.read(0, train_reader.num_samples),
         held_out=eval_reader.read(0, eval_reader.num_samples),
         features=features,
-        layout=EmbeddingLayout.from_features(features),
+        layout=EmbeddingPlacement.from_features(features),
         columns={name: i for i, (name, _) in enumerate(columns)},
         teacher_auc=data.teacher_auc,
     )
@@ -107,7 +107,7 @@ class DenseNet:
     """Wide&Deep's dense part as plain TF variables with Keras' Adagrad formula, as in
     ``bench/_baselines.py`` (a*); the embedding rows come in as inputs."""
 
-    def __init__(self, features: FeatureConfig, layout: EmbeddingLayout) -> None:
+    def __init__(self, features: FeatureConfig, layout: EmbeddingPlacement) -> None:
         self.groups = layout.groups
         num_dense = features.num_dense
         deep_width = num_dense + sum(g.dim * len(g.tables) for g in self.groups if g.dim > 1)

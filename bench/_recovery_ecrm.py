@@ -26,8 +26,8 @@ import numpy as np
 
 from airflow_rover.core.ecrm import (
     DifferencePropagator,
-    EcrmLayout,
     ParityDelta,
+    ParityPlacement,
     ParityStore,
     RebuildPlan,
     RowStatus,
@@ -95,7 +95,7 @@ class EcrmHooks(PsHooks):
         self.k = k
         self.rows_per_lock = rows_per_lock
         vocab = {g.name: g.vocab_size for g in cluster.layout.groups}
-        self.layout = EcrmLayout(cluster.num_ps, k, vocab)
+        self.layout = ParityPlacement(cluster.num_ps, k, vocab)
         self.codec = SumCodec()
         self._probe = {name: t for name, t in cluster.ps[0].tables.items()}
         n = cluster.num_ps

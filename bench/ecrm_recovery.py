@@ -68,7 +68,7 @@ from typing import Any
 import psutil
 
 from airflow_rover.core.checkpoint_policy import EcrmOptions
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -177,7 +177,7 @@ class CpuMeter:
 
     ROLES = ("workers", "ps", "master")
 
-    def __init__(self, layout: JobLayout, every: int = 10) -> None:
+    def __init__(self, layout: JobDir, every: int = 10) -> None:
         self.layout, self.every = layout, every
         self._procs: dict[int, tuple[str, psutil.Process]] = {}
         self._last: dict[int, float] = {}
@@ -327,7 +327,7 @@ def _kill_and_trace(hook: ElasticJobHook, out: Outcome, settings: Settings) -> N
         out.restored_from, out.restored_age_s = restored_state(layout, out.kill_t)
 
 
-def committed_at(layout: JobLayout) -> float | None:
+def committed_at(layout: JobDir) -> float | None:
     """When the last checkpoint was committed (its ``queue.json`` written, then ``LATEST``)."""
     try:
         name = (layout.checkpoints / "LATEST").read_text().strip()
@@ -363,7 +363,7 @@ def _log_lines(path: Path) -> Iterator[tuple[float | None, str]]:
         yield when, line
 
 
-def restored_state(layout: JobLayout, kill_t: float) -> tuple[str | None, float | None]:
+def restored_state(layout: JobDir, kill_t: float) -> tuple[str | None, float | None]:
     """What the relaunched PS says it restored, and how old that snapshot was at the kill
     (its "snapshot taken" line in the master's log)."""
     said = None

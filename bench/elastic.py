@@ -36,7 +36,7 @@ import httpx
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.master.protocol import API_PREFIX
+from airflow_rover.rpc.master_api import API_PREFIX
 
 GOAL_PAUSE_RATIO = 5.0
 HEARTBEAT_S = 1.0  # workers report progress this often (worker/runtime.py)

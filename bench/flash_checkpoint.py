@@ -39,8 +39,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from airflow_rover.core.checkpoint_files import read_digest
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import ENV_FLASH_DIR, flash_dir_for
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import ENV_FLASH_DIR, flash_dir_for
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 from airflow_rover.ps.flash import FlashCheckpointer
 from airflow_rover.ps.optimizers import Optimizer
@@ -54,7 +54,7 @@ def build_ps(rows: int, dim: int, ledger: int) -> tuple[ParameterServer, str]:
     features = FeatureConfig(
         num_dense=13, tables=(TableConfig(name="t", column="C1", vocab_size=rows + 1000, dim=dim),)
     )
-    layout = EmbeddingLayout.from_features(features)
+    layout = EmbeddingPlacement.from_features(features)
     group = layout.groups[0].name
     ps = ParameterServer(0, 1, layout, Optimizer("adagrad", 0.05), seed=1)
     ps.init_dense({"dense/mlp/kernel": np.ones((512, 256), np.float32)})
@@ -295,7 +295,7 @@ def main() -> int:
             fresh_ps.restore(views)
             del views
 
-        ps_layout = EmbeddingLayout.from_features(
+        ps_layout = EmbeddingPlacement.from_features(
             FeatureConfig(
                 num_dense=13,
                 tables=(

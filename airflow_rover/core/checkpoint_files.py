@@ -8,7 +8,7 @@ temporary sibling, fsynced, then renamed, so the name only ever holds a complete
 
 The master commits a checkpoint by writing ``queue.json``: the shard queue at the snapshot, plus
 under ``"checkpoint"`` every part's size and SHA-256 and one SHA-256 over the queue and that
-list. ``verify_checkpoint`` checks all of it; ``JobLayout.latest_checkpoint`` uses it to pick
+list. ``verify_checkpoint`` checks all of it; ``JobDir.latest_checkpoint`` uses it to pick
 the newest checkpoint whose every part verifies.
 
 Why SHA-256 and not a cheaper sum: with SHA-NI it hashes at ~1.8 GB/s on one core, faster than

@@ -3,7 +3,7 @@
 Each job's master proposes its own plans (``master.autoscaler``) within the job's own limits.
 When jobs share a cluster budget (``ClusterBudget``: cores and memory that all their nodes may
 hold together), every job's trigger registers the job (its plan, its pending proposal, its
-remaining samples and samples/s) in the registry (``store.registry``), and before applying its
+remaining samples and samples/s) in the registry (``history.registry``), and before applying its
 proposal asks ``arbitrate`` whether the proposal is selected:
 
 - a proposal that grows nothing the budget limits (a scale-down) is always allowed;
@@ -18,7 +18,7 @@ one; otherwise it is estimated as linear scaling in the worker count: ``samples/
 applied only with budget left after every scale-up that promises a gain).
 
 Rows not refreshed within their TTL are ignored (their job's trigger is gone): a dead triggerer
-never holds the budget. Everything here is pure (no database, no Airflow): ``store.registry``
+never holds the budget. Everything here is pure (no database, no Airflow): ``history.registry``
 reads and writes the rows, the trigger applies what is allowed.
 """
 

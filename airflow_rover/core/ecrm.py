@@ -3,7 +3,7 @@ decoding and the chunked rebuild, as pure numpy a PS (and the master) can drive.
 
 ECRM paper section 3; formulas and pictures in ``docs/checkpoint-policies.md``.
 
-**Placement** (``EcrmLayout``). Rows already live on PS ``owner = partition_of(table, id, n)``.
+**Placement** (``ParityPlacement``). Rows already live on PS ``owner = partition_of(table, id, n)``.
 Number each PS's ids of a table in ascending order: ``j`` = local index. Row ``(table, id)``
 with local index ``j`` on PS ``p`` has position ``i = j % k`` and level ``l = j // k`` in the
 group ``(table, a, l)`` with ``a = (p - i) % n``: the members are the rows of local index
@@ -190,7 +190,7 @@ _SHARED: dict[tuple[str, int, int], _Placement] = {}  # (table, vocab, num_ps): 
 _SHARED_LOCK = threading.Lock()  # one computation per key, the others wait for it
 
 
-class EcrmLayout:
+class ParityPlacement:
     """Which group each ``(table, id)`` is in and where the group's parity lives.
 
     Built from the same ``partition_of`` the PS use, over each table's whole id range
@@ -410,7 +410,7 @@ class DifferencePropagator:
     """
 
     def __init__(
-        self, layout: EcrmLayout, ps_index: int, codec: ParityCodec, epoch: int = 0
+        self, layout: ParityPlacement, ps_index: int, codec: ParityCodec, epoch: int = 0
     ) -> None:
         self.layout = layout
         self.ps_index = ps_index
@@ -486,7 +486,7 @@ class ParityStore:
 
     def __init__(
         self,
-        layout: EcrmLayout,
+        layout: ParityPlacement,
         ps_index: int,
         codec: ParityCodec,
         initial: InitialFn,
@@ -768,7 +768,7 @@ class DecodePlan:
         return {name: codec.lower(acc[name], dtypes[name]) for name in acc}
 
 
-def plan_decode(layout: EcrmLayout, table: str, lost_ps: int, ids: np.ndarray) -> DecodePlan:
+def plan_decode(layout: ParityPlacement, table: str, lost_ps: int, ids: np.ndarray) -> DecodePlan:
     """What to read to decode rows ``ids`` (unique, all owned by ``lost_ps``): a degraded
     read, or one chunk of a rebuild."""
     ids = np.asarray(ids, dtype=np.int64)
@@ -806,7 +806,7 @@ def restrict(delta: ParityDelta, ids_by_table: Mapping[str, np.ndarray]) -> list
 
 
 def catch_up(
-    layout: EcrmLayout,
+    layout: ParityPlacement,
     codec: ParityCodec,
     table: str,
     holder: int,
@@ -864,7 +864,7 @@ class EncodePlan:
         return acc
 
 
-def plan_encode(layout: EcrmLayout, table: str, holder: int, slots: np.ndarray) -> EncodePlan:
+def plan_encode(layout: ParityPlacement, table: str, holder: int, slots: np.ndarray) -> EncodePlan:
     """What to read to re-encode ``holder``'s parity ``slots`` (a lost holder's rebuild, or
     building parity after a restore)."""
     slots = np.asarray(slots, dtype=np.int64)
@@ -877,7 +877,7 @@ def plan_encode(layout: EcrmLayout, table: str, holder: int, slots: np.ndarray) 
 
 
 def rows_to_rebuild(
-    layout: EcrmLayout, lost_ps: int, materialised: Mapping[int, Mapping[str, np.ndarray]]
+    layout: ParityPlacement, lost_ps: int, materialised: Mapping[int, Mapping[str, np.ndarray]]
 ) -> dict[str, np.ndarray]:
     """The lost PS's rows worth decoding: those in a group whose parity a holder materialised
     (``{holder: {table: store.materialised(table)}}`` from ``layout.holders_of(lost_ps)``).
@@ -987,7 +987,7 @@ class RebuildPlan:
 
     def __init__(
         self,
-        layout: EcrmLayout,
+        layout: ParityPlacement,
         lost_ps: int,
         rows_per_lock: int,
         data_ids: Mapping[str, np.ndarray] | None = None,

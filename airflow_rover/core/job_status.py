@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 
 ABSENT = "absent"  # no job in this directory (yet): a sensor keeps waiting
@@ -16,7 +16,7 @@ UNREACHABLE = "unreachable"  # the master runs but did not answer: transient, po
 
 
 def resolve_status(
-    layout: JobLayout, api_status: dict[str, Any] | None, master_alive: bool
+    layout: JobDir, api_status: dict[str, Any] | None, master_alive: bool
 ) -> dict[str, Any]:
     """The job's status: the master's answer, else its last mirrored state, else a verdict."""
     if api_status is not None:

@@ -1,6 +1,6 @@
 """Warm start (DLRover-RM section 4.3, Algorithm 1): a new job's first plan from similar past jobs.
 
-Pure logic, no database and no Airflow: the history store (``airflow_rover.store``) hands in
+Pure logic, no database and no Airflow: the history store (``airflow_rover.history``) hands in
 past jobs as ``PastJob``; this module scores them against the incoming job, keeps the top k and
 smooths their final plans.
 

@@ -15,13 +15,13 @@ from typing import Any
 import httpx
 from airflow.sdk import BaseHook
 
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
-from airflow_rover.core.layout import JobLayout
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.kubernetes.config import KubernetesJob
 from airflow_rover.launchers.kubernetes.job import KubernetesJobLauncher
 from airflow_rover.launchers.local import JobLaunchError, LocalJobLauncher
-from airflow_rover.master.protocol import API_PREFIX
+from airflow_rover.rpc.master_api import API_PREFIX
 
 __all__ = ["ABSENT", "UNREACHABLE", "ElasticJobHook", "JobLaunchError", "resolve_status"]
 
@@ -44,12 +44,12 @@ class ElasticJobHook(BaseHook):
         kubernetes: KubernetesJob | None = None,
     ) -> None:
         super().__init__()
-        self.layout = JobLayout(Path(job_dir))
+        self.layout = JobDir(Path(job_dir))
         self.launcher = LocalJobLauncher()
         self._kubernetes = kubernetes
         self._timeout = request_timeout_s
 
-    def get_conn(self) -> JobLayout:
+    def get_conn(self) -> JobDir:
         return self.layout
 
     @property

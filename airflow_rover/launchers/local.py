@@ -25,18 +25,18 @@ from typing import Any
 import httpx
 import psutil
 
-from airflow_rover.core.job_status import resolve_status
-from airflow_rover.core.layout import (
+from airflow_rover.core.job_dir import (
     ENV_JOB_DIR,
     ENV_MASTER_ADDR,
     ENV_NODE_ID,
     ENV_TOKEN_FILE,
     STANDBY_PREFIX,
-    JobLayout,
+    JobDir,
 )
+from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.base import Role
-from airflow_rover.master.protocol import API_PREFIX
+from airflow_rover.rpc.master_api import API_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class LocalNodeLauncher:
 
     def __init__(
         self,
-        layout: JobLayout,
+        layout: JobDir,
         master_addr: str,
         threads_per_node: int = 1,
         exited: threading.Event | None = None,
@@ -141,7 +141,7 @@ class LocalNodeLauncher:
 
     def start_standby(self) -> None:
         """A spare PS process (``ps-standby-<n>``): it imports what a PS needs and waits for
-        ``take_standby`` to say which PS it is (``JobLayout.standby_assignment``). A spare
+        ``take_standby`` to say which PS it is (``JobDir.standby_assignment``). A spare
         that died waiting is not replaced: the job goes on relaunching lost PS instead."""
         if self._standby is not None:
             standby_id, proc = self._standby
@@ -221,7 +221,7 @@ class JobLaunchError(RuntimeError):
 class LocalJobLauncher:
     """Starts and stops a job's master as a detached process (the operator's and CLI's side)."""
 
-    def start_job(self, layout: JobLayout, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+    def start_job(self, layout: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> int:
         """Write the job's files and start a fresh master (stopping a stale one first), with
         ``env`` added to its environment (secrets never go to the job's files); returns the
         master's pid once it listens."""
@@ -241,13 +241,13 @@ class LocalJobLauncher:
             time.sleep(0.1)
         return pid
 
-    def stop_job_master(self, layout: JobLayout) -> None:
+    def stop_job_master(self, layout: JobDir) -> None:
         info = layout.master_info()
         pid = info.get("keeper_pid") or info.get("pid")
         if pid is not None:
             self.stop_master(pid)
 
-    def launch_master(self, layout: JobLayout, extra_env: dict[str, str] | None = None) -> int:
+    def launch_master(self, layout: JobDir, extra_env: dict[str, str] | None = None) -> int:
         """Start the master's keeper (which runs the master and relaunches it if it dies) in a
         session of its own; returns the keeper's pid."""
         env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
@@ -256,7 +256,7 @@ class LocalJobLauncher:
         return proc.pid
 
     @classmethod
-    def job_alive(cls, layout: JobLayout) -> bool:
+    def job_alive(cls, layout: JobDir) -> bool:
         """Whether the job's master, or its keeper about to relaunch it, is running."""
         info = layout.master_info()
         return any(
@@ -298,7 +298,7 @@ def job_processes(job_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
+def node_processes(layout: JobDir) -> dict[str, psutil.Process]:
     """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
     pid = layout.master_info().get("pid")
     if pid is None:
@@ -315,7 +315,7 @@ def node_processes(layout: JobLayout) -> dict[str, psutil.Process]:
     return out
 
 
-def local_job_status(layout: JobLayout, timeout_s: float = 10.0) -> dict[str, Any]:
+def local_job_status(layout: JobDir, timeout_s: float = 10.0) -> dict[str, Any]:
     """A local job's status: its master's answer, else what its files and process say."""
     info = layout.master_info()
     api_status = None

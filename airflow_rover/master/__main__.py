@@ -15,7 +15,7 @@ from pathlib import Path
 
 import uvicorn
 
-from airflow_rover.core.layout import ENV_TOKEN_FILE, JobLayout, atomic_write_json
+from airflow_rover.core.job_dir import ENV_TOKEN_FILE, JobDir, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.launchers.base import NodeLauncher
 from airflow_rover.launchers.kubernetes.config import (
@@ -73,7 +73,7 @@ def _supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> No
     server.should_exit = True
 
 
-def kubernetes_node_launcher(layout: JobLayout, restarts: int) -> NodeLauncher:
+def kubernetes_node_launcher(layout: JobDir, restarts: int) -> NodeLauncher:
     """The node launcher of a master running in its pod: in-cluster credentials (the master's
     service account), the job's settings from ``kubernetes.json``, its own pod as the owner of
     the node pods, and its restart count as the incarnation."""
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
-    layout = JobLayout(args.job_dir.resolve())
+    layout = JobDir(args.job_dir.resolve())
     spec = layout.read_spec()
     on_kubernetes = os.environ.get(ENV_LAUNCHER) == "kubernetes"
     token_file = os.environ.get(ENV_TOKEN_FILE) if on_kubernetes else None  # mounted Secret

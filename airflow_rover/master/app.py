@@ -8,10 +8,10 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from airflow_rover.master import protocol
 from airflow_rover.master.service import MAX_LAYOUT_WAIT_S, JobMaster
+from airflow_rover.rpc import master_api
 
-P = protocol.API_PREFIX
+P = master_api.API_PREFIX
 BearerCredentials = Annotated[
     HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
 ]
@@ -50,7 +50,7 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
     def get_cluster(
         after: Annotated[int | None, Query(ge=0)] = None,
         wait_s: Annotated[float, Query(ge=0, le=MAX_LAYOUT_WAIT_S)] = 0.0,
-    ) -> protocol.ClusterInfo:
+    ) -> master_api.ClusterInfo:
         """With ``after``: waits up to ``wait_s`` for a PS layout past that version."""
         try:
             return master.cluster(after, wait_s)
@@ -58,29 +58,29 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 
     @app.post(f"{P}/nodes/{{node_id}}/ready")
-    def node_ready(node_id: str, body: protocol.NodeReady) -> dict[str, bool]:
+    def node_ready(node_id: str, body: master_api.NodeReady) -> dict[str, bool]:
         _known(master.node_ready, node_id, body)
         return {"ok": True}
 
     @app.post(f"{P}/nodes/{{node_id}}/heartbeat")
-    def heartbeat(node_id: str, body: protocol.Heartbeat) -> dict[str, bool]:
+    def heartbeat(node_id: str, body: master_api.Heartbeat) -> dict[str, bool]:
         return {"stop": _known(master.heartbeat, node_id, body)}
 
     @app.post(f"{P}/shards/lease")
-    def lease(body: protocol.LeaseRequest) -> protocol.LeaseReply:
-        reply: protocol.LeaseReply = _known(master.lease, body.node_id, body.layout_version)
+    def lease(body: master_api.LeaseRequest) -> master_api.LeaseReply:
+        reply: master_api.LeaseReply = _known(master.lease, body.node_id, body.ps_set_version)
         return reply
 
     @app.post(f"{P}/shards/{{shard_id}}/done")
-    def shard_done(shard_id: int, body: protocol.ShardDone) -> protocol.ShardDoneReply:
-        return protocol.ShardDoneReply(accepted=master.shard_done(shard_id, body))
+    def shard_done(shard_id: int, body: master_api.ShardDone) -> master_api.ShardDoneReply:
+        return master_api.ShardDoneReply(accepted=master.shard_done(shard_id, body))
 
     @app.post(f"{P}/nodes/{{node_id}}/release")
     def release(node_id: str) -> dict[str, int]:
         return {"released": _known(master.release_shards, node_id)}
 
     @app.post(f"{P}/evaluation")
-    def evaluation(body: protocol.EvalReport) -> dict[str, bool]:
+    def evaluation(body: master_api.EvalReport) -> dict[str, bool]:
         try:
             _known(master.report_evaluation, body)
         except PermissionError as exc:
@@ -92,7 +92,7 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
         return master.status()["plans"]
 
     @app.post(f"{P}/plans")
-    def request_plan(body: protocol.PlanRequest) -> dict[str, Any]:
+    def request_plan(body: master_api.PlanRequest) -> dict[str, Any]:
         try:
             return master.request_plan(body)
         except ValueError as exc:
@@ -104,7 +104,7 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
         return result
 
     @app.post(f"{P}/stop")
-    def stop(body: protocol.StopRequest) -> dict[str, str]:
+    def stop(body: master_api.StopRequest) -> dict[str, str]:
         master.request_stop(body.reason)
         return {"state": master.status()["state"]}
 

@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 
 from airflow_rover.core.checkpoint_files import PartDigest, checkpoint_record
-from airflow_rover.core.layout import JobLayout, atomic_write_json, checkpoint_number
-from airflow_rover.ps.client import PSClient
+from airflow_rover.core.job_dir import JobDir, atomic_write_json, checkpoint_number
+from airflow_rover.rpc.ps_client import PSClient
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        layout: JobLayout,
+        layout: JobDir,
         interval_s: float,
         ps_client: Callable[[], PSClient],
         queue_state: Callable[[], dict[str, Any]],

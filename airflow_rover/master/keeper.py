@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 
 log = logging.getLogger("airflow_rover.master.keeper")
 KEEPER_FILE = "keeper.json"
 
 
-def keeper_file(layout: JobLayout) -> Path:
+def keeper_file(layout: JobDir) -> Path:
     return layout.root / KEEPER_FILE
 
 
@@ -46,7 +46,7 @@ def _master_cmd(job_dir: Path, restarts: int) -> list[str]:
     ]
 
 
-def keep(layout: JobLayout) -> int:
+def keep(layout: JobDir) -> int:
     spec = layout.read_spec()
     record: dict[str, Any] = {"pid": os.getpid(), "master_deaths": []}
     atomic_write_json(keeper_file(layout), record)
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--job-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    sys.exit(keep(JobLayout(args.job_dir.resolve())))
+    sys.exit(keep(JobDir(args.job_dir.resolve())))
 
 
 if __name__ == "__main__":

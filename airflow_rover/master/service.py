@@ -23,9 +23,9 @@ from typing import Any
 import grpc
 
 from airflow_rover.core.checkpoint_policy import CheckpointCosts, judge_choice, plan_checkpoints
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import JobLayout, atomic_write_json, checkpoint_number
+from airflow_rover.core.job_dir import JobDir, atomic_write_json, checkpoint_number
 from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.shards import Shard, ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan
@@ -33,10 +33,10 @@ from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.launchers.base import NodeLauncher, Role, StandbyLauncher
-from airflow_rover.master import protocol
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
-from airflow_rover.ps.client import PSClient
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.storage import CheckpointMirror, open_store, restore_latest_checkpoint
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Resize:
 class JobMaster:
     def __init__(
         self,
-        layout: JobLayout,
+        layout: JobDir,
         spec: JobSpec,
         launcher: NodeLauncher,
         token: str,
@@ -208,14 +208,14 @@ class JobMaster:
         self.result: dict[str, Any] | None = None
         self._samples_log: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.RLock()
-        self._layout_changed = threading.Condition(self._lock)  # layout_version moved on
+        self._layout_changed = threading.Condition(self._lock)  # ps_set_version moved on
         self._layout_waits = threading.BoundedSemaphore(LAYOUT_WAITERS)
         self._last_mirror = 0.0
         self.resize: Resize | None = None
-        self.layout_version = 0  # bumped by every PS resize; workers switch when they see it
+        self.ps_set_version = 0  # bumped by every PS resize; workers switch when they see it
 
     # -- API operations (called from request handlers) ---------------------------------------
-    def cluster(self, after: int | None = None, wait_s: float = 0.0) -> protocol.ClusterInfo:
+    def cluster(self, after: int | None = None, wait_s: float = 0.0) -> master_api.ClusterInfo:
         """The PS addresses and the layout version. With ``after``: first wait, up to
         ``wait_s``, for a layout past it, so that a worker waiting out a lost PS hears of its
         replacement at once rather than at its next poll. At most ``LAYOUT_WAITERS`` requests
@@ -225,7 +225,7 @@ class JobMaster:
             with self._lock:
                 if waits:
                     seen = after or 0
-                    self._layout_changed.wait_for(lambda: self.layout_version > seen, wait_s)
+                    self._layout_changed.wait_for(lambda: self.ps_set_version > seen, wait_s)
                 ps = [
                     self.nodes[f"ps-{i}"].address
                     for i in range(self.spec.plan.num_ps)
@@ -233,10 +233,10 @@ class JobMaster:
                 ]
                 if len(ps) != self.spec.plan.num_ps or any(a is None for a in ps):
                     raise LookupError("parameter servers are not all ready yet")
-                return protocol.ClusterInfo(
+                return master_api.ClusterInfo(
                     job_id=self.spec.job_id,
                     ps=[a for a in ps if a],
-                    layout_version=self.layout_version,
+                    ps_set_version=self.ps_set_version,
                 )
         finally:
             if waits:
@@ -244,10 +244,10 @@ class JobMaster:
 
     def _next_layout(self) -> None:
         """The PS changed (a relaunch or a resize): workers switch when they see the version."""
-        self.layout_version += 1
+        self.ps_set_version += 1
         self._layout_changed.notify_all()
 
-    def node_ready(self, node_id: str, body: protocol.NodeReady) -> None:
+    def node_ready(self, node_id: str, body: master_api.NodeReady) -> None:
         with self._lock:
             node = self._node(node_id)
             node.state = NodeState.RUNNING
@@ -265,7 +265,7 @@ class JobMaster:
             log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
         self.wake.set()
 
-    def heartbeat(self, node_id: str, body: protocol.Heartbeat) -> bool:
+    def heartbeat(self, node_id: str, body: master_api.Heartbeat) -> bool:
         """Record a node's progress; returns True when the node should stop."""
         with self._lock:
             node = self._node(node_id)
@@ -279,37 +279,37 @@ class JobMaster:
             self._record_samples()
             return self.state in TERMINAL_STATES
 
-    def lease(self, node_id: str, layout_version: int | None = None) -> protocol.LeaseReply:
+    def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
         with self._lock:
             self._node(node_id).last_seen = time.time()
-            version = self.layout_version
+            version = self.ps_set_version
             if self.state != JobState.RUNNING and not self._training_through_loss:
                 done = self.state in TERMINAL_STATES or self.state == JobState.EVALUATING
-                return protocol.LeaseReply(
-                    status="done" if done else "wait", layout_version=version
+                return master_api.LeaseReply(
+                    status="done" if done else "wait", ps_set_version=version
                 )
-            if layout_version is not None and layout_version != version:
-                return protocol.LeaseReply(status="wait", layout_version=version)
+            if ps_set_version is not None and ps_set_version != version:
+                return master_api.LeaseReply(status="wait", ps_set_version=version)
             if self.resize is not None and self.resize.phase == "draining":
-                return protocol.LeaseReply(status="wait", layout_version=version)
+                return master_api.LeaseReply(status="wait", ps_set_version=version)
             shard = self.queue.lease(
                 node_id, time.time(), self.spec.training.shard_lease_s, self._slice_for(node_id)
             )
             if shard is not None:
-                return protocol.LeaseReply(
+                return master_api.LeaseReply(
                     status="ok",
-                    shard=protocol.ShardOut(
+                    shard=master_api.ShardOut(
                         shard_id=shard.shard_id,
                         epoch=shard.epoch,
                         start=shard.start,
                         end=shard.end,
                         first_key=self.queue.first_key(shard),
                     ),
-                    layout_version=version,
+                    ps_set_version=version,
                 )
             # Nothing to hand out: others still hold shards that may come back if they die.
-            return protocol.LeaseReply(
-                status="done" if self.queue.finished else "wait", layout_version=version
+            return master_api.LeaseReply(
+                status="done" if self.queue.finished else "wait", ps_set_version=version
             )
 
     def _slice_for(self, node_id: str) -> int | None:
@@ -328,7 +328,7 @@ class JobMaster:
             return None
         return max(1, int(self.queue.batch_keys.per_shard * relative))
 
-    def shard_done(self, shard_id: int, body: protocol.ShardDone) -> bool:
+    def shard_done(self, shard_id: int, body: master_api.ShardDone) -> bool:
         with self._lock:
             accepted = self.queue.complete(shard_id, body.node_id)
             if not accepted:
@@ -350,7 +350,7 @@ class JobMaster:
                 self._unreconciled.extend(released)  # ledgers unreadable: again next tick
             return len(released)
 
-    def report_evaluation(self, body: protocol.EvalReport) -> None:
+    def report_evaluation(self, body: master_api.EvalReport) -> None:
         """Accept the held-out score only from the evaluator node, only while evaluating."""
         with self._lock:
             node = self._node(body.node_id)
@@ -578,7 +578,9 @@ class JobMaster:
             released = self._worker_lost(node, code, replaced) if node.role == "worker" else []
             # a worker that lost its PS is not at fault, nor a node replaced to resize it:
             # their restarts do not count
-            counted = not replaced and not (node.role == "worker" and code == protocol.EXIT_PS_LOST)
+            counted = not replaced and not (
+                node.role == "worker" and code == master_api.EXIT_PS_LOST
+            )
             if counted and self.restarts >= self.spec.recovery.max_node_restarts:
                 tail = _tail(self.layout.log_file(node_id))
                 self._finish(
@@ -600,7 +602,7 @@ class JobMaster:
     def _worker_lost(self, node: NodeInfo, code: int, replaced: bool = False) -> list[Shard]:
         """Requeue a dead worker's shards from their first batch some PS has not applied; a
         death that was not the PS's fault counts against the shards (poison quarantine)."""
-        failed = code != protocol.EXIT_PS_LOST and not replaced
+        failed = code != master_api.EXIT_PS_LOST and not replaced
         before = set(self.queue.quarantined)
         released = self.queue.release_worker(node.node_id, failed=failed)
         for shard in self.queue.quarantined_shards():
@@ -999,7 +1001,7 @@ class JobMaster:
         trained = sum(max(0, c - previous.get(node, c)) for node, c in counts.items())
         return trained / (now - since)
 
-    def request_plan(self, body: protocol.PlanRequest) -> dict[str, Any]:
+    def request_plan(self, body: master_api.PlanRequest) -> dict[str, Any]:
         """Propose the requested counts as a plan (the trigger applies it)."""
         with self._lock:
             if self.state in TERMINAL_STATES:
@@ -1209,7 +1211,7 @@ class JobMaster:
                 "features": self.features.model_dump(),
                 "embedding_groups": [
                     {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}
-                    for g in EmbeddingLayout.from_features(self.features).groups
+                    for g in EmbeddingPlacement.from_features(self.features).groups
                 ],
                 "num_ps": self.spec.plan.num_ps,
                 "partitions": [f"ps-{i}.npz" for i in range(self.spec.plan.num_ps)],

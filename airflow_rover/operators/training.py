@@ -25,7 +25,7 @@ from airflow_rover.core.checkpoint_policy import (
     mtbf_from_history,
 )
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import (
     ClusterBudget,
     FeatureConfig,
@@ -37,7 +37,9 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
+from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.launchers.kubernetes.config import (
     KubernetesConfig,
     KubernetesJob,
@@ -57,8 +59,6 @@ from airflow_rover.preflight import PreflightError, preflight
 from airflow_rover.storage import StorageError, latest_remote_checkpoint, open_store
 from airflow_rover.storage.base import parse_checkpoint_uri
 from airflow_rover.storage.s3 import aws_settings
-from airflow_rover.store.connection import HistoryStoreHook
-from airflow_rover.store.records import record_from_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
 LAUNCHERS = ("local", "kubernetes")
@@ -592,7 +592,7 @@ def _as_dict(value: Any, param: str = "plan") -> Any:
         return value
 
 
-def _resolved_features(layout: JobLayout, spec: JobSpec) -> FeatureConfig | None:
+def _resolved_features(layout: JobDir, spec: JobSpec) -> FeatureConfig | None:
     """The feature config the job trained with: the spec's, else the saved model's, else the
     default one derived from the dataset; None if none can be read."""
     if spec.features is not None:

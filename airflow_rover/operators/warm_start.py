@@ -27,13 +27,13 @@ from airflow_rover.core.warm_start import (
     check_settings,
 )
 from airflow_rover.data.reader import open_dataset
+from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.operators._validation import (
     check_static_entries,
     describe,
     has_template,
     parse_param,
 )
-from airflow_rover.store.connection import HistoryStoreHook
 
 log = logging.getLogger(__name__)
 

@@ -16,29 +16,29 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import read_npz_parts
-from airflow_rover.core.ecrm import EcrmLayout
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.ecrm import ParityPlacement
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.hashing import partition_of
-from airflow_rover.core.layout import (
+from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
     ENV_PS_PORT,
     STANDBY_PREFIX,
-    JobLayout,
+    JobDir,
     NodeContext,
     checkpoint_number,
 )
-from airflow_rover.master.client import MasterClient
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc.master_client import MasterClient
 
 log = logging.getLogger("airflow_rover.ps")
 
 
 def restore(
-    new_ps: Callable[[], ParameterServer], layout: JobLayout, node_id: str, index: int
+    new_ps: Callable[[], ParameterServer], layout: JobDir, node_id: str, index: int
 ) -> ParameterServer:
     """A PS with its partition loaded from the newest verified checkpoint, or from its snapshot
     in shared memory where ``choose_restore`` says so (the checkpoint if that fails)."""
@@ -80,7 +80,7 @@ def restore(
 
 
 def apply_partial_saves(
-    ps: ParameterServer, layout: JobLayout, checkpoint: Path, node_id: str
+    ps: ParameterServer, layout: JobDir, checkpoint: Path, node_id: str
 ) -> None:
     """CPR-MFU/SSU: the rows saved after ``checkpoint`` (most-used or sampled ones, fresher
     than the checkpoint) replace theirs, oldest save first; a damaged one is skipped."""
@@ -140,9 +140,9 @@ def wait_as_standby(ctx: NodeContext) -> str:
     np.unique(np.arange(2))
     spec = ctx.layout.read_spec()
     if spec.checkpoint.policy == "ecrm":
-        groups = EmbeddingLayout.from_features(resolve_features(spec)).groups
+        groups = EmbeddingPlacement.from_features(resolve_features(spec)).groups
         vocab = {g.name: g.vocab_size for g in groups}
-        EcrmLayout(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab).warm()
+        ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab).warm()
     assignment = ctx.layout.standby_assignment(ctx.node_id)
     log.info("%s: a spare PS, waiting to take over a lost one", ctx.node_id)
     while not assignment.exists():
@@ -186,16 +186,16 @@ def main(argv: list[str] | None = None) -> None:
         return ParameterServer(
             index,
             max(spec.plan.num_ps, index + 1),
-            EmbeddingLayout.from_features(resolve_features(spec)),
+            EmbeddingPlacement.from_features(resolve_features(spec)),
             Optimizer(spec.training.optimizer, spec.training.learning_rate),
             spec.training.seed,
         )
 
     rebuild = spec.checkpoint.policy == "ecrm" and ctx.layout.ecrm_rebuild_marker(index).exists()
     if rebuild:  # the rebuild needs where every row's parity is: worked out while starting
-        groups = EmbeddingLayout.from_features(resolve_features(spec)).groups
+        groups = EmbeddingPlacement.from_features(resolve_features(spec)).groups
         vocab = {g.name: g.vocab_size for g in groups}
-        placement = EcrmLayout(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab)
+        placement = ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab)
         threading.Thread(target=placement.warm, name="ecrm-placement", daemon=True).start()
     if index < spec.plan.num_ps and not rebuild:
         ps = restore(new_ps, ctx.layout, ctx.node_id, index)

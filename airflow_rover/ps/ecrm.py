@@ -44,10 +44,10 @@ import numpy as np
 from airflow_rover.core.ecrm import (
     DecodePlan,
     DifferencePropagator,
-    EcrmLayout,
     Fields,
     ParityCodec,
     ParityDelta,
+    ParityPlacement,
     ParityStore,
     RebuildPlan,
     RowStatus,
@@ -61,8 +61,8 @@ from airflow_rover.core.ecrm import (
     rows_to_rebuild,
 )
 from airflow_rover.core.ledger import NO_KEY
-from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.rpc import frames, ps_service
 
 if TYPE_CHECKING:
     from airflow_rover.ps.server import ParameterServer
@@ -163,7 +163,7 @@ def decode_frame(frame: Mapping[str, np.ndarray]) -> list[ParityDelta]:
 
 
 def degraded_requests(
-    layout: EcrmLayout, lost: int, ids_by_table: Mapping[str, np.ndarray]
+    layout: ParityPlacement, lost: int, ids_by_table: Mapping[str, np.ndarray]
 ) -> tuple[dict[str, DecodePlan], dict[tuple[str, int], dict[str, np.ndarray]]]:
     """What to read to decode rows of the lost PS ``lost`` (a replacement's pull of rows not
     rebuilt yet, or a worker's while its PS is away): per table the decode plan, and one
@@ -187,7 +187,7 @@ def degraded_requests(
 
 
 def decode_degraded(
-    layout: EcrmLayout,
+    layout: ParityPlacement,
     codec: ParityCodec,
     plans: Mapping[str, DecodePlan],
     got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
@@ -284,11 +284,13 @@ class Peers:
         with self._lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS)
+                channel = grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS)
                 self._channels[address] = channel
-        stub = channel.unary_unary(rpc.method_path("Ecrm"))
-        reply = stub(codec.encode(arrays), metadata=rpc.auth_metadata(self._token), timeout=timeout)
-        return codec.decode(reply)
+        stub = channel.unary_unary(ps_service.method_path("Ecrm"))
+        reply = stub(
+            frames.encode(arrays), metadata=ps_service.auth_metadata(self._token), timeout=timeout
+        )
+        return frames.decode(reply)
 
     def close(self) -> None:
         with self._lock:
@@ -447,7 +449,7 @@ class EcrmPeer:
         self.epochs = list(epochs)
         self.epoch = self.epochs[self.index]
         vocab = {name: t.vocab_size for name, t in ps.tables.items()}
-        self.layout = EcrmLayout(ps.num_ps, k, vocab)
+        self.layout = ParityPlacement(ps.num_ps, k, vocab)
         self.codec = SumCodec()
         self.store = ParityStore(self.layout, self.index, self.codec, self._initial, self.epoch)
         self.propagator = DifferencePropagator(self.layout, self.index, self.codec, self.epoch)

@@ -1,7 +1,7 @@
 """Flash checkpoints of a parameter server: shared memory first, the durable copy in background.
 
 A checkpoint copies the PS's state into its **slot**, one file in shared memory
-(``JobLayout.flash_dir``, ``/dev/shm`` by default) kept for the PS process's whole life and
+(``JobDir.flash_dir``, ``/dev/shm`` by default) kept for the PS process's whole life and
 reused by every checkpoint: its pages are allocated and mapped once (allocating tmpfs pages costs
 more than the copy itself), so the copy runs at memory speed and pushes wait only for it. The
 Save RPC returns then; a persister thread writes the slot to the durable checkpoint directory as
@@ -41,7 +41,7 @@ from airflow_rover.core.checkpoint_files import (
     read_manifest,
     write_npz,
 )
-from airflow_rover.core.layout import ENV_FLASH_DIR, JobLayout, checkpoint_number, flash_dir_for
+from airflow_rover.core.job_dir import ENV_FLASH_DIR, JobDir, checkpoint_number, flash_dir_for
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +373,7 @@ class FlashCheckpointer:
 
 @dataclass(frozen=True)
 class RestoreChoice:
-    checkpoint: Path | None  # the newest verified checkpoint (``JobLayout.latest_checkpoint``)
+    checkpoint: Path | None  # the newest verified checkpoint (``JobDir.latest_checkpoint``)
     slot: ShmSlot | None  # restore from this orphan slot instead, when set
     slot_meta: dict[str, Any] | None
     why: str
@@ -381,7 +381,7 @@ class RestoreChoice:
     newer: bool = False  # the slot holds a snapshot newer than ``checkpoint`` (case b)
 
 
-def choose_restore(layout: JobLayout, index: int) -> RestoreChoice:
+def choose_restore(layout: JobDir, index: int) -> RestoreChoice:
     """Where a (re)starting PS takes its partition from.
 
     The durable checkpoint is the one every process agrees on (``latest_checkpoint``). The

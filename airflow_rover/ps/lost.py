@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from airflow_rover.core.ecrm import DecodePlan, EcrmLayout, Fields, ParityCodec, SumCodec
+from airflow_rover.core.ecrm import DecodePlan, Fields, ParityCodec, ParityPlacement, SumCodec
 from airflow_rover.ps.ecrm import apply_updates, decode_degraded, degraded_requests
 from airflow_rover.ps.optimizers import Optimizer
 
@@ -35,15 +35,15 @@ class EcrmReads:
     vocab_sizes: Mapping[str, int]
     optimizer: Optimizer
     codec: ParityCodec = field(default_factory=SumCodec)
-    _layouts: dict[int, EcrmLayout] = field(default_factory=dict, repr=False)
+    _layouts: dict[int, ParityPlacement] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def layout(self, num_ps: int) -> EcrmLayout:
+    def layout(self, num_ps: int) -> ParityPlacement:
         """The placement of ``num_ps`` PS (computed once; ``warm`` computes it ahead)."""
         with self._lock:
             got = self._layouts.get(num_ps)
             if got is None:
-                got = self._layouts[num_ps] = EcrmLayout(num_ps, self.k, self.vocab_sizes)
+                got = self._layouts[num_ps] = ParityPlacement(num_ps, self.k, self.vocab_sizes)
         return got
 
     def warm(self, num_ps: int) -> None:

@@ -1,6 +1,6 @@
 """The parameter-server process: serves pull/push of embedding rows and dense weights over gRPC.
 
-Messages are ``ps.codec`` frames. Every call must carry the job's bearer token. A malformed or
+Messages are ``rpc.frames`` frames. Every call must carry the job's bearer token. A malformed or
 non-finite update is rejected whole (nothing of it is applied) with INVALID_ARGUMENT.
 """
 
@@ -21,14 +21,14 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import write_npz
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
-from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.ecrm import EcrmPeer, read_text
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
+from airflow_rover.rpc import frames, ps_service
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class ParameterServer:
     """One PS's partition of the model and the operations workers call on it."""
 
     def __init__(
-        self, index: int, num_ps: int, layout: EmbeddingLayout, optimizer: Optimizer, seed: int
+        self, index: int, num_ps: int, layout: EmbeddingPlacement, optimizer: Optimizer, seed: int
     ) -> None:
         self.index = index
         self.num_ps = num_ps
@@ -342,9 +342,9 @@ class ParameterServer:
         }
 
     def _send(self, address: str, method: str, arrays: dict[str, np.ndarray]) -> None:
-        with grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS) as channel:
-            call = channel.unary_unary(rpc.method_path(method))
-            call(codec.encode(arrays), metadata=rpc.auth_metadata(self.token), timeout=120)
+        with grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS) as channel:
+            call = channel.unary_unary(ps_service.method_path(method))
+            call(frames.encode(arrays), metadata=ps_service.auth_metadata(self.token), timeout=120)
 
     def absorb(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
@@ -477,7 +477,7 @@ def _unary(handler: Handler, token: str) -> grpc.RpcMethodHandler:
         if not hmac.compare_digest(str(given).encode(), expected):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
         try:
-            return codec.encode(handler(codec.decode(request)))
+            return frames.encode(handler(frames.decode(request)))
         except (ValueError, KeyError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # unreachable: abort raises
@@ -489,17 +489,19 @@ def start_server(
     ps: ParameterServer,
     token: str,
     host: str = "127.0.0.1",
-    threads: int = rpc.SERVER_THREADS,
+    threads: int = ps_service.SERVER_THREADS,
     port: int = 0,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``ps`` on ``host:port``; returns the server and the port it bound (0 picks a
     free one)."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads), options=rpc.CHANNEL_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=threads), options=ps_service.CHANNEL_OPTIONS
     )
     ps.token = token
     handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(rpc.SERVICE, handlers),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(ps_service.SERVICE, handlers),)
+    )
     port = server.add_insecure_port(f"{host}:{port}")
     server.start()
     return server, port

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
-from airflow_rover.core.layout import checkpoint_number
+from airflow_rover.core.job_dir import checkpoint_number
 
 ACCEPTED_URIS = "file:///path (or a plain path), s3://bucket/prefix"
 

@@ -34,7 +34,7 @@ from airflow_rover.core.checkpoint_files import (
     read_manifest,
     verify_checkpoint,
 )
-from airflow_rover.core.layout import checkpoint_number
+from airflow_rover.core.job_dir import checkpoint_number
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.storage.base import CheckpointStore, StorageError, tree_files
 
@@ -133,7 +133,7 @@ def _latest_name(store: CheckpointStore) -> str | None:
 
 def candidates(store: CheckpointStore) -> list[str]:
     """The checkpoints a reader may take, newest first: those at or before ``LATEST`` (none
-    before anything was published), as ``JobLayout.latest_checkpoint`` does locally."""
+    before anything was published), as ``JobDir.latest_checkpoint`` does locally."""
     named = _latest_name(store)
     if named is None:
         return []
@@ -179,7 +179,7 @@ def upload_checkpoint(
     if number is None or not directory.is_dir():
         raise ValueError(
             f"local_checkpoint_dir={str(directory)!r}: accepted: a committed checkpoint "
-            "directory named ckpt-<n> (JobLayout.checkpoint_dir)"
+            "directory named ckpt-<n> (JobDir.checkpoint_dir)"
         )
     if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
         raise ValueError(f"keep={keep!r}: accepted: an integer >= 1 (checkpoints kept)")
@@ -267,7 +267,7 @@ def download_checkpoint(store: CheckpointStore, name: str, local_dir: Path | str
     why) when it is incomplete or does not verify; ``local_dir`` is then left as it was.
 
     ``local_dir`` may be a job's ``checkpoints/`` folder; naming the checkpoint in its
-    ``LATEST`` (``JobLayout.commit_checkpoint``) is the caller's decision."""
+    ``LATEST`` (``JobDir.commit_checkpoint``) is the caller's decision."""
     if checkpoint_number(name) is None:
         raise ValueError(f"name={name!r}: accepted: a checkpoint name ckpt-<n>")
     local_dir = Path(local_dir)

@@ -18,7 +18,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.storage.base import CheckpointStore
@@ -35,7 +35,7 @@ def checkpoint_store_uri(job_dir: str | None, checkpoint_uri: str | None) -> str
     if checkpoint_uri:
         return checkpoint_uri
     if job_dir:
-        return str(JobLayout(Path(job_dir)).checkpoints)
+        return str(JobDir(Path(job_dir)).checkpoints)
     raise ValueError("give job_dir (the job's own checkpoints) or checkpoint_uri")
 
 

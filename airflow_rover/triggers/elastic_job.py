@@ -10,7 +10,7 @@ objects: it recreates a missing Service or Secret when it starts and deletes the
 so everything the pod owns) once the job has ended (``docs/kubernetes.md``).
 
 With a ``cluster_budget`` the trigger shares that budget with the jobs of other tasks and DAGs:
-on each poll it registers its job in the registry (``store.registry``, in the history store's
+on each poll it registers its job in the registry (``history.registry``, in the history store's
 database) and applies its master's proposal only when the cluster arbiter
 (``core.cluster_budget``) selects it; otherwise the proposal stays proposed, waiting.
 """
@@ -29,10 +29,10 @@ from airflow_rover.core.cluster_budget import running_job, ttl_for
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.spec import ClusterBudget
 from airflow_rover.core.states import TERMINAL_STATES, JobState
+from airflow_rover.history.registry import RunningJobRegistry
+from airflow_rover.history.store import HistoryStore
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.store.connection import HistoryStoreHook
-from airflow_rover.store.history import HistoryStore
-from airflow_rover.store.registry import RunningJobRegistry
+from airflow_rover.hooks.history_store import HistoryStoreHook
 
 _EVENT_STATUS = {JobState.FAILED: "failed", JobState.STOPPED: "stopped"}
 

@@ -10,15 +10,15 @@ import threading
 
 import grpc
 
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
-from airflow_rover.core.layout import NodeContext
+from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.master.client import MasterClient
-from airflow_rover.master.protocol import EXIT_PS_LOST
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.lost import EcrmReads
 from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.rpc.master_api import EXIT_PS_LOST
+from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.ps_client import PSClient
 
 log = logging.getLogger("airflow_rover.worker")
 
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
     ecrm = None
     if spec.checkpoint.policy == "ecrm" and args.role == "worker":
         # a lost PS's rows are decoded here until its replacement is up (``ps.lost``)
-        groups = EmbeddingLayout.from_features(features).groups
+        groups = EmbeddingPlacement.from_features(features).groups
         ecrm = EcrmReads(spec.checkpoint.ecrm.k, {g.name: g.vocab_size for g in groups}, optimizer)
         threading.Thread(target=ecrm.warm, args=(len(cluster.ps),), daemon=True).start()
     ps = PSClient(cluster.ps, ctx.token, ecrm=ecrm)
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
                 master,
                 spec.training.batch_size,
                 stop,
-                cluster.layout_version,
+                cluster.ps_set_version,
                 spec.training.progress_report_s,
             )
         except PSLost as exc:

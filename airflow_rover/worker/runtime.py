@@ -27,15 +27,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.reader import Batch, SampleReader
-from airflow_rover.master import protocol
-from airflow_rover.master.client import MasterClient
-from airflow_rover.ps.client import DenseReply, PSClient, Push
 from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.ps_client import DenseReply, PSClient, Push
 from airflow_rover.worker.models import DENSE_INPUT
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class PSModel:
             raise ValueError(f"features.tables: columns {missing} are not in the dataset")
         self.model = model
         self.features = features
-        self.layout = EmbeddingLayout.from_features(features)
+        self.layout = EmbeddingPlacement.from_features(features)
         self.groups = self.layout.groups
         self.ps = ps
         self._column_index = {name: i for i, name in enumerate(columns)}
@@ -271,8 +271,8 @@ class Progress:
         ms = seconds * 1000.0
         self.step_time_ms = ms if self.steps == 1 else 0.9 * self.step_time_ms + 0.1 * ms
 
-    def heartbeat(self) -> protocol.Heartbeat:
-        return protocol.Heartbeat(
+    def heartbeat(self) -> master_api.Heartbeat:
+        return master_api.Heartbeat(
             steps=self.steps, samples=self.samples, step_time_ms=self.step_time_ms
         )
 
@@ -325,7 +325,7 @@ def leased_batches(
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:
-            yield reader.read(0, 0), NO_SHARD, False, NO_KEY, reply.layout_version
+            yield reader.read(0, 0), NO_SHARD, False, NO_KEY, reply.ps_set_version
             if wake is None:
                 time.sleep(wait_s)
             elif wake.wait(wait_s):
@@ -334,12 +334,12 @@ def leased_batches(
         shard = reply.shard
         samples = reader.read(shard.start, shard.end)
         for index, lo in enumerate(range(0, len(samples), batch_size)):
-            if not keeps(reply.layout_version):
+            if not keeps(reply.ps_set_version):
                 break  # the trainer moved on (a lost PS is back): the master requeued the shard
             hi = min(lo + batch_size, len(samples))
             batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
             last = hi == len(samples)
-            yield batch, shard.shard_id, last, shard.first_key + index, reply.layout_version
+            yield batch, shard.shard_id, last, shard.first_key + index, reply.ps_set_version
 
 
 PS_LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
@@ -360,10 +360,10 @@ def train(
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-    layout_version: int = 0,
+    ps_set_version: int = 0,
     report_s: float = 1.0,
 ) -> Progress:
-    """Lease shards until the master says the queue is done. ``layout_version``: that of the
+    """Lease shards until the master says the queue is done. ``ps_set_version``: that of the
     PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
 
     A lost PS does not end the worker. Under ECRM it trains on (``ps.lost``: the lost rows
@@ -377,7 +377,7 @@ def train(
     progress = Progress()
     start_heartbeats(master, node_id, progress, stop, report_s)
     wake = threading.Event()
-    loop = _TrainLoop(node_id, model, optimizer, master, progress, layout_version, stop, wake)
+    loop = _TrainLoop(node_id, model, optimizer, master, progress, ps_set_version, stop, wake)
     # The lambda reads ``loop`` when called: the layout of whichever loop trains now.
     elements = iter(
         _input_pipeline(
@@ -387,7 +387,7 @@ def train(
             master,
             batch_size,
             stop,
-            lambda: loop.layout_version,
+            lambda: loop.ps_set_version,
             wake,
             lambda version: loop.trains(version),
         )
@@ -402,14 +402,14 @@ def train(
             log.warning("%s: a parameter server went away (%s); waiting for it", node_id, exc)
         finally:
             loop.close()
-        cluster = _wait_for_relaunch(master, loop.layout_version, stop)
+        cluster = _wait_for_relaunch(master, loop.ps_set_version, stop)
         loop.move_to(cluster, carry=False)
         model.offer_initial_weights()  # only what the PS lacks: none unless it lost them all
         loop = _TrainLoop(
-            node_id, model, optimizer, master, progress, cluster.layout_version, stop, wake
+            node_id, model, optimizer, master, progress, cluster.ps_set_version, stop, wake
         )
         log.info(
-            "%s: training on against the relaunched PS (layout %d)", node_id, loop.layout_version
+            "%s: training on against the relaunched PS (layout %d)", node_id, loop.ps_set_version
         )
     master.heartbeat(node_id, progress.heartbeat())
     return progress
@@ -450,7 +450,7 @@ def _input_pipeline(
 def _run_loop(loop: _TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
     for element in elements:
         version = int(element["layout"])
-        if version < loop.layout_version and not loop.trains(version):
+        if version < loop.ps_set_version and not loop.trains(version):
             continue  # leased before a lost PS was relaunched: the master requeued its shard
         loop.feed(element if int(element["label"].shape[0]) else None, version)
     loop.feed(None)
@@ -458,7 +458,7 @@ def _run_loop(loop: _TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
 
 def _wait_for_relaunch(
     master: MasterClient, layout: int, stop: threading.Event
-) -> protocol.ClusterInfo:
+) -> master_api.ClusterInfo:
     """The PS list once the master announces a layout after ``layout`` (the lost PS is back);
     the master holds each request until then (up to ``RELAUNCH_WAIT_REQUEST_S``)."""
     deadline = time.monotonic() + RELAUNCH_WAIT_S
@@ -467,7 +467,7 @@ def _wait_for_relaunch(
             cluster = master.next_layout(layout, RELAUNCH_WAIT_REQUEST_S)
         except httpx.HTTPStatusError:
             cluster = None  # the PS are not all up yet
-        if cluster is not None and cluster.layout_version > layout:
+        if cluster is not None and cluster.ps_set_version > layout:
             return cluster
         stop.wait(RELAUNCH_POLL_S)  # the master answered without waiting (or the wait ran out)
     raise PSLost("the master stopped the job" if stop.is_set() else "no relaunched PS in time")
@@ -503,14 +503,14 @@ class _TrainLoop:
         optimizer: Optimizer,
         master: MasterClient,
         progress: Progress,
-        layout_version: int = 0,
+        ps_set_version: int = 0,
         stop: threading.Event | None = None,
         wake: threading.Event | None = None,
     ) -> None:
         self.node_id = node_id
         self.stop = stop or threading.Event()
         self.wake = wake or threading.Event()  # set when the loop should see a new layout
-        self.layout_version = layout_version
+        self.ps_set_version = ps_set_version
         self.model = model
         self.optimizer = optimizer
         self.master = master
@@ -523,7 +523,7 @@ class _TrainLoop:
         self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
         self.deferred: list[int] = []  # shards done but for pushes held for a lost PS
         self.carried: set[int] = set()  # older layouts whose shards are still trained (ECRM)
-        self.relaunched: protocol.ClusterInfo | None = None  # a lost PS's replacement, announced
+        self.relaunched: master_api.ClusterInfo | None = None  # a lost PS's replacement, announced
         self._watcher: threading.Thread | None = None
         self._watch_error: Exception | None = None
 
@@ -534,12 +534,12 @@ class _TrainLoop:
         if self._watch_error is not None:
             raise self._watch_error
         if self.relaunched is not None:
-            if self.relaunched.layout_version > self.layout_version:
+            if self.relaunched.ps_set_version > self.ps_set_version:
                 self._switch_layout(self.relaunched)
             self.relaunched = None  # (or a lease reply had told of it first)
-        if layout is not None and layout < self.layout_version and not self.trains(layout):
+        if layout is not None and layout < self.ps_set_version and not self.trains(layout):
             return  # leased before a lost PS's replacement came: that shard is given back
-        if layout is not None and layout > self.layout_version:
+        if layout is not None and layout > self.ps_set_version:
             self._switch_layout()
         if self.current is None:
             if element is not None:
@@ -610,7 +610,7 @@ class _TrainLoop:
 
         def watch() -> None:
             try:
-                self.relaunched = _wait_for_relaunch(self.master, self.layout_version, self.stop)
+                self.relaunched = _wait_for_relaunch(self.master, self.ps_set_version, self.stop)
             except Exception as exc:  # raised by the training loop (no replacement, no master)
                 self._watch_error = exc
             self.wake.set()
@@ -620,9 +620,9 @@ class _TrainLoop:
 
     def trains(self, version: int) -> bool:
         """Whether shards leased under PS layout ``version`` are still this loop's to train."""
-        return version == self.layout_version or version in self.carried
+        return version == self.ps_set_version or version in self.carried
 
-    def move_to(self, cluster: protocol.ClusterInfo, carry: bool) -> None:
+    def move_to(self, cluster: master_api.ClusterInfo, carry: bool) -> None:
         """Point the model at ``cluster``'s PS and deliver the pushes held for a lost PS to
         its replacement. ``carry``: this worker trains on its shards (an ECRM replacement):
         the shards finished meanwhile are reported now (the master checks each against the
@@ -649,7 +649,7 @@ class _TrainLoop:
         else:
             self.master.release_shards(self.node_id)
 
-    def _switch_layout(self, cluster: protocol.ClusterInfo | None = None) -> None:
+    def _switch_layout(self, cluster: master_api.ClusterInfo | None = None) -> None:
         """The PS changed: push what is pending (a lost PS's part is held and delivered to
         its replacement) and read the new PS list. Under ECRM (a lost PS replaced: the PS
         are never resized) training goes on where it was, on the same shards, the dense
@@ -661,7 +661,7 @@ class _TrainLoop:
         self.move_to(cluster, carry)
         self.relaunched, self._watcher = None, None
         if carry:
-            self.carried.add(self.layout_version)
+            self.carried.add(self.ps_set_version)
             self.mirror.versions = [-1] * self.model.ps.num_ps  # every PS sends them all
         else:
             self.current = None
@@ -669,11 +669,11 @@ class _TrainLoop:
         log.info(
             "%s: PS layout %d -> %d (%d PS)",
             self.node_id,
-            self.layout_version,
-            cluster.layout_version,
+            self.ps_set_version,
+            cluster.ps_set_version,
             len(cluster.ps),
         )
-        self.layout_version = cluster.layout_version
+        self.ps_set_version = cluster.ps_set_version
         self.wake.set()  # the input pipeline may wait on a lease refused to the old layout
 
     def close(self) -> None:
@@ -699,7 +699,7 @@ class _TrainLoop:
             log.warning("master rejected completion of shard %d", shard_id)
 
 
-def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> protocol.EvalReport:
+def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> master_api.EvalReport:
     """Score the held-out split with the model as the PS hold it now."""
     scores: list[np.ndarray] = []
     labels: list[np.ndarray] = []
@@ -711,4 +711,4 @@ def evaluate(model: PSModel, reader: SampleReader, batch_size: int = 8192) -> pr
     p = np.clip(np.concatenate(scores).astype(np.float64), 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
     auc = roc_auc(y, p)
-    return protocol.EvalReport(node_id="evaluator", auc=auc, logloss=logloss, samples=y.size)
+    return master_api.EvalReport(node_id="evaluator", auc=auc, logloss=logloss, samples=y.size)

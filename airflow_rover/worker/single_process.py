@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.hashing import initial_rows
 from airflow_rover.core.metrics import roc_auc
@@ -40,7 +40,7 @@ def in_graph_model(
     ids_in = keras.Input((len(columns),), dtype="int64", name="x_ids")
     index = {name: i for i, name in enumerate(columns)}
     looked_up: dict[str, Any] = {DENSE_INPUT: dense_in}
-    for group in EmbeddingLayout.from_features(features).groups:
+    for group in EmbeddingPlacement.from_features(features).groups:
         for table in group.tables:
             fused = np.arange(table.vocab_size, dtype=np.int64) + table.offset
             init = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)

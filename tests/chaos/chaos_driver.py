@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from airflow_rover.core.layout import ENV_NODE_ID, JobLayout
+from airflow_rover.core.job_dir import ENV_NODE_ID, JobDir
 from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.launchers.local import local_job_status
 
@@ -44,7 +44,7 @@ class ChaosReport:
         return out
 
 
-def job_processes(layout: JobLayout) -> dict[str, psutil.Process]:
+def job_processes(layout: JobDir) -> dict[str, psutil.Process]:
     """The master and its node processes, by node id ("master" for the master)."""
     pid = layout.master_info().get("pid")
     if pid is None:
@@ -66,7 +66,7 @@ class ChaosDriver:
 
     def __init__(
         self,
-        layout: JobLayout,
+        layout: JobDir,
         seed: int,
         kills: int,
         gap_s: tuple[float, float] = (1.0, 2.5),
@@ -140,7 +140,7 @@ class ChaosDriver:
                 kill.recovered_s = now_s - kill.at_s
 
 
-def wait_for_end(layout: JobLayout, timeout_s: float = 300.0) -> dict[str, Any]:
+def wait_for_end(layout: JobDir, timeout_s: float = 300.0) -> dict[str, Any]:
     """The job's final status, polled until it ends (no chaos)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from chaos_driver import ChaosDriver, job_processes, wait_for_end
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import LocalJobLauncher
@@ -50,7 +50,7 @@ def job_spec(data: Any, job_id: str, **overrides: Any) -> JobSpec:
     )
 
 
-def assert_no_nodes_left(layout: JobLayout) -> None:
+def assert_no_nodes_left(layout: JobDir) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if not [n for n in job_processes(layout) if n != "master"]:
@@ -69,7 +69,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 @pytest.fixture(scope="module")
 def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    layout = JobLayout(tmp_path_factory.mktemp("chaos-baseline") / "job")
+    layout = JobDir(tmp_path_factory.mktemp("chaos-baseline") / "job")
     launcher = LocalJobLauncher()
     launcher.start_job(layout, job_spec(data, "chaos-baseline"))
     try:
@@ -130,7 +130,7 @@ def test_job_survives_random_kills_with_every_batch_trained_once(
     seed, overrides, options = CASES[case]
     driver = dict(options)
     kills = driver.pop("kills", KILLS)
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     launcher = LocalJobLauncher()
     launcher.start_job(layout, job_spec(data, f"chaos-{seed}", **overrides))
     try:

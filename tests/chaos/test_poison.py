@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from chaos_driver import wait_for_end
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import LocalJobLauncher
@@ -39,7 +39,7 @@ def test_a_poison_shard_is_quarantined_and_reported(tmp_path: Path) -> None:
             "recovery": {"max_shard_failures": 3, "max_node_restarts": 10},
         }
     )
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     launcher = LocalJobLauncher()
     launcher.start_job(layout, spec)
     try:

@@ -29,8 +29,8 @@ import pytest
 import uvicorn
 
 from airflow_rover.core.checkpoint_files import verify_checkpoint
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
@@ -38,7 +38,7 @@ from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.local import LocalNodeLauncher
 from airflow_rover.master.app import create_app
 from airflow_rover.master.service import JobMaster
-from airflow_rover.ps.client import PSClient
+from airflow_rover.rpc.ps_client import PSClient
 
 pytestmark = [pytest.mark.slow]
 
@@ -58,12 +58,12 @@ class PSOnlyLauncher(LocalNodeLauncher):
 class Job:
     """A JobMaster serving its API in a thread, with real PS processes."""
 
-    def __init__(self, layout: JobLayout, spec: JobSpec, master_pid: int) -> None:
+    def __init__(self, layout: JobDir, spec: JobSpec, master_pid: int) -> None:
         self.layout = layout
         self.spec = spec
         self.token = layout.ensure_token()
         assert spec.features is not None
-        (self.group,) = (g.name for g in EmbeddingLayout.from_features(spec.features).groups)
+        (self.group,) = (g.name for g in EmbeddingPlacement.from_features(spec.features).groups)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -135,7 +135,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
 @pytest.fixture
 def make_job(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Callable[..., Job]]:
     jobs: list[Job] = []
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
 
     def make(vocab: int, master_pid: int | None = None, **spec_extra: object) -> Job:
         spec = JobSpec(

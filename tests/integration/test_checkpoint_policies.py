@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the S3 stand-in's
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
 
 from airflow_rover.core.checkpoint_files import verify_checkpoint
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import node_processes
 from airflow_rover.storage import AwsSettings, restore_latest_checkpoint, store_for
@@ -66,7 +66,7 @@ def run_with_ps_killed(
     policy: str, airflow_env: dict[str, str], dataset: Any, root: Path, uri: str = ""
 ) -> dict[str, Any]:
     job_dir = root / f"job-{policy}"
-    layout = JobLayout(job_dir)
+    layout = JobDir(job_dir)
     out, log_path = root / f"{policy}.json", root / f"{policy}.log"
     conf = {
         "train_data": str(dataset.train_dir),

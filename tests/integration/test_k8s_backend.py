@@ -24,7 +24,7 @@ import uvicorn
 from airflow.triggers.base import TriggerEvent
 from kubernetes import client
 
-from airflow_rover.core.layout import atomic_write_json
+from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -32,8 +32,8 @@ from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
 from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
 from airflow_rover.master.app import create_app
-from airflow_rover.master.protocol import NodeReady
 from airflow_rover.master.service import JobMaster
+from airflow_rover.rpc.master_api import NodeReady
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))

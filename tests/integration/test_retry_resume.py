@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from dag_runs import end_dag_test, start_dag_test, tail
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import node_processes
@@ -62,7 +62,7 @@ def retried(
     )
     data_s = time.monotonic() - started
     job_dir = root / "job"
-    layout = JobLayout(job_dir)
+    layout = JobDir(job_dir)
     out, log_path = root / "outcome.json", root / "dag_test.log"
     conf = {
         "train_data": str(data.train_dir),

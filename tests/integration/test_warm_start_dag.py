@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_rover.store.history import HistoryStore
+from airflow_rover.history.store import HistoryStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ import boto3
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import checkpoint_record, write_npz
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 from airflow_rover.ps.optimizers import Optimizer
@@ -37,7 +37,7 @@ START_TIMEOUT_S = 30.0
 FEATURES = FeatureConfig(
     num_dense=1, tables=(TableConfig(name="a", column="C1", vocab_size=5000, dim=8),)
 )
-LAYOUT = EmbeddingLayout.from_features(FEATURES)
+LAYOUT = EmbeddingPlacement.from_features(FEATURES)
 GROUP = LAYOUT.groups[0].name
 NUM_SAMPLES = 10_000
 SHARD_SIZE = 500
@@ -150,7 +150,7 @@ def shard_queue(done_shards: int) -> ShardQueue:
 
 
 def commit_checkpoint(
-    layout: JobLayout,
+    layout: JobDir,
     number: int,
     done_shards: int,
     pss: list[ParameterServer],
@@ -158,7 +158,7 @@ def commit_checkpoint(
 ) -> Path:
     """Checkpoint ``number`` of the job in ``layout``, committed as the master does: every
     PS's part (``write_npz`` of its snapshot, as its persister writes it), then ``queue.json``
-    (``checkpoint_record``), then ``LATEST`` (``JobLayout.commit_checkpoint``)."""
+    (``checkpoint_record``), then ``LATEST`` (``JobDir.commit_checkpoint``)."""
     directory = layout.checkpoint_dir(number)
     parts = {
         f"ps-{ps.index}.npz": write_npz(directory / f"ps-{ps.index}.npz", ps.snapshot().items())

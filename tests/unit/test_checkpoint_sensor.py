@@ -35,7 +35,7 @@ from moto_server import (
 )
 
 from airflow_rover.core.checkpoint_files import read_manifest
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.sensors.checkpoint import CheckpointSensor
 from airflow_rover.storage import LocalStore, open_store, upload_checkpoint
@@ -73,9 +73,9 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def running_job(root: Path) -> JobLayout:
+def running_job(root: Path) -> JobDir:
     """A job whose master process lives (this test process) and mirrors 'running'."""
-    layout = JobLayout(root)
+    layout = JobDir(root)
     layout.ensure_token()
     atomic_write_json(layout.master_file, {"pid": os.getpid()})
     atomic_write_json(layout.state_file, job_state("running"))
@@ -86,7 +86,7 @@ def job_state(state: str, **extra: Any) -> dict[str, Any]:
     return {"job_id": "rover-job-7", "state": state, "message": f"job {state}", **extra}
 
 
-def end_job(layout: JobLayout, state: str, dead_pid: int, finished_at: float) -> None:
+def end_job(layout: JobDir, state: str, dead_pid: int, finished_at: float) -> None:
     atomic_write_json(layout.master_file, {"pid": dead_pid})
     atomic_write_json(layout.state_file, job_state(state, finished_at=finished_at))
 
@@ -236,7 +236,7 @@ def test_waits_for_a_checkpoint_in_s3(
     bucket = new_bucket(s3_endpoint)
     uri = f"s3://{bucket}/jobs/7"
     store = open_store(uri, aws_conn_id="rover_s3")
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     upload_checkpoint(commit_checkpoint(layout, 1, 2, pss), store)
 
     async def upload_later() -> None:

@@ -11,7 +11,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 from moto_server import commit_checkpoint, trained_ps
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.storage import open_store, upload_checkpoint
@@ -29,7 +29,7 @@ def spec(job_id: str, uri: str) -> JobSpec:
 @pytest.fixture
 def store_uri(tmp_path: Path) -> str:
     """A store holding checkpoint 1 of job ``daily.train-yesterday``."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     directory = commit_checkpoint(layout, 1, 2, [trained_ps(0, 1)], job_id="daily.train-yesterday")
     uri = f"file://{tmp_path / 'store'}"
     upload_checkpoint(directory, open_store(uri))

@@ -29,12 +29,12 @@ from airflow_rover.core.cluster_budget import (
 )
 from airflow_rover.core.spec import AutoscaleConfig, ClusterBudget, ResourcePlan
 from airflow_rover.core.throughput import JobShape
+from airflow_rover.history.registry import RunningJobRegistry
+from airflow_rover.history.store import HistoryStore
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.hooks.history_store import default_history_url
 from airflow_rover.master.autoscaler import Autoscaler
 from airflow_rover.operators.training import ElasticTrainingOperator
-from airflow_rover.store.connection import default_history_url
-from airflow_rover.store.history import HistoryStore
-from airflow_rover.store.registry import RunningJobRegistry
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 NOW = 1_000_000.0

@@ -11,7 +11,7 @@ import pytest
 from test_ps import ADAGRAD, LAYOUT, SEED
 
 from airflow_rover.core.checkpoint_files import write_npz
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.ps.__main__ import apply_partial_saves
 from airflow_rover.ps.server import ParameterServer
 
@@ -69,7 +69,7 @@ def test_ssu_saves_its_bounded_sample(tmp_path: Path) -> None:
 
 
 def test_a_restored_ps_takes_the_partial_saves_after_its_checkpoint(tmp_path: Path) -> None:
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     ps = trained_ps()
     checkpoint = layout.checkpoint_dir(3)
     write_npz(checkpoint / "ps-0.npz", ps.snapshot().items())

@@ -10,8 +10,8 @@ import pytest
 
 from airflow_rover.core.ecrm import (
     DifferencePropagator,
-    EcrmLayout,
     ParityDelta,
+    ParityPlacement,
     ParityStore,
     RebuildPlan,
     RowStatus,
@@ -97,7 +97,7 @@ class SimPS:
 
 class Cluster:
     def __init__(self, num_ps, k, codec, opt, seed):
-        self.layout = EcrmLayout(num_ps, k, VOCAB)
+        self.layout = ParityPlacement(num_ps, k, VOCAB)
         self.codec = codec
         self.opt = opt
         self.initial = make_initial(opt)
@@ -307,7 +307,7 @@ def test_layout_groups_partition_rows_over_distinct_ps():
     """Every row is in exactly one group; a group's k members sit on k different PS, its
     parity on yet another; a PS's rows have their parity on the k PS after it."""
     for num_ps, k in [(3, 2), (5, 4), (7, 2), (9, 4), (6, 5)]:
-        lay = EcrmLayout(num_ps, k, {"t": 1000, "u": 17})
+        lay = ParityPlacement(num_ps, k, {"t": 1000, "u": 17})
         for table, vocab in lay.vocab_sizes.items():
             seen = np.zeros(vocab, dtype=int)
             for holder in range(num_ps):
@@ -337,7 +337,7 @@ def test_layout_groups_partition_rows_over_distinct_ps():
 def test_parity_spreads_evenly_over_holders():
     """Rotating placement: each PS holds about rows/(k*n) parity rows, and the parity of one
     PS's rows goes to its k successors in equal shares (RAID-5 when n = k + 1)."""
-    lay = EcrmLayout(6, 4, {"t": 60_000})
+    lay = ParityPlacement(6, 4, {"t": 60_000})
     slots = np.array([lay.num_slots("t", h) for h in range(6)])
     assert np.abs(slots - 60_000 / 24).max() < 0.05 * 60_000 / 24
     for p in range(6):
@@ -348,10 +348,10 @@ def test_parity_spreads_evenly_over_holders():
 
 def test_layout_rejects_too_few_ps_naming_k():
     with pytest.raises(ValueError, match=r"ecrm.k=4: needs at least k\+1=5 parameter servers"):
-        EcrmLayout(4, 4, {"t": 10})
+        ParityPlacement(4, 4, {"t": 10})
     with pytest.raises(ValueError, match=r"ecrm\.k=0"):
-        EcrmLayout(4, 0, {"t": 10})
-    lay = EcrmLayout(3, 2, {"t": 10})
+        ParityPlacement(4, 0, {"t": 10})
+    lay = ParityPlacement(3, 2, {"t": 10})
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 10\)"):
         lay.parity_location("t", np.array([10]))
     with pytest.raises(KeyError, match="unknown table"):
@@ -409,7 +409,7 @@ def test_sum_codec_rejects_integers_and_xor_odd_widths():
 def _store_pair(codec=None):
     codec = codec or SumCodec()
     opt = Optimizer("adagrad", 0.1)
-    lay = EcrmLayout(3, 2, {"dim4": 40})
+    lay = ParityPlacement(3, 2, {"dim4": 40})
     initial = make_initial(opt)
     src = SimPS(0, lay, codec, opt, initial)
     holder = lay.holders_of(0)[0]
@@ -580,7 +580,7 @@ def test_encode_only_plans_rebuild_all_parity_after_a_restore():
 
 
 def test_rebuild_plan_enforces_its_protocol_and_reports_progress():
-    lay = EcrmLayout(3, 2, {"t": 30})
+    lay = ParityPlacement(3, 2, {"t": 30})
     plan = RebuildPlan(lay, 1, rows_per_lock=4)
     n_data = lay.ids_on("t", 1).size
     n_slots = lay.num_slots("t", 1)
@@ -623,7 +623,7 @@ def test_update_buffer_holds_locked_rows_and_releases_them_in_order():
 
 
 def test_propagator_rejects_rows_it_does_not_own():
-    lay = EcrmLayout(3, 2, {"t": 30})
+    lay = ParityPlacement(3, 2, {"t": 30})
     prop = DifferencePropagator(lay, 0, SumCodec())
     foreign = lay.ids_on("t", 1)[:2]
     f = {"row": np.zeros((2, 1), np.float32)}

@@ -28,8 +28,8 @@ from airflow_rover.core.checkpoint_files import (
     verify_checkpoint,
     write_npz,
 )
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import ENV_FLASH_DIR, JobLayout, atomic_write_json
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import ENV_FLASH_DIR, JobDir, atomic_write_json
 from airflow_rover.core.spec import (
     FeatureConfig,
     JobSpec,
@@ -40,14 +40,14 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.master import protocol
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps import flash as flash_module
 from airflow_rover.ps.__main__ import restore
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.flash import FlashCheckpointer, ShmSlot, choose_restore
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.ps_client import PSClient
 
 TOKEN = "flash-token-0123456789"
 ADAGRAD = Optimizer("adagrad", 0.1)
@@ -151,7 +151,7 @@ def test_any_damage_to_a_part_is_detected(
         read_digest(path)
 
 
-def _commit(layout: JobLayout, number: int, queue: dict[str, Any], num_ps: int = 2) -> Path:
+def _commit(layout: JobDir, number: int, queue: dict[str, Any], num_ps: int = 2) -> Path:
     """A committed checkpoint as the master writes one (parts, queue.json, LATEST)."""
     directory = layout.checkpoint_dir(number)
     parts = {}
@@ -203,12 +203,12 @@ def test_latest_checkpoint_skips_one_that_does_not_verify_and_says_why(
     spoil: Callable[[Path], None],
     reason: str,
 ) -> None:
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     first = _commit(layout, 1, {"done": [1, 2]})
     second = _commit(layout, 2, {"done": [4]})
     assert layout.latest_checkpoint() == second
     spoil(second)
-    with caplog.at_level(logging.WARNING, logger="airflow_rover.core.layout"):
+    with caplog.at_level(logging.WARNING, logger="airflow_rover.core.job_dir"):
         assert layout.latest_checkpoint() == first
     assert (layout.checkpoints / "LATEST").read_text() == "ckpt-000002"
     assert verify_checkpoint(second) is not None
@@ -219,7 +219,7 @@ def test_latest_checkpoint_skips_one_that_does_not_verify_and_says_why(
 
 
 def test_no_verified_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     assert layout.latest_checkpoint() is None
     only = _commit(layout, 1, {"done": []})
     _flip_byte(only / "ps-0.npz")
@@ -228,7 +228,7 @@ def test_no_verified_checkpoint_means_a_fresh_start(tmp_path: Path) -> None:
 
 def test_a_checkpoint_newer_than_latest_is_not_used(tmp_path: Path) -> None:
     """Only LATEST and older are candidates: a newer directory was never committed."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     first = _commit(layout, 1, {"done": []})
     _commit(layout, 2, {"done": []})
     (layout.checkpoints / "LATEST").write_text("ckpt-000001")
@@ -239,7 +239,7 @@ def test_a_checkpoint_newer_than_latest_is_not_used(tmp_path: Path) -> None:
 FEATURES = FeatureConfig(
     num_dense=1, tables=(TableConfig(name="a", column="C1", vocab_size=5000, dim=8),)
 )
-LAYOUT = EmbeddingLayout.from_features(FEATURES)
+LAYOUT = EmbeddingPlacement.from_features(FEATURES)
 GROUP = LAYOUT.groups[0].name
 
 
@@ -362,14 +362,14 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def _crashing_ps(layout: JobLayout, pid: int) -> ParameterServer:
+def _crashing_ps(layout: JobDir, pid: int) -> ParameterServer:
     """A trained PS whose slot is named for process ``pid`` (as if it ran there)."""
     ps = _trained()
     ps.flash = FlashCheckpointer(ShmSlot(layout.flash_dir, 0, pid))
     return ps
 
 
-def _commit_ps(layout: JobLayout, number: int, pss: list[ParameterServer], owner: int = 0) -> Path:
+def _commit_ps(layout: JobDir, number: int, pss: list[ParameterServer], owner: int = 0) -> Path:
     """Flash-save every PS into checkpoint ``number`` and commit it as the master does."""
     directory = layout.checkpoint_dir(number)
     parts = {}
@@ -387,14 +387,14 @@ def _new_ps() -> ParameterServer:
     return ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
 
 
-def _slots(layout: JobLayout) -> list[str]:
+def _slots(layout: JobDir) -> list[str]:
     return sorted(p.name for p in layout.flash_dir.glob("ps-*"))
 
 
 def test_a_restart_takes_the_committed_part_from_shared_memory_when_it_is_the_same(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, dead_pid: int
 ) -> None:
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     ps = _crashing_ps(layout, dead_pid)
     _commit_ps(layout, 1, [ps])
     with caplog.at_level(logging.INFO, logger="airflow_rover.ps"):
@@ -410,7 +410,7 @@ def test_a_relaunched_ps_restores_and_persists_a_newer_snapshot_of_the_running_m
     """The PS died after its snapshot for ckpt-2 was in shared memory, before its part was
     written: relaunched under the same master, it restores that snapshot (not the older
     ckpt-1) and writes the part, so the master's checkpoint can still complete."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     ps = _crashing_ps(layout, dead_pid)
     _commit_ps(layout, 1, [ps], owner=os.getpid())
     _push(ps, 7, np.arange(10, dtype=np.int64))
@@ -434,7 +434,7 @@ def test_a_relaunched_ps_restores_and_persists_a_newer_snapshot_of_the_running_m
 
 def test_a_newer_snapshot_of_another_master_is_not_used(tmp_path: Path, dead_pid: int) -> None:
     """A new master resumes its queue from the last verified checkpoint: its PS do the same."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     ps = _crashing_ps(layout, dead_pid)
     _commit_ps(layout, 1, [ps], owner=1)
     at_checkpoint = ps.snapshot()
@@ -451,7 +451,7 @@ def test_a_newer_snapshot_of_another_master_is_not_used(tmp_path: Path, dead_pid
 
 
 def test_a_slot_caught_mid_copy_is_never_read(tmp_path: Path, dead_pid: int) -> None:
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     ps = _crashing_ps(layout, dead_pid)
     _commit_ps(layout, 1, [ps])
     assert ps.flash is not None
@@ -463,7 +463,7 @@ def test_a_slot_caught_mid_copy_is_never_read(tmp_path: Path, dead_pid: int) -> 
 
 def test_the_slot_of_a_live_process_is_never_taken(tmp_path: Path) -> None:
     """A PS still exiting (its master died) keeps its slot; its successor does not touch it."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     _commit_ps(layout, 1, [_trained()])  # this process's own slot
     assert choose_restore(layout, 0).orphans == []
 
@@ -505,10 +505,10 @@ class Rig:
             training=TrainingConfig(shard_size=250, batch_size=64, optimizer="adagrad"),
             recovery=RecoveryConfig(checkpoint_interval_s=interval_s),
         )
-        self.layout = JobLayout(root)
+        self.layout = JobDir(root)
         self.layout.write_spec(self.spec)
         self.master = JobMaster(self.layout, self.spec, FakeLauncher(), TOKEN)
-        self.embedding = EmbeddingLayout.from_features(self.master.features)
+        self.embedding = EmbeddingPlacement.from_features(self.master.features)
         self.ps: dict[int, ParameterServer] = {}
         self.servers: list[grpc.Server] = []
 
@@ -520,7 +520,7 @@ class Rig:
         server, port = start_server(ps, TOKEN, threads=2)
         self.servers.append(server)
         self.ps[index] = ps
-        self.master.node_ready(f"ps-{index}", protocol.NodeReady(address=f"127.0.0.1:{port}"))
+        self.master.node_ready(f"ps-{index}", master_api.NodeReady(address=f"127.0.0.1:{port}"))
 
     def run(self) -> None:
         self.master.step()
@@ -649,7 +649,7 @@ def test_master_and_ps_resume_from_the_same_checkpoint_when_the_newest_is_corrup
     _flip_byte(second / "ps-1.npz")
     assert verify_checkpoint(second) is not None
 
-    with caplog.at_level(logging.WARNING, logger="airflow_rover.core.layout"):
+    with caplog.at_level(logging.WARNING, logger="airflow_rover.core.job_dir"):
         resumed = JobMaster(rig.layout, rig.spec, FakeLauncher(), TOKEN)
     assert resumed.resumed_from == str(first)
     assert resumed.checkpoints == 1
@@ -703,15 +703,15 @@ def test_no_room_in_shared_memory_is_a_clear_error(
 
 def test_slots_of_processes_long_gone_are_swept(tmp_path: Path, dead_pid: int) -> None:
     """A job killed outright never runs its PS again: a later PS gives its memory back."""
-    layout = JobLayout(tmp_path / "gone-job")
+    layout = JobDir(tmp_path / "gone-job")
     ps = _crashing_ps(layout, dead_pid)
     ps.save(_flash_req(layout.checkpoint_dir(1) / "ps-0.npz"))
     _wait_persisted(ps, layout.checkpoint_dir(1) / "ps-0.npz")
     assert len(_slots(layout)) == 2
-    FlashCheckpointer.for_job(JobLayout(tmp_path / "other-job").checkpoints, 0)
+    FlashCheckpointer.for_job(JobDir(tmp_path / "other-job").checkpoints, 0)
     assert len(_slots(layout)) == 2  # recent: its PS may still be relaunched
     hour_ago = time.time() - 2 * 3600
     for path in layout.flash_dir.iterdir():
         os.utime(path, (hour_ago, hour_ago))
-    FlashCheckpointer.for_job(JobLayout(tmp_path / "other-job").checkpoints, 0)
+    FlashCheckpointer.for_job(JobDir(tmp_path / "other-job").checkpoints, 0)
     assert not layout.flash_dir.exists()

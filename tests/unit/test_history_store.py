@@ -16,7 +16,7 @@ from airflow.sdk import DAG, Connection
 from airflow.sdk.exceptions import AirflowException
 from sqlalchemy import func, inspect, select
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import (
     FeatureConfig,
     JobSpec,
@@ -24,14 +24,14 @@ from airflow_rover.core.spec import (
     TableConfig,
     TrainingConfig,
 )
-from airflow_rover.operators.training import ElasticTrainingOperator
-from airflow_rover.store.connection import (
+from airflow_rover.history.records import record_from_status
+from airflow_rover.history.store import HistoryStore, jobs, nodes, plans, safe_url, throughput
+from airflow_rover.hooks.history_store import (
     HistoryStoreHook,
     default_history_url,
     url_from_connection,
 )
-from airflow_rover.store.history import HistoryStore, jobs, nodes, plans, safe_url, throughput
-from airflow_rover.store.records import record_from_status
+from airflow_rover.operators.training import ElasticTrainingOperator
 
 TOKEN = "s3cr3t-job-token-0123456789abcdef"
 FEATURES = FeatureConfig(
@@ -396,7 +396,7 @@ def test_the_hook_reads_an_airflow_connection_and_hides_its_password(
 # -- the training operator records its job ---------------------------------------------------
 def operator_and_context(tmp_path: Path, **kwargs: Any) -> tuple[ElasticTrainingOperator, Any]:
     job_dir = tmp_path / "job"
-    layout = JobLayout(job_dir)
+    layout = JobDir(job_dir)
     layout.root.mkdir(parents=True)
     layout.write_spec(spec_for())
     (job_dir / "token").write_text(TOKEN)

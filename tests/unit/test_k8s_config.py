@@ -334,14 +334,14 @@ def test_a_forbidden_call_names_the_rbac_rules() -> None:
 
 
 def test_a_job_dir_says_where_it_runs(tmp_path: Path) -> None:
-    from airflow_rover.core.layout import JobLayout
+    from airflow_rover.core.job_dir import JobDir
     from airflow_rover.hooks.elastic_job import ElasticJobHook
 
     assert ElasticJobHook(tmp_path).kubernetes is None
-    JOB.write(JobLayout(tmp_path))
+    JOB.write(JobDir(tmp_path))
     hook = ElasticJobHook(tmp_path)
     assert hook.kubernetes is not None and hook.kubernetes.job == JOB
-    assert KubernetesJob.read(JobLayout(tmp_path)) == JOB
+    assert KubernetesJob.read(JobDir(tmp_path)) == JOB
 
 
 # -- the master in its pod -------------------------------------------------------------------
@@ -350,12 +350,12 @@ def test_the_master_in_its_pod_builds_its_node_launcher(
 ) -> None:
     """In-cluster credentials, its own pod (name, uid from the downward API) as the owner of
     the node pods, the keeper's restart count as the incarnation; a wrong pod is refused."""
-    from airflow_rover.core.layout import JobLayout
+    from airflow_rover.core.job_dir import JobDir
     from airflow_rover.core.spec import JobSpec
     from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
     from airflow_rover.master.__main__ import kubernetes_node_launcher
 
-    layout = JobLayout(tmp_path)
+    layout = JobDir(tmp_path)
     layout.write_spec(JobSpec(job_id=NAMES.job_id, train_data="/rover/data"))
     loaded: list[bool] = []
     monkeypatch.setattr("kubernetes.config.load_incluster_config", lambda: loaded.append(True))
@@ -379,9 +379,9 @@ def test_the_master_in_its_pod_builds_its_node_launcher(
 def test_a_master_pod_that_cannot_start_is_a_dead_master(tmp_path: Path) -> None:
     """A master pod stuck on its image is not waited for until ``max_runtime``: the job is
     dead, and the master's log says why (once, however often the status is asked)."""
-    from airflow_rover.core.layout import JobLayout
+    from airflow_rover.core.job_dir import JobDir
 
-    layout = JobLayout(tmp_path)
+    layout = JobDir(tmp_path)
     judge = k8s_job.KubernetesJobLauncher._judge
     pending = {"metadata": {"name": NAMES.master_pod}, "status": {"phase": "Pending"}}
     assert judge(layout, pending) and not judge(layout, None)

@@ -22,18 +22,18 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
-from airflow_rover.master import protocol
 from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.service import JobMaster
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.ps_client import PSClient
 
 TOKEN = "job-token-0123456789"
 P = "/api/v1"
@@ -78,7 +78,7 @@ class Job:
     master: JobMaster
     launcher: FakeLauncher
     api: TestClient
-    layout: JobLayout
+    layout: JobDir
 
     def get(self, path: str, **kw) -> dict:
         reply = self.api.get(P + path, headers=AUTH, **kw)
@@ -130,7 +130,7 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
             recovery=recovery or RecoveryConfig(),
             checkpoint=checkpoint or CheckpointPolicyConfig(),
         )
-        layout = JobLayout(tmp_path / "job")
+        layout = JobDir(tmp_path / "job")
         layout.write_spec(spec)
         launcher = FakeLauncher()
         master = JobMaster(layout, spec, launcher, TOKEN)
@@ -185,7 +185,7 @@ def _drain(
     while True:
         reply = job.lease(workers[turn % len(workers)])
         if reply["status"] != "ok":
-            assert reply == {"status": "done", "shard": None, "layout_version": 0}
+            assert reply == {"status": "done", "shard": None, "ps_set_version": 0}
             return shards
         shard = reply["shard"]
         if train is not None:
@@ -349,7 +349,7 @@ def test_status_shape_through_start_up(make_job) -> None:
     assert job.get("/cluster") == {
         "job_id": "unit-job.1",
         "ps": ["127.0.0.1:5555"],
-        "layout_version": 0,
+        "ps_set_version": 0,
     }
     job.master.step()
     assert job.launcher.started == [("ps-0", "ps"), ("worker-0", "worker"), ("worker-1", "worker")]
@@ -370,7 +370,7 @@ def test_lease_while_pending_says_wait(make_job) -> None:
     assert job.post("/shards/lease", {"node_id": "ps-0"}) == {
         "status": "wait",
         "shard": None,
-        "layout_version": 0,
+        "ps_set_version": 0,
     }
 
 
@@ -410,7 +410,7 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
         "fraction": 1.0,
         "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS, "quarantined": 0},
     }
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
 
 
 def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
@@ -421,9 +421,9 @@ def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
         shard = job.lease("worker-0")["shard"]
         assert job.done("worker-0", shard["shard_id"])
     last = job.lease("worker-0")["shard"]
-    assert job.lease("worker-1") == {"status": "wait", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "wait", "shard": None, "ps_set_version": 0}
     assert job.done("worker-0", last["shard_id"])
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
 
 
 def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
@@ -577,7 +577,7 @@ def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> 
     # Survivors are told to stop and get no more work; the outcome is final.
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-1/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
     assert job.post("/stop", {"reason": "late"}) == {"state": "failed"}
     job.master.step()
     assert job.status()["message"] == status["message"]
@@ -634,7 +634,7 @@ def test_worker_that_lost_its_ps_is_relaunched_for_free(make_job) -> None:
     job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
     _start_running(job)
     job.lease("worker-0")
-    job.launcher.exit("worker-0", protocol.EXIT_PS_LOST)
+    job.launcher.exit("worker-0", master_api.EXIT_PS_LOST)
     job.master.step()
     status = job.status()
     assert status["state"] == "running"
@@ -667,10 +667,10 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
         "quarantined": 0,
     }
     assert status["recovery"]["restarts"] == 1
-    assert job.lease("worker-1") == {"status": "wait", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "wait", "shard": None, "ps_set_version": 0}
     assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409  # no PS address yet
 
-    job.launcher.exit("worker-0", protocol.EXIT_PS_LOST)  # gave up waiting: not a failure
+    job.launcher.exit("worker-0", master_api.EXIT_PS_LOST)  # gave up waiting: not a failure
     job.master.step()
     assert job.status()["state"] == "recovering"
     assert job.status()["recovery"]["restarts"] == 1
@@ -686,10 +686,10 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert job.launcher.started[-1] == ("worker-0", "worker")  # worker-1 waited it out
     assert job.launcher.started.count(("worker-1", "worker")) == 1
     assert list(status["recovery"]["recovery_seconds"]) == ["ps"]
-    assert job.get("/cluster")["layout_version"] == 1
-    stale = job.post("/shards/lease", {"node_id": "worker-1", "layout_version": 0})
-    assert stale == {"status": "wait", "shard": None, "layout_version": 1}  # reconnect first
-    fresh = job.post("/shards/lease", {"node_id": "worker-1", "layout_version": 1})
+    assert job.get("/cluster")["ps_set_version"] == 1
+    stale = job.post("/shards/lease", {"node_id": "worker-1", "ps_set_version": 0})
+    assert stale == {"status": "wait", "shard": None, "ps_set_version": 1}  # reconnect first
+    fresh = job.post("/shards/lease", {"node_id": "worker-1", "ps_set_version": 1})
     assert fresh["shard"]["shard_id"] == 0
 
 
@@ -746,12 +746,12 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     assert job.status()["state"] == "recovering"
     assert [s.shard_id for s in job.master.queue.held_by("worker-0")] == [first]  # kept
     second = job.lease("worker-1")
-    assert second["status"] == "ok" and second["layout_version"] == 0  # trained through it
+    assert second["status"] == "ok" and second["ps_set_version"] == 0  # trained through it
     job.post("/nodes/ps-1/ready", {"address": "127.0.0.1:9"})
     reconciled.clear()
     job.master.step()
     assert rebuilt == [1] and job.status()["state"] == "running"
-    assert job.get("/cluster")["layout_version"] == 1
+    assert job.get("/cluster")["ps_set_version"] == 1
     assert reconciled == [list(range(NUM_SHARDS))]  # the leased two are skipped in there
     assert job.done("worker-0", first)
     job.master.step()
@@ -759,7 +759,7 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     assert job.done("worker-1", second["shard"]["shard_id"])
     job.master.step()
     assert reconciled[-1] == [second["shard"]["shard_id"]]
-    third = job.post("/shards/lease", {"node_id": "worker-0", "layout_version": 1})["shard"]
+    third = job.post("/shards/lease", {"node_id": "worker-0", "ps_set_version": 1})["shard"]
     assert job.done("worker-0", third["shard_id"])
     job.master.step()
     assert reconciled[-1] == [second["shard"]["shard_id"]]  # leased after: not checked again
@@ -826,9 +826,9 @@ def test_under_ecrm_the_api_answers_while_the_master_waits_on_the_ps(
     job.post("/nodes/ps-1/ready", {"address": "127.0.0.1:9"})
     job.master.step()  # the replacement's set-up, then the ledger read: the API answers both
     assert job.status()["state"] == "running"
-    assert during["set-up"]["status"] == "ok" and during["set-up"]["layout_version"] == 0
+    assert during["set-up"]["status"] == "ok" and during["set-up"]["ps_set_version"] == 0
     meanwhile = during["ledger read"]["shard"]["shard_id"]
-    assert during["ledger read"]["layout_version"] == 0
+    assert during["ledger read"]["ps_set_version"] == 0
     assert sorted({*checked[-1], meanwhile}) == list(range(NUM_SHARDS))  # all but that one
     assert job.done("worker-0", meanwhile)
     job.master.step()
@@ -844,7 +844,7 @@ def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) 
     _start_running(job)
     job.launcher.exit("ps-0", 137)
     job.master.step()
-    got: list[protocol.ClusterInfo] = []
+    got: list[master_api.ClusterInfo] = []
     waiter = threading.Thread(target=lambda: got.append(job.master.cluster(after=0, wait_s=60)))
     waiter.start()
     waiter.join(0.2)
@@ -854,14 +854,14 @@ def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) 
     job.master.step()
     waiter.join(30)  # woken by the new layout, long before its 60 s ran out
     assert not waiter.is_alive()
-    assert got[0].layout_version == 1 and got[0].ps == ["127.0.0.1:2"]
+    assert got[0].ps_set_version == 1 and got[0].ps == ["127.0.0.1:2"]
 
     reply = job.get("/cluster", params={"after": 0, "wait_s": 5})  # already past: at once
-    assert reply["layout_version"] == 1
+    assert reply["ps_set_version"] == 1
     job.master._layout_waits = threading.BoundedSemaphore(1)
     assert job.master._layout_waits.acquire(blocking=False)  # the one waiting slot is taken
     started = time.monotonic()
-    assert job.get("/cluster", params={"after": 1, "wait_s": 5})["layout_version"] == 1
+    assert job.get("/cluster", params={"after": 1, "wait_s": 5})["ps_set_version"] == 1
     assert time.monotonic() - started < 5  # answered without waiting
     for bad in ({"after": -1}, {"after": 0, "wait_s": 60}, {"wait_s": -1}):
         assert job.api.get(P + "/cluster", headers=AUTH, params=bad).status_code == 422
@@ -893,7 +893,7 @@ def test_stop_request(make_job) -> None:
     assert status["finished_at"] is not None
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-0/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "layout_version": 0}
+    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
     # Later stops and ticks change nothing; a default reason is accepted.
     assert job.post("/stop") == {"state": "stopped"}
     job.master.step()
@@ -909,7 +909,7 @@ def test_a_worker_gives_its_shards_back_and_they_resume_from_the_ps_ledger(make_
     its shards back once it is connected again: each resumes at its first batch a PS lacks."""
     job = make_job()
     job.master.step()
-    layout = EmbeddingLayout.from_features(job.master.features)
+    layout = EmbeddingPlacement.from_features(job.master.features)
     ps = ParameterServer(0, 1, layout, Optimizer("adagrad", 0.05), 0)
     server, port = start_server(ps, TOKEN, threads=2)
     client = PSClient([f"127.0.0.1:{port}"], TOKEN)
@@ -939,7 +939,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     job = make_job(with_eval=with_eval)
     job.master.step()
     ps = ParameterServer(
-        0, 1, EmbeddingLayout.from_features(job.master.features), Optimizer("adagrad", 0.05), 0
+        0, 1, EmbeddingPlacement.from_features(job.master.features), Optimizer("adagrad", 0.05), 0
     )
     server, port = start_server(ps, TOKEN, threads=2)
     try:
@@ -950,7 +950,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         # pushes one keyed gradient per batch of every shard it trains.
         cluster = job.get("/cluster")
         client = PSClient(cluster["ps"], TOKEN)
-        group = EmbeddingLayout.from_features(job.master.features).groups[0]
+        group = EmbeddingPlacement.from_features(job.master.features).groups[0]
         ids = {group.name: np.arange(10, dtype=np.int64)}
         grads = {group.name: np.full((10, group.dim), 0.01, np.float32)}
         client.pull(ids, dense=False)
@@ -970,7 +970,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         if with_eval:
             assert status["state"] == "evaluating"
             assert job.launcher.started[-1] == ("evaluator", "evaluator")
-            assert job.lease("worker-0") == {"status": "done", "shard": None, "layout_version": 0}
+            assert job.lease("worker-0") == {"status": "done", "shard": None, "ps_set_version": 0}
             body = {"node_id": "evaluator", "auc": 0.75, "logloss": 0.45, "samples": 500}
             assert job.post("/evaluation", body) == {"ok": True}
             job.master.step()
@@ -1126,7 +1126,7 @@ def test_a_costlier_checkpoint_policy_than_the_measured_costs_call_for_is_said_o
 def test_a_rebuild_marker_left_by_a_former_master_is_cleared(make_job, tmp_path: Path) -> None:
     """A PS marked for an ECRM rebuild starts empty; after a retry or a master restart every
     PS restores from the checkpoint, so no marker may survive into the new master."""
-    marker = JobLayout(tmp_path / "job").ecrm_rebuild_marker(1)
+    marker = JobDir(tmp_path / "job").ecrm_rebuild_marker(1)
     marker.parent.mkdir(parents=True)
     marker.touch()
     make_job()
@@ -1138,7 +1138,7 @@ def test_the_local_launcher_keeps_one_spare_and_hands_it_over(
 ) -> None:
     """``recovery.standby_ps``: one spare at a time; taking it writes the assignment the spare
     waits for and makes its process the node's (its exit is then the node's exit)."""
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     exited = threading.Event()
     launcher = LocalNodeLauncher(layout, "http://127.0.0.1:1", exited=exited)
     spawned: list[subprocess.Popen] = []
@@ -1171,7 +1171,7 @@ def test_a_node_outlives_the_thread_that_asked_for_it(tmp_path: Path) -> None:
     about 10 s later, the evaluator then failed ten times on its address and the job failed
     (seen in CI). Nodes are forked from the launcher's own thread, whoever asks. (Forked from
     the asking thread, the same child is gone with -15 once that thread ends.)"""
-    launcher = LocalNodeLauncher(JobLayout(tmp_path / "job"), "http://127.0.0.1:1")
+    launcher = LocalNodeLauncher(JobDir(tmp_path / "job"), "http://127.0.0.1:1")
     started: list[subprocess.Popen] = []
     asker = threading.Thread(
         target=lambda: started.append(
@@ -1192,7 +1192,7 @@ def test_a_spare_that_dies_waiting_is_not_replaced(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A broken spare would otherwise be restarted on every tick."""
-    launcher = LocalNodeLauncher(JobLayout(tmp_path / "job"), "http://127.0.0.1:1")
+    launcher = LocalNodeLauncher(JobDir(tmp_path / "job"), "http://127.0.0.1:1")
     spawned: list[subprocess.Popen] = []
 
     def spawn(node_id: str, role: str) -> subprocess.Popen:

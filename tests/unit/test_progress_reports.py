@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from airflow_rover.core.spec import TrainingConfig
-from airflow_rover.master import protocol
+from airflow_rover.rpc import master_api
 from airflow_rover.worker.runtime import Progress, start_heartbeats
 
 
@@ -17,9 +17,9 @@ class _Master:
     """Counts the reports it gets (what ``MasterClient.heartbeat`` would send)."""
 
     def __init__(self) -> None:
-        self.beats: list[protocol.Heartbeat] = []
+        self.beats: list[master_api.Heartbeat] = []
 
-    def heartbeat(self, node_id: str, beat: protocol.Heartbeat) -> bool:
+    def heartbeat(self, node_id: str, beat: master_api.Heartbeat) -> bool:
         self.beats.append(beat)
         return False
 

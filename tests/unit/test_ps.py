@@ -9,14 +9,14 @@ import grpc
 import numpy as np
 import pytest
 
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import initial_rows, owner_of, partition_of
 from airflow_rover.core.spec import FeatureConfig, TableConfig
-from airflow_rover.ps import codec, rpc
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.ps.tables import INIT_SCALE, DenseStore, EmbeddingTable
+from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.ps_client import PSClient
 
 TOKEN = "s3cret-job-token"
 LR = 0.1
@@ -32,7 +32,7 @@ FEATURES = FeatureConfig(
         TableConfig(name="a2", column="C2", vocab_size=300, dim=4),
     ),
 )
-LAYOUT = EmbeddingLayout.from_features(FEATURES)
+LAYOUT = EmbeddingPlacement.from_features(FEATURES)
 DIMS = {g.name: g.dim for g in LAYOUT.groups}  # {"dim4": 4, "dim2": 2, "dim1": 1}
 VOCAB = {g.name: g.vocab_size for g in LAYOUT.groups}
 
@@ -306,16 +306,16 @@ def three_ps() -> Iterator[Cluster]:
 
 
 def _raw_call(address: str, method: str, request: dict, token: str | None = TOKEN) -> dict:
-    with grpc.insecure_channel(address, options=rpc.CHANNEL_OPTIONS) as channel:
-        stub = channel.unary_unary(rpc.method_path(method))
-        metadata = rpc.auth_metadata(token) if token is not None else None
-        return codec.decode(stub(codec.encode(request), metadata=metadata, timeout=10))
+    with grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS) as channel:
+        stub = channel.unary_unary(ps_service.method_path(method))
+        metadata = ps_service.auth_metadata(token) if token is not None else None
+        return frames.decode(stub(frames.encode(request), metadata=metadata, timeout=10))
 
 
 def _raw_bytes_call(address: str, method: str, payload: bytes) -> bytes:
     with grpc.insecure_channel(address) as channel:
-        stub = channel.unary_unary(rpc.method_path(method))
-        return stub(payload, metadata=rpc.auth_metadata(TOKEN), timeout=10)
+        stub = channel.unary_unary(ps_service.method_path(method))
+        return stub(payload, metadata=ps_service.auth_metadata(TOKEN), timeout=10)
 
 
 def _assert_snapshots_equal(before: list[dict], after: list[dict]) -> None:
@@ -560,7 +560,7 @@ def test_wrong_or_missing_token_is_unauthenticated(three_ps: Cluster, token: str
             assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
         finally:
             client.close()
-    for method in rpc.METHODS:
+    for method in ps_service.METHODS:
         with pytest.raises(grpc.RpcError) as err:
             _raw_call(three_ps.addresses[0], method, {"ids/dim4": np.array([1])}, token=token)
         assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED, method
@@ -918,5 +918,5 @@ def test_a_client_of_a_new_ps_list_keeps_the_channels_both_lists_name(three_ps: 
     assert new._channels == kept and old._channels == []
     assert [ledger for ledger, _ in new.ledgers()] == [set(), set()]  # still usable
     with pytest.raises(ValueError, match="closed channel"):
-        gone.unary_unary(rpc.method_path("Pull"))(b"", timeout=1)
+        gone.unary_unary(ps_service.method_path("Pull"))(b"", timeout=1)
     new.close()

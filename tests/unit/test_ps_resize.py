@@ -12,8 +12,8 @@ import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, Cluster
 
 from airflow_rover.core.hashing import owner_of, partition_of
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.server import ParameterServer
+from airflow_rover.rpc.ps_client import PSClient
 
 
 def steps(client: PSClient, first_key: int, count: int, seed: int) -> list[np.ndarray]:

@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from airflow_rover.core.embedding_layout import EmbeddingLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.spec import FeatureConfig, TableConfig
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc.ps_client import PSClient
 
 TOKEN = "push-pull-token"
 FEATURES = FeatureConfig(
@@ -27,7 +27,7 @@ def client(request) -> Iterator[PSClient]:
     servers, addresses = [], []
     for i in range(request.param):
         ps = ParameterServer(
-            i, request.param, EmbeddingLayout.from_features(FEATURES), optimizer, 0
+            i, request.param, EmbeddingPlacement.from_features(FEATURES), optimizer, 0
         )
         server, port = start_server(ps, TOKEN, threads=2)
         servers.append(server)
@@ -75,7 +75,7 @@ def test_dense_values_come_back_only_when_someone_else_pushed(client: PSClient) 
 def test_the_local_mirror_is_bit_identical_to_the_ps() -> None:
     """Applying one's own update locally gives exactly the PS's values (same code, same bytes)."""
     optimizer = Optimizer("adam", 0.01)
-    ps = ParameterServer(0, 1, EmbeddingLayout.from_features(FEATURES), optimizer, 0)
+    ps = ParameterServer(0, 1, EmbeddingPlacement.from_features(FEATURES), optimizer, 0)
     ps.dense.initialize(DENSE)
     values = {k: v.copy() for k, v in DENSE.items()}
     state = {k: optimizer.init_state(v.shape, rows=False) for k, v in DENSE.items()}
@@ -94,7 +94,7 @@ def test_rows_read_ahead_and_replayed_equal_rows_read_after_the_push(name: str) 
     """The worker reads step k+1's rows before pushing step k; replaying step k's update on
     the rows both steps touch (with the state the PS returned) gives the PS's rows exactly."""
     optimizer = Optimizer(name, 0.05)
-    layout = EmbeddingLayout.from_features(FEATURES)
+    layout = EmbeddingPlacement.from_features(FEATURES)
     servers = [ParameterServer(i, 2, layout, optimizer, 0) for i in range(2)]
     started = [start_server(ps, TOKEN, threads=2) for ps in servers]
     client = PSClient([f"127.0.0.1:{port}" for _, port in started], TOKEN)

@@ -18,17 +18,17 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
-from airflow_rover.core.embedding_layout import EmbeddingLayout
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.master import protocol
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.service import JobMaster
-from airflow_rover.ps.client import PSClient
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.ps_client import PSClient
 
 TOKEN = "recovery-token-0123456789"
 NUM_TRAIN = 1000
@@ -68,12 +68,12 @@ class FakeLauncher:
 class Rig:
     """A JobMaster, its fake launcher, and real parameter servers the test starts for it."""
 
-    def __init__(self, layout: JobLayout, spec: JobSpec) -> None:
+    def __init__(self, layout: JobDir, spec: JobSpec) -> None:
         self.layout = layout
         self.spec = spec
         self.launcher = FakeLauncher()
         self.master = JobMaster(layout, spec, self.launcher, TOKEN)
-        self.embedding = EmbeddingLayout.from_features(self.master.features)
+        self.embedding = EmbeddingPlacement.from_features(self.master.features)
         self.ps: dict[int, ParameterServer] = {}
         self.servers: list[grpc.Server] = []
 
@@ -95,7 +95,7 @@ class Rig:
         server, port = start_server(ps, TOKEN, threads=2)
         self.servers.append(server)
         self.ps[index] = ps
-        self.master.node_ready(f"ps-{index}", protocol.NodeReady(address=f"127.0.0.1:{port}"))
+        self.master.node_ready(f"ps-{index}", master_api.NodeReady(address=f"127.0.0.1:{port}"))
 
     def run(self) -> None:
         """Drive the master to RUNNING with every PS up."""
@@ -110,20 +110,20 @@ class Rig:
         self.master.step()
 
     # -- a worker's side ---------------------------------------------------------------------
-    def lease(self, worker: str) -> protocol.ShardOut:
+    def lease(self, worker: str) -> master_api.ShardOut:
         reply = self.master.lease(worker)
         assert reply.status == "ok" and reply.shard is not None, reply
         return reply.shard
 
     def done(self, worker: str, shard_id: int) -> bool:
-        return self.master.shard_done(shard_id, protocol.ShardDone(node_id=worker))
+        return self.master.shard_done(shard_id, master_api.ShardDone(node_id=worker))
 
     def _request(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         group = self.embedding.groups[0]
         ids = {group.name: np.arange(8, dtype=np.int64)}
         return ids, {group.name: np.full((8, group.dim), 0.01, np.float32)}
 
-    def push(self, shard: protocol.ShardOut, batches: int | None = None) -> None:
+    def push(self, shard: master_api.ShardOut, batches: int | None = None) -> None:
         """Push a keyed gradient for the first ``batches`` batches of a leased shard (all by
         default) to every PS, the way a worker's PSClient does."""
         starts = list(range(shard.start, shard.end, BATCH_SIZE))[:batches]
@@ -207,7 +207,7 @@ def make_rig(job_spec: Callable[..., JobSpec], tmp_path: Path) -> Iterator[Calla
 
     def make(spec: JobSpec | None = None, **kw: float) -> Rig:
         spec = spec or job_spec(**kw)
-        layout = JobLayout(tmp_path / "job")
+        layout = JobDir(tmp_path / "job")
         layout.write_spec(spec)
         rig = Rig(layout, spec)
         rigs.append(rig)
@@ -218,7 +218,7 @@ def make_rig(job_spec: Callable[..., JobSpec], tmp_path: Path) -> Iterator[Calla
         rig.close()
 
 
-def _as_tuple(shard: protocol.ShardOut) -> tuple[int, int, int, int]:
+def _as_tuple(shard: master_api.ShardOut) -> tuple[int, int, int, int]:
     return shard.shard_id, shard.start, shard.end, shard.first_key
 
 
@@ -471,7 +471,7 @@ def test_ps_restored_from_a_checkpoint_reopens_a_shard_it_lost(
     rig.master.step()
 
     assert rig.master.state == JobState.RUNNING
-    assert rig.master.layout_version == 1  # the waiting workers reconnect
+    assert rig.master.ps_set_version == 1  # the waiting workers reconnect
     queue = rig.master.queue
     assert queue.is_todo(1) and not queue.is_done(1)
     again = rig.lease("worker-0")
@@ -583,7 +583,7 @@ def test_ps_lost_exits_do_not_quarantine_a_shard(make_rig: Callable[..., Rig]) -
     rig.run()
     for _ in range(3):
         assert rig.lease("worker-0").shard_id == 0
-        rig.kill("worker-0", protocol.EXIT_PS_LOST)
+        rig.kill("worker-0", master_api.EXIT_PS_LOST)
     assert rig.master.queue.quarantined == set()
     assert rig.master.state == JobState.RUNNING
     assert rig.finish()["result"]["accounting"]["quarantined"] == []
@@ -602,7 +602,7 @@ def test_resume_with_an_unreachable_ps_does_not_crash_the_supervisor(
 
     resumed = make_rig(spec)
     resumed.master.step()
-    resumed.master.node_ready("ps-0", protocol.NodeReady(address="127.0.0.1:1"))
+    resumed.master.node_ready("ps-0", master_api.NodeReady(address="127.0.0.1:1"))
     resumed.master.step()
     assert resumed.master.state == JobState.PENDING
     resumed.master.step()

@@ -31,7 +31,7 @@ from moto_server import (
 )
 
 from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_manifest
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.storage import (
@@ -80,8 +80,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStore:
 
 
 @pytest.fixture
-def job(tmp_path: Path) -> JobLayout:
-    return JobLayout(tmp_path / "job")
+def job(tmp_path: Path) -> JobDir:
+    return JobDir(tmp_path / "job")
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_multipart_settings_are_checked() -> None:
 
 
 # -- samples -----------------------------------------------------------------------------------
-def test_samples_come_from_the_committed_shard_queue(job: JobLayout, pss: list[Any]) -> None:
+def test_samples_come_from_the_committed_shard_queue(job: JobDir, pss: list[Any]) -> None:
     """The samples of the shards done at the snapshot: the job's own ``samples_done``."""
     directory = commit_checkpoint(job, 1, done_shards=7, pss=pss)
     record = json.loads((directory / "queue.json").read_text())
@@ -147,7 +147,7 @@ def test_samples_come_from_the_committed_shard_queue(job: JobLayout, pss: list[A
 
 # -- both stores -------------------------------------------------------------------------------
 def test_upload_list_and_download_a_real_checkpoint(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], tmp_path: Path
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], tmp_path: Path
 ) -> None:
     directory = commit_checkpoint(job, 1, done_shards=4, pss=pss)
     stored = upload_checkpoint(directory, store)
@@ -182,7 +182,7 @@ def test_upload_list_and_download_a_real_checkpoint(
 
 
 def test_parts_then_manifest_then_latest(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer]
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer]
 ) -> None:
     """The publication order that keeps a half-written checkpoint from being the latest."""
     writes: list[str] = []
@@ -207,7 +207,7 @@ def test_parts_then_manifest_then_latest(
 
 
 def test_an_upload_cut_short_leaves_the_previous_checkpoint_the_latest(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer]
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer]
 ) -> None:
     upload_checkpoint(commit_checkpoint(job, 1, 2, pss), store)
     put_file = store.put_file
@@ -232,7 +232,7 @@ def test_an_upload_cut_short_leaves_the_previous_checkpoint_the_latest(
 
 
 def test_the_last_n_are_kept_and_leftovers_go(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], tmp_path: Path
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], tmp_path: Path
 ) -> None:
     stray = tmp_path / "stray.bin"
     stray.write_bytes(b"x" * 10)
@@ -245,7 +245,7 @@ def test_the_last_n_are_kept_and_leftovers_go(
 
 
 def test_a_stale_upload_under_the_same_name_is_replaced(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], tmp_path: Path
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], tmp_path: Path
 ) -> None:
     """A name reused after an abandoned upload: its old objects go before the new ones."""
     stray = tmp_path / "stray.bin"
@@ -261,7 +261,7 @@ def test_a_stale_upload_under_the_same_name_is_replaced(
 
 
 def test_latest_never_moves_back(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], caplog: Any
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], caplog: Any
 ) -> None:
     upload_checkpoint(commit_checkpoint(job, 1, 1, pss), store)
     upload_checkpoint(commit_checkpoint(job, 2, 2, pss), store)
@@ -273,7 +273,7 @@ def test_latest_never_moves_back(
 
 
 def test_a_corrupt_local_checkpoint_is_not_uploaded(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer]
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer]
 ) -> None:
     directory = commit_checkpoint(job, 1, 1, pss)
     flip_byte(directory / "ps-0.npz")
@@ -287,11 +287,11 @@ def test_a_corrupt_local_checkpoint_is_not_uploaded(
 
 
 def test_a_downloaded_checkpoint_is_one_the_job_resumes_from(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], tmp_path: Path
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], tmp_path: Path
 ) -> None:
-    """Restored into a new job directory, ``JobLayout.latest_checkpoint`` takes it."""
+    """Restored into a new job directory, ``JobDir.latest_checkpoint`` takes it."""
     upload_checkpoint(commit_checkpoint(job, 3, 5, pss), store)
-    fresh = JobLayout(tmp_path / "new-job")
+    fresh = JobDir(tmp_path / "new-job")
     restored = restore_latest_checkpoint(store, fresh.checkpoints)
     assert restored == fresh.checkpoint_dir(3)
     fresh.commit_checkpoint(restored)
@@ -300,7 +300,7 @@ def test_a_downloaded_checkpoint_is_one_the_job_resumes_from(
 
 
 def test_the_mirror_uploads_in_the_background_and_never_raises(
-    store: CheckpointStore, job: JobLayout, pss: list[ParameterServer], caplog: Any
+    store: CheckpointStore, job: JobDir, pss: list[ParameterServer], caplog: Any
 ) -> None:
     mirror = CheckpointMirror(store, keep=2)
     try:
@@ -321,7 +321,7 @@ def test_the_mirror_uploads_in_the_background_and_never_raises(
 
 # -- S3 ----------------------------------------------------------------------------------------
 def test_objects_are_in_the_bucket_and_large_parts_go_multipart(
-    s3_endpoint: str, job: JobLayout, tmp_path: Path
+    s3_endpoint: str, job: JobDir, tmp_path: Path
 ) -> None:
     """Seen with a plain boto3 client: keys under the prefix; a part above the threshold is a
     multipart object (its ETag ends in ``-<parts>``), a small one is not."""
@@ -353,7 +353,7 @@ def test_objects_are_in_the_bucket_and_large_parts_go_multipart(
 
 
 def test_a_corrupted_object_is_detected_and_the_previous_checkpoint_used(
-    s3_store: S3Store, s3_endpoint: str, job: JobLayout, pss: list[Any], tmp_path: Path, caplog: Any
+    s3_store: S3Store, s3_endpoint: str, job: JobDir, pss: list[Any], tmp_path: Path, caplog: Any
 ) -> None:
     upload_checkpoint(commit_checkpoint(job, 1, 2, pss), s3_store)
     directory = commit_checkpoint(job, 2, 4, pss)
@@ -387,7 +387,7 @@ def test_a_corrupted_object_is_detected_and_the_previous_checkpoint_used(
 def test_credentials_come_from_an_airflow_connection_and_never_show(
     s3_endpoint: str,
     monkeypatch: pytest.MonkeyPatch,
-    job: JobLayout,
+    job: JobDir,
     pss: list[Any],
     caplog: Any,
 ) -> None:
@@ -403,7 +403,7 @@ def test_credentials_come_from_an_airflow_connection_and_never_show(
 
 
 def test_a_process_without_connections_gets_the_settings_through_its_environment(
-    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, job: JobLayout, pss: list[Any]
+    s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, job: JobDir, pss: list[Any]
 ) -> None:
     """The job's master cannot read Airflow connections: the task hands it the connection's
     settings as boto3's environment, and the master opens the store with no connection."""

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.master import protocol
 from airflow_rover.master.service import JobMaster
+from airflow_rover.rpc import master_api
 
 SHARD, BATCH = 1024, 64  # 16 batches per shard
 
@@ -72,19 +72,19 @@ def master(tmp_path: Path) -> JobMaster:
         plan=ResourcePlan(num_workers=2, num_ps=1),
         training=TrainingConfig(shard_size=SHARD, batch_size=BATCH),
     )
-    layout = JobLayout(tmp_path / "job")
+    layout = JobDir(tmp_path / "job")
     layout.write_spec(spec)
     m = JobMaster(layout, spec, IdleLauncher(), "token")
     m.step()  # starts ps-0
-    m.node_ready("ps-0", protocol.NodeReady(address="127.0.0.1:1"))
+    m.node_ready("ps-0", master_api.NodeReady(address="127.0.0.1:1"))
     m.step()  # PS ready: workers start, training begins
     for worker in ("worker-0", "worker-1"):
-        m.node_ready(worker, protocol.NodeReady())
+        m.node_ready(worker, master_api.NodeReady())
     return m
 
 
 def beat(master: JobMaster, worker: str, step_ms: float) -> None:
-    master.heartbeat(worker, protocol.Heartbeat(steps=10, samples=640, step_time_ms=step_ms))
+    master.heartbeat(worker, master_api.Heartbeat(steps=10, samples=640, step_time_ms=step_ms))
 
 
 def test_the_slow_worker_leases_slices_in_proportion_to_its_speed(master: JobMaster) -> None:

@@ -1,6 +1,6 @@
 """``ElasticJobTrigger`` and ``resolve_status`` against real job directories on disk.
 
-No master runs here: each job directory is written by hand with ``JobLayout`` the way a master
+No master runs here: each job directory is written by hand with ``JobDir`` the way a master
 leaves it (``master.json``, the mirrored ``state.json``, the token), so every branch of the
 status policy and every event the trigger can fire is reached deterministically.
 """
@@ -22,7 +22,7 @@ import psutil
 import pytest
 from airflow.triggers.base import TriggerEvent
 
-from airflow_rover.core.layout import JobLayout, atomic_write_json
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.hooks.elastic_job import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
@@ -50,9 +50,9 @@ def make_job(
     root: Path,
     state: dict[str, Any] | None = None,
     master: dict[str, Any] | None = None,
-) -> JobLayout:
+) -> JobDir:
     """A job directory as a master leaves it: token, optional master.json and state.json."""
-    layout = JobLayout(root)
+    layout = JobDir(root)
     layout.ensure_token()
     if master is not None:
         atomic_write_json(layout.master_file, master)
@@ -164,7 +164,7 @@ def test_a_live_master_that_did_not_answer_is_unreachable(tmp_path: Path) -> Non
 def test_no_files_means_absent(tmp_path: Path) -> None:
     """An empty (or missing) directory is a job not started yet, named in the message."""
     missing = tmp_path / "not-yet"
-    status = resolve_status(JobLayout(missing), None, master_alive=False)
+    status = resolve_status(JobDir(missing), None, master_alive=False)
     assert status == {"state": ABSENT, "message": f"no job in {missing}"}
 
 

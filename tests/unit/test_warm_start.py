@@ -33,10 +33,10 @@ from airflow_rover.core.warm_start import (
     warm_start,
 )
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.history.records import record_from_status
+from airflow_rover.history.store import HistoryStore
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.operators.warm_start import WarmStartOperator, spec_traits
-from airflow_rover.store.history import HistoryStore
-from airflow_rover.store.records import record_from_status
 
 FEATURES = FeatureConfig(
     num_dense=13,

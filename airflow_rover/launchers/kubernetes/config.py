@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from airflow_rover.core.layout import JobLayout, atomic_write_text
+from airflow_rover.core.job_dir import JobDir, atomic_write_text
 
 KUBERNETES_FILE = "kubernetes.json"
 
@@ -185,11 +185,11 @@ class KubernetesJob(_Strict):
     kubernetes_conn_id: str | None = None
 
     @staticmethod
-    def path(layout: JobLayout) -> Path:
+    def path(layout: JobDir) -> Path:
         return layout.root / KUBERNETES_FILE
 
     @classmethod
-    def read(cls, layout: JobLayout) -> KubernetesJob | None:
+    def read(cls, layout: JobDir) -> KubernetesJob | None:
         """The job's Kubernetes settings; None for a job that does not run on Kubernetes."""
         try:
             text = cls.path(layout).read_text()
@@ -197,7 +197,7 @@ class KubernetesJob(_Strict):
             return None
         return cls.model_validate_json(text)
 
-    def write(self, layout: JobLayout) -> None:
+    def write(self, layout: JobDir) -> None:
         atomic_write_text(self.path(layout), self.model_dump_json(indent=2, by_alias=True))
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, TypeVar
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesJob
@@ -226,7 +226,7 @@ class KubernetesJobLauncher:
         self.job = job
         self.namespace = job.config.namespace
 
-    def names(self, layout: JobLayout) -> m.JobNames:
+    def names(self, layout: JobDir) -> m.JobNames:
         return m.JobNames(layout.read_spec().job_id, self.namespace)
 
     def _hook_kwargs(self) -> dict[str, Any]:
@@ -250,7 +250,7 @@ class KubernetesJobLauncher:
             return await run_async(steps, async_client.CoreV1Api(api_client), self.namespace)
 
     # -- operator side (sync) ----------------------------------------------------------------
-    def start_job(self, layout: JobLayout, spec: JobSpec, wait_s: float = 120.0) -> str:
+    def start_job(self, layout: JobDir, spec: JobSpec, wait_s: float = 120.0) -> str:
         """Remove a stale master of an earlier try, write the job's files, create the master
         pod, Secret and Services; returns the master pod's name. The master announces itself
         in ``master.json`` once its pod runs (the trigger waits for it, not the task)."""
@@ -270,7 +270,7 @@ class KubernetesJobLauncher:
         )
         return names.master_pod
 
-    def remove_stale(self, layout: JobLayout, wait_s: float) -> None:
+    def remove_stale(self, layout: JobDir, wait_s: float) -> None:
         """Remove an earlier try's master pod (and what it owns) and wait until it is gone,
         so the new one can take its name."""
         api = self.sync_api()
@@ -289,7 +289,7 @@ class KubernetesJobLauncher:
                 )
             time.sleep(1.0)
 
-    def job_alive(self, layout: JobLayout) -> bool:
+    def job_alive(self, layout: JobDir) -> bool:
         """Whether the master pod is pending or running; an unanswered check counts as alive
         (the status stays ``unreachable``), never as a dead job."""
         try:
@@ -301,11 +301,11 @@ class KubernetesJobLauncher:
             return True
         return self._judge(layout, pod)
 
-    def stop_job_master(self, layout: JobLayout) -> None:
+    def stop_job_master(self, layout: JobDir) -> None:
         self._save_master_log(layout, self._run(cleanup_steps(self.names(layout))))
 
     # -- trigger side (async) ----------------------------------------------------------------
-    async def async_job_alive(self, layout: JobLayout) -> bool:
+    async def async_job_alive(self, layout: JobDir) -> bool:
         try:
             pod = await self._arun(master_pod_steps(self.names(layout)))
         except KubernetesPermissionError:
@@ -316,7 +316,7 @@ class KubernetesJobLauncher:
         return await asyncio.to_thread(self._judge, layout, pod)
 
     @staticmethod
-    def _judge(layout: JobLayout, pod: dict[str, Any] | None) -> bool:
+    def _judge(layout: JobDir, pod: dict[str, Any] | None) -> bool:
         """Alive or not; a master pod that ended or cannot start says why in the master's log
         (which the failed job's message points to), once."""
         if _alive(pod) or pod is None:
@@ -333,15 +333,15 @@ class KubernetesJobLauncher:
             log.warning("Could not read the master's log: %s", exc)
         return False
 
-    async def async_ensure(self, layout: JobLayout) -> bool:
+    async def async_ensure(self, layout: JobDir) -> bool:
         return await self._arun(ensure_steps(self.job, self.names(layout), layout.read_token()))
 
-    async def async_cleanup(self, layout: JobLayout) -> None:
+    async def async_cleanup(self, layout: JobDir) -> None:
         tail = await self._arun(cleanup_steps(self.names(layout)))
         await asyncio.to_thread(self._save_master_log, layout, tail)
 
     @staticmethod
-    def _save_master_log(layout: JobLayout, tail: str | None) -> None:
+    def _save_master_log(layout: JobDir, tail: str | None) -> None:
         """The master pod's log goes where the local master's goes (``logs/master.log``)."""
         if not tail:
             return

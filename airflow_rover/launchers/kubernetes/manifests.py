@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from airflow_rover.core.layout import (
+from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
     ENV_FLASH_DIR,

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from airflow_rover.core.layout import JobLayout
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.kubernetes import manifests as m
@@ -48,7 +48,7 @@ class KubernetesNodeLauncher:
         api: client.CoreV1Api,
         config: KubernetesConfig,
         names: m.JobNames,
-        layout: JobLayout,
+        layout: JobDir,
         master_uid: str,
         incarnation: int,
         plan_of: Callable[[], ResourcePlan] | None = None,

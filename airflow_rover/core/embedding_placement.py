@@ -59,11 +59,11 @@ class EmbeddingGroup:
 
 
 @dataclass(frozen=True)
-class EmbeddingLayout:
+class EmbeddingPlacement:
     groups: tuple[EmbeddingGroup, ...]
 
     @classmethod
-    def from_features(cls, features: FeatureConfig) -> EmbeddingLayout:
+    def from_features(cls, features: FeatureConfig) -> EmbeddingPlacement:
         by_dim: dict[int, list[TableSlice]] = {}
         for table in features.tables:
             slices = by_dim.setdefault(table.dim, [])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from airflow_rover.core.embedding_layout import EmbeddingGroup, EmbeddingLayout, TableSlice
+from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlacement, TableSlice
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 
 FEATURES = FeatureConfig(
@@ -20,7 +20,7 @@ FEATURES = FeatureConfig(
         TableConfig(name="C2_wide", column="C2", vocab_size=50, dim=1),
     ),
 )
-LAYOUT = EmbeddingLayout.from_features(FEATURES)
+LAYOUT = EmbeddingPlacement.from_features(FEATURES)
 COLUMN_VOCAB = {"C1": 100, "C2": 50, "C3": 30, "C4": 7}
 # The dataset's column order differs from the tables' order on purpose.
 COLUMNS = ["C3", "C1", "C4", "C2"]
@@ -58,7 +58,7 @@ def test_tables_are_grouped_by_dim_in_config_order_with_stacked_offsets() -> Non
 def test_group_order_is_deterministic_and_sorted_by_dim() -> None:
     """Worker and PS build the layout independently: the same features give the same layout."""
     assert [g.name for g in LAYOUT.groups] == ["dim1", "dim8", "dim16"]
-    assert EmbeddingLayout.from_features(FEATURES) == LAYOUT
+    assert EmbeddingPlacement.from_features(FEATURES) == LAYOUT
 
 
 def test_group_vocab_size_is_the_sum_of_its_tables() -> None:
@@ -69,7 +69,7 @@ def test_group_vocab_size_is_the_sum_of_its_tables() -> None:
 
 def test_single_table_group() -> None:
     """One table of its dim: offset 0 and the table's own vocabulary."""
-    layout = EmbeddingLayout.from_features(
+    layout = EmbeddingPlacement.from_features(
         FeatureConfig(
             num_dense=1, tables=(TableConfig(name="x", column="C1", vocab_size=9, dim=4),)
         )

@@ -38,7 +38,7 @@ STANDBY_PREFIX = "ps-standby-"  # node ids of spare PS processes (recovery.stand
 
 
 @dataclass(frozen=True)
-class JobLayout:
+class JobDir:
     root: Path
 
     @property
@@ -219,8 +219,8 @@ class NodeContext:
     token: str
 
     @property
-    def layout(self) -> JobLayout:
-        return JobLayout(self.job_dir)
+    def layout(self) -> JobDir:
+        return JobDir(self.job_dir)
 
     @classmethod
     def from_env(cls) -> NodeContext:

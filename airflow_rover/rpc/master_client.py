@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 
-from airflow_rover.master import protocol
+from airflow_rover.rpc import master_api
 
-P = protocol.API_PREFIX
+P = master_api.API_PREFIX
 
 
 class MasterClient:
@@ -40,34 +40,36 @@ class MasterClient:
             reply.raise_for_status()
             return reply.json()
 
-    def cluster(self, wait_s: float = 120.0) -> protocol.ClusterInfo:
+    def cluster(self, wait_s: float = 120.0) -> master_api.ClusterInfo:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return protocol.ClusterInfo.model_validate(self._request("GET", "/cluster"))
+                return master_api.ClusterInfo.model_validate(self._request("GET", "/cluster"))
             except httpx.HTTPStatusError as exc:
                 if exc.response.status_code != 409 or time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
 
-    def next_layout(self, after: int, wait_s: float) -> protocol.ClusterInfo:
+    def next_layout(self, after: int, wait_s: float) -> master_api.ClusterInfo:
         """The cluster once its PS layout is past ``after``, or as it stands after ``wait_s``
         (the master holds the request meanwhile); 409 while the PS are not all up."""
         params = {"after": after, "wait_s": wait_s}
-        return protocol.ClusterInfo.model_validate(self._request("GET", "/cluster", params=params))
+        return master_api.ClusterInfo.model_validate(
+            self._request("GET", "/cluster", params=params)
+        )
 
     def ready(self, node_id: str, address: str | None = None) -> None:
-        self._request("POST", f"/nodes/{node_id}/ready", protocol.NodeReady(address=address))
+        self._request("POST", f"/nodes/{node_id}/ready", master_api.NodeReady(address=address))
 
-    def heartbeat(self, node_id: str, beat: protocol.Heartbeat) -> bool:
+    def heartbeat(self, node_id: str, beat: master_api.Heartbeat) -> bool:
         return bool(self._request("POST", f"/nodes/{node_id}/heartbeat", beat)["stop"])
 
-    def lease(self, node_id: str, layout_version: int | None = None) -> protocol.LeaseReply:
-        body = protocol.LeaseRequest(node_id=node_id, layout_version=layout_version)
-        return protocol.LeaseReply.model_validate(self._request("POST", "/shards/lease", body))
+    def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
+        body = master_api.LeaseRequest(node_id=node_id, ps_set_version=ps_set_version)
+        return master_api.LeaseReply.model_validate(self._request("POST", "/shards/lease", body))
 
     def shard_done(self, node_id: str, shard_id: int) -> bool:
-        body = protocol.ShardDone(node_id=node_id)
+        body = master_api.ShardDone(node_id=node_id)
         reply = self._request("POST", f"/shards/{shard_id}/done", body)
         return bool(reply["accepted"])
 
@@ -76,7 +78,7 @@ class MasterClient:
         master resumes each from the PS ledgers. Returns how many there were."""
         return int(self._request("POST", f"/nodes/{node_id}/release")["released"])
 
-    def report_evaluation(self, report: protocol.EvalReport) -> None:
+    def report_evaluation(self, report: master_api.EvalReport) -> None:
         self._request("POST", "/evaluation", report)
 
     def status(self) -> dict[str, Any]:

@@ -31,8 +31,8 @@ from airflow_rover.core.warm_start import (
     Refinement,
     WarmStart,
 )
-from airflow_rover.store.history import HistoryStore, safe_url
-from airflow_rover.store.records import JobRecord
+from airflow_rover.history.records import JobRecord
+from airflow_rover.history.store import HistoryStore, safe_url
 
 CONN_TYPE = "rover_history"
 URL_EXTRA = "sqlalchemy_url"
@@ -77,7 +77,7 @@ def url_from_connection(conn: Any) -> str:
 
 
 class HistoryStoreHook(BaseHook):
-    """Read and write the job history (``airflow_rover.store.history``) through a connection.
+    """Read and write the job history (``airflow_rover.history.store``) through a connection.
 
     :param history_conn_id: an Airflow connection to the history database; ``None``: SQLite in
         ``$AIRFLOW_HOME/rover/history.db``.

@@ -51,8 +51,8 @@ from airflow_rover.core.cluster_budget import (
     arbitrate,
 )
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
-from airflow_rover.store.history import HistoryStore
-from airflow_rover.store.schema import create_tables
+from airflow_rover.history.schema import create_tables
+from airflow_rover.history.store import HistoryStore
 
 metadata = MetaData()  # apart from the history's: ``HistoryStore.ensure_schema`` is unchanged
 

@@ -33,7 +33,7 @@ class LeaseRequest(_Body):
     node_id: str = Field(min_length=1, max_length=100)
     # The PS layout the trainer uses: no shard for a trainer of an older one (it has not yet
     # noticed a PS relaunch or resize; what it would train could not land).
-    layout_version: int | None = None
+    ps_set_version: int | None = None
 
 
 class ShardOut(_Body):
@@ -50,7 +50,7 @@ class ShardOut(_Body):
 class LeaseReply(_Body):
     status: Literal["ok", "wait", "done"]
     shard: ShardOut | None = None
-    layout_version: int = Field(default=0, ge=0)
+    ps_set_version: int = Field(default=0, ge=0)
     """The PS layout to train against: a worker that holds an older one (the PS were resized)
     reads the new PS list from ``/cluster`` before its next step."""
 
@@ -86,4 +86,4 @@ class StopRequest(_Body):
 class ClusterInfo(_Body):
     job_id: str
     ps: list[str]
-    layout_version: int = Field(default=0, ge=0)
+    ps_set_version: int = Field(default=0, ge=0)

@@ -1,6 +1,6 @@
 """The job history store (the paper's "config DB"): every ended job, its plans and its profile.
 
-SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``store.connection``). The schema
+SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``hooks.history_store``). The schema
 is created on first use (``CREATE TABLE IF NOT EXISTS``; safe to repeat and to race). Tables:
 
 - ``rover_jobs``: one row per job id: dag/task/run/try, model, feature config (tables and a
@@ -61,8 +61,8 @@ from airflow_rover.core.warm_start import (
     top_k_similar,
     warm_start,
 )
-from airflow_rover.store.records import JobRecord
-from airflow_rover.store.schema import create_tables
+from airflow_rover.history.records import JobRecord
+from airflow_rover.history.schema import create_tables
 
 log = logging.getLogger(__name__)
 

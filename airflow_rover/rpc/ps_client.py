@@ -13,8 +13,8 @@ import numpy as np
 from airflow_rover.core.checkpoint_files import PartDigest
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY
-from airflow_rover.ps import codec, rpc
 from airflow_rover.ps.lost import EcrmReads, LostPS
+from airflow_rover.rpc import frames, ps_service
 
 LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
@@ -92,14 +92,16 @@ class PSClient:
         self.num_ps = len(addresses)
         self.addresses = list(addresses)
         self._token = token
-        self._metadata = rpc.auth_metadata(token)
+        self._metadata = ps_service.auth_metadata(token)
         self._timeout = timeout_s
         given = channels or {}
         self._channels = [
-            given.get(a) or grpc.insecure_channel(a, options=rpc.CHANNEL_OPTIONS) for a in addresses
+            given.get(a) or grpc.insecure_channel(a, options=ps_service.CHANNEL_OPTIONS)
+            for a in addresses
         ]
         self._stubs = [
-            {m: ch.unary_unary(rpc.method_path(m)) for m in rpc.METHODS} for ch in self._channels
+            {m: ch.unary_unary(ps_service.method_path(m)) for m in ps_service.METHODS}
+            for ch in self._channels
         ]
         self.ecrm = ecrm
         self.lost: LostPS | None = None
@@ -153,13 +155,13 @@ class PSClient:
         plans, requests = lost.requests(ids_by_table)
         calls = {
             key: self._stubs[key[1]]["Ecrm"].future(
-                codec.encode(req), metadata=self._metadata, timeout=self._timeout
+                frames.encode(req), metadata=self._metadata, timeout=self._timeout
             )
             for key, req in requests.items()
         }
 
         def decoded() -> dict[str, dict[str, np.ndarray]]:
-            return lost.rows(plans, {key: codec.decode(c.result()) for key, c in calls.items()})
+            return lost.rows(plans, {key: frames.decode(c.result()) for key, c in calls.items()})
 
         return decoded
 
@@ -179,13 +181,13 @@ class PSClient:
             None
             if i == skip
             else self._stubs[i][method].future(
-                codec.encode(req), metadata=self._metadata, timeout=self._timeout
+                frames.encode(req), metadata=self._metadata, timeout=self._timeout
             )
             for i, req in enumerate(requests)
         ]
 
     def _call_all(self, method: str, requests: list[dict[str, np.ndarray]]) -> list[dict]:
-        return [codec.decode(call.result()) for call in self._start_all(method, requests)]
+        return [frames.decode(call.result()) for call in self._start_all(method, requests)]
 
     def _split(self, ids_by_table: dict[str, np.ndarray]) -> list[dict[str, Index]]:
         """Per-PS masks of each table's ids (ids are unique per table)."""
@@ -351,9 +353,9 @@ class PSClient:
 
     def _call_one(self, index: int, method: str, request: dict[str, np.ndarray]) -> dict:
         reply = self._stubs[index][method](
-            codec.encode(request), metadata=self._metadata, timeout=self._timeout
+            frames.encode(request), metadata=self._metadata, timeout=self._timeout
         )
-        return codec.decode(reply)
+        return frames.decode(reply)
 
     def ledgers(self) -> list[tuple[set[int], int]]:
         """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""
@@ -415,7 +417,7 @@ class PSClient:
             got: list[dict[str, np.ndarray] | None] = []
             for i, call in enumerate(calls):
                 try:
-                    got.append(None if call is None else codec.decode(call.result()))
+                    got.append(None if call is None else frames.decode(call.result()))
                 except grpc.RpcError as exc:
                     if not self._may_lose(i, exc):
                         raise

@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from airflow_rover.ps import codec
-from airflow_rover.ps.codec import CodecError, decode, encode
+from airflow_rover.rpc import frames
+from airflow_rover.rpc.frames import CodecError, decode, encode
 
 SUPPORTED = ["<f4", "<f8", "<i4", "<i8", "<u4", "<u8", "u1", "<f2"]
 SHAPES = [(), (1,), (0,), (7,), (2, 3), (3, 1, 5), (1, 1, 1, 2), (0, 3), (3, 0), (2, 0, 4)]
@@ -183,7 +183,7 @@ def test_random_garbage_raises_codec_error() -> None:
     valid = _frame()
     for _ in range(3000):
         body = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 80)))
-        for message in (body, codec._MAGIC + body, valid + body[:1] if body else valid + b"?"):
+        for message in (body, frames._MAGIC + body, valid + body[:1] if body else valid + b"?"):
             with pytest.raises(CodecError):
                 decode(message)
 
