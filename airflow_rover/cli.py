@@ -122,12 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             record = hook.request_plan(args.workers, args.ps, "requested with rover plan")
             if args.apply:
-                record = asyncio.run(hook.async_apply_plan(int(record["id"])))
+                record = asyncio.run(hook.async_apply_plan(record.id))
         except (httpx.HTTPStatusError, RuntimeError) as exc:
             detail = exc.response.text if isinstance(exc, httpx.HTTPStatusError) else str(exc)
             print(f"rover plan: {detail}", file=sys.stderr)
             return 1
-        print(json.dumps(record, indent=2))
+        print(json.dumps(record.to_json(), indent=2))
         return 0
     print(json.dumps(hook.get_status(), indent=2))
     return 0

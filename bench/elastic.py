@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -81,12 +82,12 @@ def training(hook: ElasticJobHook, at_least: int) -> Callable[[], bool]:
     return check
 
 
-def start_apply(hook: ElasticJobHook, **counts: int) -> dict[str, Any]:
+def start_apply(hook: ElasticJobHook, **counts: int) -> PlanRecord:
     """Request a plan and apply it as the trigger does (``POST /plans/{id}/apply``)."""
     record = hook.request_plan(reason="bench", **counts)
     layout = hook.get_conn()
     httpx.post(
-        f"{layout.master_info()['address']}{API_PREFIX}/plans/{record['id']}/apply",
+        f"{layout.master_info()['address']}{API_PREFIX}/plans/{record.id}/apply",
         headers={"Authorization": f"Bearer {layout.token_file.read_text().strip()}"},
         timeout=30,
     ).raise_for_status()
@@ -99,9 +100,9 @@ def apply(hook: ElasticJobHook, **counts: int) -> dict[str, Any]:
 
     def applied() -> dict[str, Any] | None:
         plans = hook.get_status()["plans"]
-        now = next(p for p in plans if p["id"] == record["id"])
+        now = next(p for p in plans if p["id"] == record.id)
         if now["state"] not in ("proposed", "applying", "applied"):
-            raise RuntimeError(f"plan {record['id']} {now['state']}: {now.get('note')}")
+            raise RuntimeError(f"plan {record.id} {now['state']}: {now.get('note')}")
         return now if now["state"] == "applied" else None
 
     return dict(wait_for("the plan applied", applied))

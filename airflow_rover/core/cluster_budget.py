@@ -25,7 +25,7 @@ reads and writes the rows, the trigger applies what is allowed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from airflow_rover.core.optimizer import (
     weight,
     weighted_greedy,
 )
+from airflow_rover.core.plans import PlanRecord, pending_plan
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
 from airflow_rover.core.states import JobState
 
@@ -52,16 +53,6 @@ def ttl_for(poll_interval: float) -> float:
 
 
 @dataclass(frozen=True)
-class PendingProposal:
-    """The plan a job's master proposed and nobody applied yet."""
-
-    id: int
-    plan: ResourcePlan
-    gain: float | None = None  # samples/s the master expects from it; None: estimate it
-    rule: str | None = None
-
-
-@dataclass(frozen=True)
 class RunningJob:
     """One row of the registry: a running job, what it holds, what it asks for."""
 
@@ -72,7 +63,7 @@ class RunningJob:
     samples_per_second: float
     updated_at: float
     ttl_s: float = DEFAULT_TTL_S
-    proposal: PendingProposal | None = None
+    proposal: PlanRecord | None = None  # the plan its master proposed and nobody applied yet
 
     def fresh(self, now: float) -> bool:
         return now - self.updated_at <= self.ttl_s
@@ -98,30 +89,16 @@ def throughput_of(status: Mapping[str, Any]) -> float:
     return float(rate) if isinstance(rate, int | float) and rate > 0 else 0.0
 
 
-def pending_proposal(status: Mapping[str, Any]) -> PendingProposal | None:
-    """The master's proposed plan (it keeps at most one pending), if any can be read."""
-    for entry in status.get("plans") or []:
-        if not isinstance(entry, Mapping) or entry.get("state") != "proposed":
-            continue
-        try:
-            plan = ResourcePlan.model_validate(entry.get("plan"))
-            gain = entry.get("expected_gain")
-            return PendingProposal(
-                id=int(entry["id"]),
-                plan=plan,
-                gain=float(gain) if isinstance(gain, int | float) else None,
-                rule=str(entry["rule"]) if entry.get("rule") is not None else None,
-            )
-        except (KeyError, TypeError, ValueError, ValidationError):
-            return None
-    return None
-
-
 def running_job(
-    status: Mapping[str, Any], budget: str, now: float, ttl_s: float = DEFAULT_TTL_S
+    status: Mapping[str, Any],
+    plans: Sequence[PlanRecord],
+    budget: str,
+    now: float,
+    ttl_s: float = DEFAULT_TTL_S,
 ) -> RunningJob | None:
-    """The registry row of a job from its master's status; None when the status names no job
-    or no plan. Only a running job offers its proposal (the master applies plans only then)."""
+    """The registry row of a job from its master's status and its plan records; None when the
+    status names no job or no plan. Only a running job offers its proposal (the master applies
+    plans only then)."""
     job_id, plan = status.get("job_id"), status.get("plan")
     if not job_id or not isinstance(plan, Mapping):
         return None
@@ -136,7 +113,7 @@ def running_job(
         if isinstance(total, int | float) and isinstance(done, int | float)
         else 0.0
     )
-    proposal = pending_proposal(status) if status.get("state") == JobState.RUNNING else None
+    proposal = pending_plan(plans) if status.get("state") == JobState.RUNNING else None
     return RunningJob(
         job_id=str(job_id),
         budget=budget,
@@ -154,8 +131,8 @@ def proposal_gain(job: RunningJob) -> float:
     proposal = job.proposal
     if proposal is None:
         return 0.0
-    if proposal.gain is not None:
-        return proposal.gain
+    if proposal.expected_gain is not None:
+        return proposal.expected_gain
     old, new = job.plan.num_workers, proposal.plan.num_workers
     if new == old:
         return 0.0

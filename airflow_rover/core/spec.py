@@ -7,7 +7,7 @@ Every process of a job (master, parameter servers, workers) reads the same ``Job
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -54,11 +54,15 @@ class FeatureConfig(_Strict):
         return self
 
 
+WorkerCount = Annotated[int, Field(ge=1, le=1024)]
+PsCount = Annotated[int, Field(ge=1, le=256)]
+
+
 class ResourcePlan(_Strict):
     """How many nodes of each role and how big: what the optimizer proposes and launchers apply."""
 
-    num_workers: int = Field(default=1, ge=1, le=1024)
-    num_ps: int = Field(default=1, ge=1, le=256)
+    num_workers: WorkerCount = 1
+    num_ps: PsCount = 1
     worker_cpu: float = Field(default=1.0, gt=0, le=256)
     worker_memory_mb: int = Field(default=2048, ge=256)
     ps_cpu: float = Field(default=1.0, gt=0, le=256)

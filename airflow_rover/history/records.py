@@ -1,9 +1,9 @@
 """What the history store keeps of one job, built from the job's final status (no database here).
 
-The master's status (``airflow_rover.master.service.JobMaster.status``) carries the job's state,
-result, nodes and, when the master records them, ``plans`` (every proposed or applied plan) and
-``profile`` (throughput samples and peak memory per node). Both are optional: a status without
-them gives a record whose plan history is the initial plan alone.
+The master's status carries the job's state, result, nodes and, when the master records them,
+``plans`` (every proposed or applied plan, as ``core.plans.PlanRecord``) and ``profile``
+(throughput samples and peak memory per node). Both are optional: a status without them gives
+a record whose plan history is the initial plan alone.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_rover.core.spec import FeatureConfig, JobSpec
+from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
+from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan
 from airflow_rover.core.warm_start import JobTraits
 
 #: Keys never stored, at any depth of a stored JSON value (the job token above all).
@@ -87,56 +88,39 @@ def _int(value: Any) -> int | None:
     return None if number is None else int(number)
 
 
-def _applied(entry: Mapping[str, Any]) -> bool:
-    """An entry's ``applied`` flag, or its ``state`` (proposed / declined / applied)."""
-    if isinstance(entry.get("applied"), bool):
-        return bool(entry["applied"])
-    return str(entry.get("state", "applied")) == "applied"
+def plan_row(record: PlanRecord) -> dict[str, Any]:
+    """A plan record as a row of the history's plan table."""
+    return {
+        "at": record.at,
+        "plan": record.plan.model_dump(),
+        "rule": record.rule,
+        "reason": record.reason,
+        "state": str(record.state),
+        "applied": record.applied,
+    }
 
 
-def _proposals(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    entries = job.get("plans")
-    if not isinstance(entries, list):
-        return []
-    return [e for e in entries if isinstance(e, Mapping) and isinstance(e.get("plan"), Mapping)]
-
-
-def initial_plan(job: Mapping[str, Any], spec: JobSpec) -> dict[str, Any]:
+def initial_plan(records: list[PlanRecord], spec: JobSpec) -> ResourcePlan:
     """The plan the job was launched with: the plan its first proposal started from, else the
     spec's (the master rewrites ``job.json`` when it applies a plan)."""
-    proposals = _proposals(job)
-    if proposals and isinstance(proposals[0].get("previous"), Mapping):
-        return dict(scrub(proposals[0]["previous"]))
-    return spec.plan.model_dump()
+    if records and records[0].previous is not None:
+        return records[0].previous
+    return spec.plan
 
 
-def _plan_history(job: Mapping[str, Any], initial: dict[str, Any]) -> list[dict[str, Any]]:
+def _plan_history(
+    job: Mapping[str, Any], records: list[PlanRecord], initial: ResourcePlan
+) -> list[PlanRecord]:
     """The initial plan, then every plan the master proposed (applied or not)."""
-    history = [
-        {
-            "at": _number(job.get("started_at")),
-            "plan": initial,
-            "rule": None,
-            "reason": "initial plan",
-            "state": "initial",
-            "applied": True,
-        }
-    ]
-    for i, entry in enumerate(_proposals(job)):
-        plan = dict(scrub(entry["plan"]))
-        if i == 0 and plan == initial and _applied(entry):
-            history.clear()  # the status lists the initial plan itself
-        history.append(
-            {
-                "at": _number(entry.get("at")),
-                "plan": plan,
-                "rule": str(entry["rule"]) if entry.get("rule") is not None else None,
-                "reason": str(entry.get("reason") or ""),
-                "state": str(entry.get("state") or ("applied" if _applied(entry) else "")),
-                "applied": _applied(entry),
-            }
-        )
-    return history
+    first = PlanRecord(
+        at=_number(job.get("started_at")),
+        plan=initial,
+        reason="initial plan",
+        state=PlanState.INITIAL,
+    )
+    if records and records[0].plan == initial and records[0].applied:
+        return records  # the status lists the initial plan itself
+    return [first, *records]
 
 
 def _throughput(profile: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -180,14 +164,12 @@ def _nodes(job: Mapping[str, Any], profile: Mapping[str, Any]) -> list[dict[str,
     return list(nodes.values())
 
 
-def final_plan(
-    job: Mapping[str, Any], spec: JobSpec, plans: list[dict[str, Any]]
-) -> dict[str, Any]:
+def final_plan(job: Mapping[str, Any], spec: JobSpec, plans: list[PlanRecord]) -> dict[str, Any]:
     """The plan the job ended with: the last plan the master applied, else the result's
     plan, else the status's, else the spec's."""
-    applied = [p["plan"] for p in plans if p["applied"] and p["state"] != "initial"]
+    applied = [p.plan for p in plans if p.state == PlanState.APPLIED]
     if applied:
-        return dict(applied[-1])
+        return applied[-1].model_dump()
     result = _mapping(job.get("result"))
     for plan in (result.get("plan"), job.get("plan")):
         if isinstance(plan, Mapping):
@@ -214,8 +196,9 @@ def record_from_status(
     """Build the record of a job from its final status and its spec (``features``: the
     resolved feature config; default the spec's)."""
     result, profile, progress = (_mapping(job.get(k)) for k in ("result", "profile", "progress"))
-    initial = initial_plan(job, spec)
-    plans = _plan_history(job, initial)
+    records = plan_records(job.get("plans"))
+    initial = initial_plan(records, spec)
+    plans = _plan_history(job, records, initial)
     total = _int(progress.get("samples_total"))
     epochs = spec.training.epochs
     dataset = total // epochs if total else None
@@ -223,7 +206,7 @@ def record_from_status(
         job_id=str(job.get("job_id") or spec.job_id),
         model=spec.model,
         outcome=outcome_of(job.get("state")),
-        initial_plan=initial,
+        initial_plan=initial.model_dump(),
         final_plan=final_plan(job, spec, plans),
         dag_id=dag_id,
         task_id=task_id,
@@ -244,7 +227,7 @@ def record_from_status(
         auc=_number(result.get("auc")),
         logloss=_number(result.get("logloss")),
         result=scrub(dict(result)),
-        plans=plans,
+        plans=[plan_row(p) for p in plans],
         throughput=_throughput(profile),
         nodes=_nodes(job, profile),
     )

@@ -46,10 +46,10 @@ from sqlalchemy.exc import IntegrityError
 from airflow_rover.core.cluster_budget import (
     DEFAULT_TTL_S,
     Decision,
-    PendingProposal,
     RunningJob,
     arbitrate,
 )
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
 from airflow_rover.history.schema import create_tables
 from airflow_rover.history.store import HistoryStore
@@ -204,7 +204,7 @@ def _upsert(conn: Connection, job: RunningJob) -> None:
         "plan": job.plan.model_dump(),
         "proposal_id": proposal.id if proposal else None,
         "proposal_plan": proposal.plan.model_dump() if proposal else None,
-        "proposal_gain": proposal.gain if proposal else None,
+        "proposal_gain": proposal.expected_gain if proposal else None,
         "proposal_rule": proposal.rule if proposal else None,
         "remaining_samples": job.remaining_samples,
         "samples_per_second": job.samples_per_second,
@@ -235,10 +235,10 @@ def _rows(conn: Connection, budget: str | None, fresh_at: float | None) -> list[
 def _job(row: Any) -> RunningJob:
     proposal = None
     if row["proposal_id"] is not None and row["proposal_plan"] is not None:
-        proposal = PendingProposal(
+        proposal = PlanRecord(
             id=int(row["proposal_id"]),
             plan=ResourcePlan.model_validate(row["proposal_plan"]),
-            gain=row["proposal_gain"],
+            expected_gain=row["proposal_gain"],
             rule=row["proposal_rule"],
         )
     return RunningJob(

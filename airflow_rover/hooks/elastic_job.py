@@ -17,6 +17,7 @@ from airflow.sdk import BaseHook
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.kubernetes.config import KubernetesJob
 from airflow_rover.launchers.kubernetes.job import KubernetesJobLauncher
@@ -125,7 +126,7 @@ class ElasticJobHook(BaseHook):
 
     def request_plan(
         self, num_workers: int | None = None, num_ps: int | None = None, reason: str = "requested"
-    ) -> dict[str, Any]:
+    ) -> PlanRecord:
         """Ask the running job for other worker/PS counts: the master proposes the plan and the
         job's trigger applies it (PS counts change by live migration). Returns its record."""
         address, _ = self._master()
@@ -139,8 +140,7 @@ class ElasticJobHook(BaseHook):
             timeout=self._timeout,
         )
         reply.raise_for_status()
-        record: dict[str, Any] = reply.json()
-        return record
+        return PlanRecord.model_validate(reply.json())
 
     async def async_stop(self, reason: str) -> None:
         address, _ = self._master()
@@ -175,7 +175,7 @@ class ElasticJobHook(BaseHook):
         if k8s is not None:
             await k8s.async_cleanup(self.layout)
 
-    async def async_apply_plan(self, plan_id: int) -> dict[str, Any]:
+    async def async_apply_plan(self, plan_id: int) -> PlanRecord:
         """Ask the master to apply its proposed plan ``plan_id``; returns the plan's record."""
         address, _ = self._master()
         async with httpx.AsyncClient(timeout=self._timeout) as client:
@@ -183,8 +183,7 @@ class ElasticJobHook(BaseHook):
                 f"{address}{API_PREFIX}/plans/{plan_id}/apply", headers=self._headers()
             )
             reply.raise_for_status()
-            record: dict[str, Any] = reply.json()
-            return record
+            return PlanRecord.model_validate(reply.json())
 
     # -- status ------------------------------------------------------------------------------
     def get_status(self) -> dict[str, Any]:

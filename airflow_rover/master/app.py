@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import Depends, FastAPI, HTTPException, Query, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.master.service import MAX_LAYOUT_WAIT_S, JobMaster
 from airflow_rover.rpc import master_api
 
@@ -94,14 +95,14 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
     @app.post(f"{P}/plans")
     def request_plan(body: master_api.PlanRequest) -> dict[str, Any]:
         try:
-            return master.request_plan(body)
+            return master.request_plan(body).to_json()
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
 
     @app.post(f"{P}/plans/{{plan_id}}/apply")
     def apply_plan(plan_id: int) -> dict[str, Any]:
-        result: dict[str, Any] = _known(master.apply_plan, plan_id)
-        return result
+        record: PlanRecord = _known(master.apply_plan, plan_id)
+        return record.to_json()
 
     @app.post(f"{P}/stop")
     def stop(body: master_api.StopRequest) -> dict[str, str]:

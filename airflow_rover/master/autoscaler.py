@@ -27,6 +27,7 @@ from airflow_rover.core.optimizer import (
     pareto_plans,
     throughput_gain,
 )
+from airflow_rover.core.plans import PlanRecord, PlanState, pending_plan
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape, ThroughputModel
@@ -93,7 +94,7 @@ class Autoscaler:
         self.shape = shape
         # the budget: the job's own, else what the launcher can host (a machine's cores)
         self.cpu_budget = config.cpu_budget if config.cpu_budget is not None else capacity_cpu
-        self.plans: list[dict[str, Any]] = []
+        self.plans: list[PlanRecord] = []
         self.throughput: list[dict[str, Any]] = []
         self._plan_since = time.time()
         self._last_change = 0.0
@@ -122,8 +123,8 @@ class Autoscaler:
             }
         )
 
-    def pending(self) -> dict[str, Any] | None:
-        return next((p for p in self.plans if p["state"] == "proposed"), None)
+    def pending(self) -> PlanRecord | None:
+        return pending_plan(self.plans)
 
     def propose(
         self,
@@ -132,7 +133,7 @@ class Autoscaler:
         profiler: Profiler,
         step_times: dict[str, float],
         remaining_samples: float,
-    ) -> dict[str, Any] | None:
+    ) -> PlanRecord | None:
         """A new proposal, or None (too early, one is already waiting, or nothing to gain)."""
         cfg = self.config
         waiting = self.pending()
@@ -140,7 +141,7 @@ class Autoscaler:
             return None
         if waiting is None and now - self._last_change < cfg.min_plan_interval_s:
             return None
-        if waiting is not None and waiting["rule"] in URGENT_RULES:
+        if waiting is not None and waiting.rule in URGENT_RULES:
             return None  # an urgent proposal waits for the trigger: nothing replaces it
         profile = JobProfile(
             plan=plan,
@@ -163,44 +164,35 @@ class Autoscaler:
             choice = self._from_rules(profile, only=URGENT_RULES)
             if choice is None:
                 return None
-            waiting.update(state="superseded", note=f"replaced by the urgent {choice.rule} rule")
+            waiting.supersede(f"replaced by the urgent {choice.rule} rule")
         else:
             choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
         if choice is None:
             return None
-        record: dict[str, Any] = {
-            "id": len(self.plans) + 1,
-            "at": now,
-            "plan": choice.plan.model_dump(),
-            "previous": plan.model_dump(),
-            "rule": choice.rule,
-            "reason": choice.reason,
-            "state": "proposed",
-        }
         gain = self._expected_gain(plan, choice.plan, remaining_samples)
+        record = self._record(now, plan, choice.plan, choice.rule, choice.reason)
         if gain is not None:  # the cluster arbiter ranks scale-ups by it
-            record["expected_gain"] = round(gain, 1)
+            record.expected_gain = round(gain, 1)
         self.plans.append(record)
-        log.info("proposed plan %d (%s): %s", record["id"], choice.rule, choice.reason)
+        log.info("proposed plan %d (%s): %s", record.id, choice.rule, choice.reason)
         return record
 
-    def request(self, now: float, plan: ResourcePlan, new: ResourcePlan, reason: str) -> dict:
+    def _record(
+        self, now: float, plan: ResourcePlan, new: ResourcePlan, rule: str, reason: str
+    ) -> PlanRecord:
+        return PlanRecord(
+            id=len(self.plans) + 1, at=now, plan=new, previous=plan, rule=rule, reason=reason
+        )
+
+    def request(self, now: float, plan: ResourcePlan, new: ResourcePlan, reason: str) -> PlanRecord:
         """A plan asked for from outside: proposed at once (the trigger applies it like any
         other), replacing a proposal still waiting."""
         waiting = self.pending()
         if waiting is not None:
-            waiting.update(state="superseded", note="replaced by a requested plan")
-        record: dict[str, Any] = {
-            "id": len(self.plans) + 1,
-            "at": now,
-            "plan": new.model_dump(),
-            "previous": plan.model_dump(),
-            "rule": "requested",
-            "reason": reason,
-            "state": "proposed",
-        }
+            waiting.supersede("replaced by a requested plan")
+        record = self._record(now, plan, new, "requested", reason)
         self.plans.append(record)
-        log.info("plan %d requested: %s", record["id"], reason)
+        log.info("plan %d requested: %s", record.id, reason)
         return record
 
     def _fits(self, plan: ResourcePlan) -> bool:
@@ -214,11 +206,8 @@ class Autoscaler:
 
     def _declined(self, plan: ResourcePlan) -> set[str]:
         """Rules whose proposal for this very plan was declined: not proposed again."""
-        current = plan.model_dump()
         return {
-            str(p["rule"])
-            for p in self.plans
-            if p["state"] == "declined" and p["previous"] == current
+            str(p.rule) for p in self.plans if p.state == PlanState.DECLINED and p.previous == plan
         }
 
     def _from_rules(

@@ -27,6 +27,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.job_dir import JobDir, atomic_write_json, checkpoint_number
 from airflow_rover.core.ledger import batch_accounting
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.shards import Shard, ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
@@ -85,7 +86,7 @@ class Resize:
     goes on (``starting``); then leases stop until every leased shard is done and no
     checkpoint is in flight (``draining``); then the rows move and training resumes."""
 
-    record: dict[str, Any]
+    record: PlanRecord
     plan: ResourcePlan
     old_num_ps: int
     phase: str = "starting"
@@ -414,7 +415,7 @@ class JobMaster:
                 "finished_at": self.finished_at,
                 "duration_s": round(end - self.started_at, 3),
                 "recovery": self._recovery_summary(),
-                "plans": self.autoscaler.plans,
+                "plans": [p.to_json() for p in self.autoscaler.plans],
                 "profile": self.autoscaler.report(self.profiler),
                 "result": self.result,
             }
@@ -1001,7 +1002,7 @@ class JobMaster:
         trained = sum(max(0, c - previous.get(node, c)) for node, c in counts.items())
         return trained / (now - since)
 
-    def request_plan(self, body: master_api.PlanRequest) -> dict[str, Any]:
+    def request_plan(self, body: master_api.PlanRequest) -> PlanRecord:
         """Propose the requested counts as a plan (the trigger applies it)."""
         with self._lock:
             if self.state in TERMINAL_STATES:
@@ -1016,44 +1017,43 @@ class JobMaster:
             self.mirror_state(force=True)
             return record
 
-    def apply_plan(self, plan_id: int) -> dict[str, Any]:
+    def apply_plan(self, plan_id: int) -> PlanRecord:
         """Apply a proposed plan: start or stop workers. Changes to the PS or to node sizes need
         live migration (elastic scaling) and are declined with that reason."""
         with self._lock:
-            record = next((p for p in self.autoscaler.plans if p["id"] == plan_id), None)
+            record = next((p for p in self.autoscaler.plans if p.id == plan_id), None)
             if record is None:
                 raise KeyError(f"no plan {plan_id}")
-            if record["state"] != "proposed":
+            if not record.pending:
                 return record  # applying twice is a no-op (a re-created trigger may retry)
-            plan = ResourcePlan.model_validate(record["plan"])
+            plan = record.plan
             current = self.spec.plan
             if self.state != JobState.RUNNING:
-                record.update(state="declined", note=f"the job is {self.state}")
+                record.decline(f"the job is {self.state}")
                 return record
             counts = {"num_workers": current.num_workers, "num_ps": current.num_ps}
             if plan.model_copy(update=counts) != current:
                 why = self._resize_nodes(plan)
-                record.update(
-                    state="declined" if why.startswith("declined") else "applied", note=why
-                )
-                if record["state"] == "applied":
-                    record["applied_at"] = time.time()
+                if why.startswith("declined"):
+                    record.decline(why)
+                else:
+                    record.mark_applied(time.time(), why)
                     self.autoscaler.applied(time.time())
                     self.mirror_state(force=True)
                 return record
             if plan.num_ps != current.num_ps:
                 if self._ecrm:
                     note = "checkpoint_policy='ecrm': a PS resize would need the parity encoded "
-                    record.update(state="declined", note=note + "again for the new PS count")
+                    record.decline(note + "again for the new PS count")
                     return record
                 if self.resize is not None:
-                    record.update(state="declined", note="another PS resize is in progress")
+                    record.decline("another PS resize is in progress")
                     return record
                 self._begin_resize(record, plan)
                 return record
             self._set_workers(plan)
             self.autoscaler.applied(time.time())
-            record.update(state="applied", applied_at=time.time())
+            record.mark_applied(time.time())
             log.info("applied plan %d: %s", plan_id, plan.model_dump())
             self.mirror_state(force=True)
             return record
@@ -1100,15 +1100,15 @@ class JobMaster:
         self.layout.write_spec(self.spec)  # a relaunched master keeps the plan
 
     # -- PS resize (docs/elastic-scaling.md) ---------------------------------------------------
-    def _begin_resize(self, record: dict[str, Any], plan: ResourcePlan) -> None:
+    def _begin_resize(self, record: PlanRecord, plan: ResourcePlan) -> None:
         """Start the new PS (training goes on); ``_advance_resize`` does the rest."""
         old = self.spec.plan.num_ps
         for i in range(old, plan.num_ps):
             self._start(f"ps-{i}", "ps")
         self.resize = Resize(record, plan, old)
-        record.update(state="applying", note=f"PS {old} -> {plan.num_ps}: starting")
+        record.mark_applying(f"PS {old} -> {plan.num_ps}: starting")
         self.message = f"resizing the PS {old} -> {plan.num_ps}"
-        log.info("plan %d: %s", record["id"], self.message)
+        log.info("plan %d: %s", record.id, self.message)
         self.mirror_state(force=True)
 
     def _advance_resize(self, resize: Resize) -> None:
@@ -1116,7 +1116,7 @@ class JobMaster:
             new = [self.nodes[f"ps-{i}"] for i in range(resize.old_num_ps, resize.plan.num_ps)]
             if all(n.state == NodeState.RUNNING and n.address for n in new):
                 resize.phase, resize.paused_at = "draining", time.time()
-                resize.record["note"] = "new PS ready; leases held while the workers drain"
+                resize.record.note = "new PS ready; leases held while the workers drain"
             return
         if self.queue.counts()["doing"] or self.checkpointer.pending is not None:
             return  # leased shards finish (their pushes land) and a checkpoint commits first
@@ -1159,10 +1159,9 @@ class JobMaster:
         self._set_workers(resize.plan)
         now = time.time()
         moved = sum(int(r["moved_rows"][0]) for r in replies)
-        resize.record.update(
-            state="applied",
-            applied_at=now,
-            note=f"PS {resize.old_num_ps} -> {resize.plan.num_ps}: {moved} rows moved",
+        resize.record.mark_applied(
+            now,
+            f"PS {resize.old_num_ps} -> {resize.plan.num_ps}: {moved} rows moved",
             moved_rows=moved,
             migration_s=round(now - started, 3),
             pause_s=round(now - (resize.paused_at or started), 3),
@@ -1171,7 +1170,7 @@ class JobMaster:
         self.autoscaler.applied(now)
         self.checkpointer.start_soon()  # the next checkpoint is of the new layout
         self.message = "training"
-        log.info("plan %d applied: %s", resize.record["id"], resize.record["note"])
+        log.info("plan %d applied: %s", resize.record.id, resize.record.note)
         self.mirror_state(force=True)
 
     def _cancel_resize(self, resize: Resize, why: str) -> None:
@@ -1180,7 +1179,7 @@ class JobMaster:
             if node is not None and node.exit_code is None:
                 node.stopping = True
                 self.launcher.stop(node.node_id)
-        resize.record.update(state="declined", note=why)
+        resize.record.decline(why)
         self.resize = None
         self.message = "training"
         log.warning("PS resize %d -> %d declined: %s", resize.old_num_ps, resize.plan.num_ps, why)

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from airflow_rover.core.spec import PsCount, WorkerCount
+
 API_PREFIX = "/api/v1"
 EXIT_PS_LOST = 75
 """A worker's exit code when a parameter server went away under it: not the worker's fault
@@ -74,8 +76,8 @@ class PlanRequest(_Body):
     """A resize asked for by a person or a task (``rover plan``, ``ElasticJobHook.request_plan``):
     the counts to change; the rest of the plan stays as it is."""
 
-    num_workers: int | None = Field(default=None, ge=1, le=1024)
-    num_ps: int | None = Field(default=None, ge=1, le=256)
+    num_workers: WorkerCount | None = None
+    num_ps: PsCount | None = None
     reason: str = Field(default="requested", max_length=500)
 
 

@@ -27,6 +27,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_rover.core.cluster_budget import running_job, ttl_for
 from airflow_rover.core.milestones import Milestone
+from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
 from airflow_rover.core.spec import ClusterBudget
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.history.registry import RunningJobRegistry
@@ -113,10 +114,11 @@ class ElasticJobTrigger(BaseTrigger):
                     status = _EVENT_STATUS.get(JobState(job["state"]), "failed")
                     yield TriggerEvent(job_event(status, job, f"{missed}: {job.get('message')}"))
                     return
+                plans = plan_records(job.get("plans"))
                 if self.apply_plans and self.cluster_budget is not None:
-                    await self._apply_within_budget(hook, job, self.cluster_budget)
+                    await self._apply_within_budget(hook, job, plans, self.cluster_budget)
                 elif self.apply_plans:
-                    await self._apply_proposed(hook, job)
+                    await self._apply_proposed(hook, plans)
                 self.log.info(
                     "Job %s: %s, %s samples, %s samples/s",
                     job.get("job_id", self.job_dir),
@@ -151,18 +153,18 @@ class ElasticJobTrigger(BaseTrigger):
         except Exception as exc:  # the objects are the master pod's: deleting it later suffices
             self.log.warning("Could not clean up job %s: %s", job.get("job_id"), exc)
 
-    async def _apply_proposed(self, hook: ElasticJobHook, job: dict[str, Any]) -> None:
+    async def _apply_proposed(self, hook: ElasticJobHook, plans: list[PlanRecord]) -> None:
         """Apply the plan the job's optimizer proposed (applying twice is a no-op there)."""
-        for plan in job.get("plans") or []:
-            if plan.get("state") == "proposed":
-                record = await hook.async_apply_plan(int(plan["id"]))
+        for plan in plans:
+            if plan.pending:
+                record = await hook.async_apply_plan(plan.id)
                 self.log.info(
                     "Plan %s (%s: %s): %s%s",
-                    plan["id"],
-                    plan.get("rule"),
-                    plan.get("reason"),
-                    record.get("state"),
-                    f" ({record['note']})" if record.get("note") else "",
+                    plan.id,
+                    plan.rule,
+                    plan.reason,
+                    record.state,
+                    f" ({record.note})" if record.note else "",
                 )
 
     # -- the cluster budget ------------------------------------------------------------------
@@ -173,13 +175,17 @@ class ElasticJobTrigger(BaseTrigger):
         return self._registry
 
     async def _apply_within_budget(
-        self, hook: ElasticJobHook, job: dict[str, Any], budget: ClusterBudget
+        self,
+        hook: ElasticJobHook,
+        job: dict[str, Any],
+        plans: list[PlanRecord],
+        budget: ClusterBudget,
     ) -> None:
         """Register the job; apply its proposal only if the cluster arbiter selects it. A
         registry that cannot be reached applies nothing (the proposal waits), it never fails
         the task."""
         now = time.time()
-        row = running_job(job, budget.name, now, ttl_for(self.poll_interval))
+        row = running_job(job, plans, budget.name, now, ttl_for(self.poll_interval))
         if row is None:
             return
         proposal = row.proposal
@@ -210,7 +216,7 @@ class ElasticJobTrigger(BaseTrigger):
                     "Plan %s (%s: %s): waiting for the cluster budget %r: %s",
                     proposal.id,
                     proposal.rule,
-                    _reason_of(job, proposal.id),
+                    proposal.reason,
                     budget.name,
                     verdict.reason if verdict else "not decided",
                 )
@@ -221,13 +227,13 @@ class ElasticJobTrigger(BaseTrigger):
             "Plan %s (%s: %s): %s%s [cluster budget %r: %s]",
             proposal.id,
             proposal.rule,
-            _reason_of(job, proposal.id),
-            record.get("state"),
-            f" ({record['note']})" if record.get("note") else "",
+            proposal.reason,
+            record.state,
+            f" ({record.note})" if record.note else "",
             budget.name,
             verdict.reason,
         )
-        if record.get("state") != "applied":  # give the reservation back at once
+        if record.state != PlanState.APPLIED:  # give the reservation back at once
             try:
                 await asyncio.to_thread(registry.register, replace(row, proposal=None))
             except Exception as exc:
@@ -252,11 +258,3 @@ class ElasticJobTrigger(BaseTrigger):
             if self._registry is not None:
                 self._registry.close()
                 self._registry = None
-
-
-def _reason_of(job: dict[str, Any], plan_id: int) -> str:
-    """The master's reason for its proposal ``plan_id``."""
-    for entry in job.get("plans") or []:
-        if isinstance(entry, dict) and entry.get("id") == plan_id:
-            return str(entry.get("reason") or "")
-    return ""

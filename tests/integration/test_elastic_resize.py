@@ -45,7 +45,7 @@ async def run_job(job_dir: Path, resize: bool) -> dict[str, Any]:
         for step in STEPS:
             await _trained_more(hook, 8192)
             record = await asyncio.to_thread(hook.request_plan, reason=f"test: {step}", **step)
-            await _applied(hook, record["id"])
+            await _applied(hook, record.id)
     return await trigger
 
 

@@ -25,6 +25,7 @@ from airflow.triggers.base import TriggerEvent
 from kubernetes import client
 
 from airflow_rover.core.job_dir import atomic_write_json
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -408,15 +409,17 @@ def propose(master: JobMaster, **changes: object) -> None:
     """A proposal in the autoscaler's list, as its optimizer would put it."""
     current = master.spec.plan
     master.autoscaler.plans.append(
-        {
-            "id": len(master.autoscaler.plans) + 1,
-            "at": time.time(),
-            "plan": current.model_copy(update=changes).model_dump(),
-            "previous": current.model_dump(),
-            "rule": "idle_ps",
-            "reason": "test",
-            "state": "proposed",
-        }
+        PlanRecord.model_validate(
+            {
+                "id": len(master.autoscaler.plans) + 1,
+                "at": time.time(),
+                "plan": current.model_copy(update=changes).model_dump(),
+                "previous": current.model_dump(),
+                "rule": "idle_ps",
+                "reason": "test",
+                "state": "proposed",
+            }
+        )
     )
 
 
@@ -459,7 +462,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
             mark = api.count()
             assert asyncio.run(first_event(trigger, 0.5)) is None  # applied, still running
             assert [c for c in api.calls(mark) if not c.startswith("fetch")] == expected
-            assert master.autoscaler.plans[-1]["state"] == "applied"
+            assert master.autoscaler.plans[-1].state == "applied"
             assert hook.layout.read_spec().plan.num_workers == workers
             running(v1, *(POD(f"worker-{i}") for i in range(workers)))
         # A hot PS: the plan doubles the PS cores; the master resizes the PS pod in place.
@@ -469,8 +472,8 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         assert [c for c in api.calls(mark) if not c.startswith("fetch")] == [
             f"update pods/{POD('ps-0')}/resize"
         ]
-        assert master.autoscaler.plans[-1]["state"] == "applied"
-        assert "in place: ['ps-0']" in master.autoscaler.plans[-1]["note"]
+        assert master.autoscaler.plans[-1].state == "applied"
+        assert "in place: ['ps-0']" in master.autoscaler.plans[-1].note
         assert hook.layout.read_spec().plan.ps_cpu == 2 * spec.plan.ps_cpu
         assert master.restarts == 0
         master.request_stop("test over")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.master.autoscaler import Autoscaler, NodeSample, Profiler
@@ -40,9 +41,11 @@ def fresh() -> Autoscaler:
     return autoscaler
 
 
-def waiting(autoscaler: Autoscaler, rule: str) -> dict:
-    record = {"id": 1, "state": "proposed", "rule": rule, "plan": plan(3).model_dump(),
-              "previous": plan(2).model_dump()}  # fmt: skip
+def waiting(autoscaler: Autoscaler, rule: str) -> PlanRecord:
+    record = PlanRecord.model_validate(
+        {"id": 1, "state": "proposed", "rule": rule, "plan": plan(3).model_dump(),
+         "previous": plan(2).model_dump()}
+    )  # fmt: skip
     autoscaler.plans.append(record)
     return record
 
@@ -58,9 +61,9 @@ def test_a_predicted_oom_replaces_a_waiting_proposal() -> None:
     autoscaler = fresh()
     old = waiting(autoscaler, "idle_ps")
     new = autoscaler.propose(NOW, plan(2), profiler(ps_memory_growth_mb_s=2.0), STEPS, 1e6)
-    assert new is not None and new["rule"] == "predicted_oom" and new["id"] == 2
-    assert new["plan"]["ps_memory_mb"] > 1024
-    assert old["state"] == "superseded" and "predicted_oom" in old["note"]
+    assert new is not None and new.rule == "predicted_oom" and new.id == 2
+    assert new.plan.ps_memory_mb > 1024
+    assert old.state == "superseded" and "predicted_oom" in str(old.note)
     assert autoscaler.pending() is new
 
 
@@ -77,9 +80,9 @@ def test_proposals_carry_the_fitted_models_expected_gain() -> None:
         autoscaler._plan_since = NOW - 100
         autoscaler.record(NOW, plan(workers), workers * 512 / (ms / 1000), [ms])
     proposal = autoscaler.propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e7)
-    assert proposal is not None and proposal["plan"]["num_workers"] > 2
-    assert proposal["expected_gain"] > 0
+    assert proposal is not None and proposal.plan.num_workers > 2
+    assert proposal.expected_gain is not None and proposal.expected_gain > 0
     # Without a model (one plan seen) there is no expected gain to give.
     unfitted = fresh()
     first = unfitted.propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e7)
-    assert first is not None and "expected_gain" not in first
+    assert first is not None and "expected_gain" not in first.to_json()

@@ -20,13 +20,13 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.triggers.base import TriggerEvent
 
 from airflow_rover.core.cluster_budget import (
-    PendingProposal,
     RunningJob,
     arbitrate,
     proposal_gain,
     running_job,
     ttl_for,
 )
+from airflow_rover.core.plans import PlanRecord, plan_records
 from airflow_rover.core.spec import AutoscaleConfig, ClusterBudget, ResourcePlan
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.history.registry import RunningJobRegistry
@@ -70,7 +70,9 @@ def job(
         samples_per_second=sps,
         updated_at=updated_at,
         ttl_s=60.0,
-        proposal=PendingProposal(proposal_id, proposed, gain) if proposed else None,
+        proposal=(
+            PlanRecord(id=proposal_id, plan=proposed, expected_gain=gain) if proposed else None
+        ),
     )
 
 
@@ -202,16 +204,19 @@ def test_a_registry_row_from_a_masters_status() -> None:
         {"plan": st["plan"], "samples_per_second": 120.0},
         {"plan": plan(1).model_dump(), "samples_per_second": 60.0},
     ]
-    row = running_job(st, "default", NOW, ttl_for(5.0))
+    row = running_job(st, plan_records(st["plans"]), "default", NOW, ttl_for(5.0))
     assert row is not None and row.proposal is not None
     assert (row.samples_per_second, row.remaining_samples, row.ttl_s) == (120.0, 70_000, 60.0)
     assert proposal_gain(row) == pytest.approx(120.0)
     st["plans"][0]["expected_gain"] = 42.0
-    with_gain = running_job(st, "default", NOW)
+    with_gain = running_job(st, plan_records(st["plans"]), "default", NOW)
     assert with_gain is not None and proposal_gain(with_gain) == 42.0
-    recovering = running_job(status("a", 2, 4, state="recovering"), "default", NOW)
+    recovering_status = status("a", 2, 4, state="recovering")
+    recovering = running_job(
+        recovering_status, plan_records(recovering_status["plans"]), "default", NOW
+    )
     assert recovering is not None and recovering.proposal is None
-    assert running_job({"state": "absent"}, "default", NOW) is None
+    assert running_job({"state": "absent"}, [], "default", NOW) is None
     assert ttl_for(30.0) == 90.0
 
 
@@ -220,7 +225,7 @@ def test_the_master_keeps_one_proposal_pending_and_proposes_nothing_else() -> No
     autoscaler = Autoscaler(
         AutoscaleConfig(sampling_s=0, min_plan_interval_s=0), JobShape(512, 10.0, 1000.0, 16)
     )
-    autoscaler.plans.append({"id": 1, "state": "proposed", "plan": {}, "previous": {}})
+    autoscaler.plans.append(PlanRecord(id=1, plan=ResourcePlan(), previous=ResourcePlan()))
     assert autoscaler.propose(NOW, plan(2), None, {}, 1000) is None  # type: ignore[arg-type]
     assert len(autoscaler.plans) == 1
 
@@ -327,12 +332,12 @@ class FakeMaster:
             return {**self.status, "state": "succeeded"}
         return json.loads(json.dumps(self.status))
 
-    async def async_apply_plan(self, plan_id: int) -> dict[str, Any]:
+    async def async_apply_plan(self, plan_id: int) -> PlanRecord:
         assert plan_id == self.proposal["id"] and self.proposal["state"] == "proposed"
         self.applied.append(plan_id)
         self.proposal.update(state="applied")
         self.status["plan"] = self.proposal["plan"]
-        return dict(self.proposal)
+        return PlanRecord.model_validate(self.proposal)
 
 
 class FakeTrigger(ElasticJobTrigger):

@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
@@ -1022,15 +1023,17 @@ def _propose(job: Job, **changes: object) -> int:
     current = job.master.spec.plan
     plans = job.master.autoscaler.plans
     plans.append(
-        {
-            "id": len(plans) + 1,
-            "at": 0.0,
-            "plan": current.model_copy(update=changes).model_dump(),
-            "previous": current.model_dump(),
-            "rule": "idle_ps",
-            "reason": "test",
-            "state": "proposed",
-        }
+        PlanRecord.model_validate(
+            {
+                "id": len(plans) + 1,
+                "at": 0.0,
+                "plan": current.model_copy(update=changes).model_dump(),
+                "previous": current.model_dump(),
+                "rule": "idle_ps",
+                "reason": "test",
+                "state": "proposed",
+            }
+        )
     )
     return len(plans)
 
