@@ -31,7 +31,7 @@ from pydantic import ValidationError
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
-from airflow_rover.launchers.local import LocalJobLauncher, local_job_status
+from airflow_rover.launchers.local import LocalBackend, local_job_status
 from airflow_rover.preflight import PreflightError, preflight
 
 
@@ -55,10 +55,10 @@ def run_job(
 ) -> dict[str, Any]:
     """Preflight, launch and wait for a local job; returns its final status."""
     preflight(spec)
-    layout = JobDir(job_dir.resolve())
-    LocalJobLauncher().start_job(layout, spec)
+    directory = JobDir(job_dir.resolve())
+    LocalBackend().launch(directory, spec)
     while True:
-        status = local_job_status(layout)
+        status = local_job_status(directory)
         if status["state"] in TERMINAL_STATES:
             return status
         if not quiet:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.spec import REFERENCE_MODELS, FeatureConfig, JobSpec
+from airflow_rover.data.features import resolve_features
 from airflow_rover.data.reader import SampleReader, open_dataset
 
 

@@ -111,7 +111,7 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
     from airflow_rover.cli import run_job
     from airflow_rover.core.job_dir import JobDir
     from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
-    from airflow_rover.launchers.local import LocalJobLauncher
+    from airflow_rover.launchers.local import LocalBackend
 
     job_id = f"bench-{args.config}-{args.run_id}"
     job_dir = Path(args.work_dir) / "jobs" / job_id
@@ -132,7 +132,7 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
     try:
         status = run_job(spec, job_dir, quiet=True)
     finally:
-        LocalJobLauncher().stop_job_master(JobDir(job_dir.resolve()))
+        LocalBackend().stop_master(JobDir(job_dir.resolve()))
     wall = time.perf_counter() - started
     if status.get("state") != "succeeded" or not status.get("result"):
         raise RuntimeError(f"rover job {job_id}: {status.get('state')}: {status.get('message')}")
@@ -187,10 +187,10 @@ def run_child(args: ChildArgs, log_file: Path, timeout_s: float) -> dict[str, An
             proc.wait()
             if args.config.startswith("rover-"):  # its master runs in a session of its own
                 from airflow_rover.core.job_dir import JobDir
-                from airflow_rover.launchers.local import LocalJobLauncher
+                from airflow_rover.launchers.local import LocalBackend
 
                 job_dir = Path(args.work_dir) / "jobs" / f"bench-{args.config}-{args.run_id}"
-                LocalJobLauncher().stop_job_master(JobDir(job_dir.resolve()))
+                LocalBackend().stop_master(JobDir(job_dir.resolve()))
             raise RuntimeError(f"{args.config}: timed out after {timeout_s:.0f}s") from None
     if code != 0 or not result_file.exists():
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])

@@ -58,6 +58,11 @@ class JobDir:
         return self.root / "state.json"
 
     @property
+    def keeper_file(self) -> Path:
+        """The master deaths the master's keeper relaunched after."""
+        return self.root / "keeper.json"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

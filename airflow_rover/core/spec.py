@@ -203,6 +203,17 @@ class JobSpec(_Strict):
     def _model_ref(cls, value: str) -> str:
         return check_model_ref(value)
 
+    @property
+    def resolved_features(self) -> FeatureConfig:
+        """The job's features as its processes use them: written into ``job.json`` when the
+        job is submitted (``data.features.with_resolved_features``)."""
+        if self.features is None:
+            raise ValueError(
+                f"job {self.job_id}: the spec has no features; a job is submitted with its "
+                "features resolved from the dataset (launchers.base.write_job)"
+            )
+        return self.features
+
 
 def check_model_ref(value: str) -> str:
     """A reference model name or ``package.module:factory``; anything else is rejected."""

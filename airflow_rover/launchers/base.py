@@ -1,34 +1,104 @@
-"""What the master needs from a launcher to run its nodes, wherever they run."""
+"""A backend runs jobs somewhere: it launches a job's master (the hook's side) and gives that
+master the launcher of its nodes (the master process's side).
+
+``launchers.backends`` picks the backend of a job directory; the hook, the CLI and the master's
+process entry (``launchers.master_process``) all go through it.
+"""
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
-Role = Literal["ps", "worker", "evaluator"]
+from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.data.features import with_resolved_features
+from airflow_rover.master.node_launcher import NodeLauncher, Role
+from airflow_rover.master.serve import MasterEndpoint
+
+ROLE_MODULES: dict[Role, str] = {
+    "ps": "airflow_rover.ps",
+    "worker": "airflow_rover.worker",
+    "evaluator": "airflow_rover.worker",
+}
+"""The module a node of each role runs (``python -m MODULE --role ROLE``)."""
+KEEPER_MODULE = "airflow_rover.launchers.keeper"
+"""What a job's master runs as: its keeper, which runs and relaunches the master process."""
 
 
-class NodeLauncher(Protocol):
-    """Starts, watches and stops the PS, worker and evaluator nodes of one job."""
-
-    def start(self, node_id: str, role: Role) -> None:
-        """Start a node; it finds the master through its environment."""
-
-    def exit_codes(self) -> dict[str, int | None]:
-        """Each started node's exit code, None while it runs."""
-
-    def stop(self, node_id: str) -> None:
-        """Stop one node (no-op when already gone)."""
-
-    def stop_all(self) -> None:
-        """Stop every node of the job and wait for them to go."""
+class JobLaunchError(RuntimeError):
+    """The master did not come up; the message says where its log is."""
 
 
-@runtime_checkable
-class StandbyLauncher(Protocol):
-    """A launcher that can keep a spare PS process ready (``recovery.standby_ps``)."""
+def write_job(job_dir: JobDir, spec: JobSpec) -> JobSpec:
+    """Make ``job_dir`` the home of ``spec``'s job: the spec with its features resolved from
+    the dataset (every process reads them from here, so they agree), the job's token, and no
+    master or state file of an earlier try. Returns the spec as written."""
+    job_dir.root.mkdir(parents=True, exist_ok=True)
+    for stale in (job_dir.master_file, job_dir.state_file):
+        stale.unlink(missing_ok=True)
+    written = with_resolved_features(spec)
+    job_dir.write_spec(written)
+    job_dir.ensure_token()
+    return written
 
-    def start_standby(self) -> None:
-        """Start a spare PS process unless one is alive."""
 
-    def take_standby(self, node_id: str) -> bool:
-        """Make the spare the node ``node_id`` (False, and nothing done, if none is alive)."""
+class JobBackend(ABC):
+    """Where a job's master and nodes run. One instance serves one job directory's backend
+    settings; its methods take the job directory."""
+
+    name: ClassVar[str]
+
+    @classmethod
+    @abstractmethod
+    def with_settings(cls, settings: Any) -> JobBackend:
+        """The backend with the settings the operator gives (``kubernetes=``; None: none)."""
+
+    @classmethod
+    def of_job(cls, job_dir: JobDir) -> JobBackend | None:
+        """The backend of ``job_dir`` if its job runs here (the settings it was launched
+        with), else None (the default backend runs whatever no other claims)."""
+        return None
+
+    # -- the Airflow task's and the CLI's side ------------------------------------------------
+    @abstractmethod
+    def launch(self, job_dir: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> str:
+        """Start a fresh master for ``spec`` in ``job_dir`` (removing a stale one of an
+        earlier try first); ``env``: secrets for the master's environment, where the backend
+        can pass them. Returns what runs the master (for the log)."""
+
+    @abstractmethod
+    def stop_master(self, job_dir: JobDir) -> None:
+        """Make sure the job's master is gone, and with it its nodes."""
+
+    @abstractmethod
+    def job_alive(self, job_dir: JobDir) -> bool:
+        """Whether the job's master runs, or is about to (its keeper relaunches it, its pod is
+        pending)."""
+
+    async def async_job_alive(self, job_dir: JobDir) -> bool:
+        return await asyncio.to_thread(self.job_alive, job_dir)
+
+    async def async_stop_master(self, job_dir: JobDir) -> None:
+        await asyncio.to_thread(self.stop_master, job_dir)
+
+    async def async_ensure(self, job_dir: JobDir) -> None:  # noqa: B027 (optional hook)
+        """Recreate what the running job's master needs from the cluster (nothing by default)."""
+
+    async def async_cleanup(self, job_dir: JobDir) -> None:  # noqa: B027 (optional hook)
+        """The job ended: remove what the backend created for it (nothing by default)."""
+
+    # -- the master process's side ------------------------------------------------------------
+    @abstractmethod
+    def master_endpoint(self, job_dir: JobDir, host: str) -> MasterEndpoint:
+        """Where the master of ``job_dir`` listens and its token (``host``: the default)."""
+
+    @abstractmethod
+    def node_launcher(
+        self, job_dir: JobDir, master_address: str, restarts: int, exited: threading.Event
+    ) -> NodeLauncher:
+        """The launcher of the job's nodes for its master at ``master_address``; ``restarts``:
+        masters that died before this one; ``exited``: a ``threading.Event`` set whenever a
+        node process ends (where the backend can tell)."""

@@ -35,16 +35,18 @@ from airflow_rover.core.job_dir import (
 )
 from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.launchers.base import Role
+from airflow_rover.launchers.base import (
+    KEEPER_MODULE,
+    ROLE_MODULES,
+    JobBackend,
+    JobLaunchError,
+    write_job,
+)
+from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
+from airflow_rover.master.serve import MasterEndpoint
 from airflow_rover.rpc.master_api import API_PREFIX
 
 log = logging.getLogger(__name__)
-
-_ROLE_MODULE: dict[Role, str] = {
-    "ps": "airflow_rover.ps",
-    "worker": "airflow_rover.worker",
-    "evaluator": "airflow_rover.worker",
-}
 _PR_SET_PDEATHSIG = 1
 _MASTER_ONLY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -79,12 +81,14 @@ def notify_exit(proc: subprocess.Popen, exited: threading.Event) -> None:
     exited.set()
 
 
-class LocalNodeLauncher:
+class LocalNodeLauncher(NodeLauncher):
     """Runs a job's nodes as child processes of the master."""
+
+    capabilities = frozenset({Capability.PROFILE, Capability.STANDBY})
 
     def __init__(
         self,
-        layout: JobDir,
+        job_dir: JobDir,
         master_addr: str,
         threads_per_node: int = 1,
         exited: threading.Event | None = None,
@@ -92,7 +96,7 @@ class LocalNodeLauncher:
         """``exited``: set whenever a node process ends (the master wakes on it)."""
         self.exited = exited
         self.capacity_cpu = float(os.cpu_count() or 1)  # plans beyond it are not proposed
-        self.layout = layout
+        self.job_dir = job_dir
         self.master_addr = master_addr
         self.threads_per_node = threads_per_node
         self._procs: dict[str, subprocess.Popen] = {}
@@ -109,10 +113,10 @@ class LocalNodeLauncher:
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MASTER_ONLY_ENV)}
         env.update(
             {
-                ENV_JOB_DIR: str(self.layout.root),
+                ENV_JOB_DIR: str(self.job_dir.root),
                 ENV_NODE_ID: node_id,
                 ENV_MASTER_ADDR: self.master_addr,
-                ENV_TOKEN_FILE: str(self.layout.token_file),
+                ENV_TOKEN_FILE: str(self.job_dir.token_file),
                 "TF_CPP_MIN_LOG_LEVEL": "2",
                 "OMP_NUM_THREADS": str(self.threads_per_node),
                 "PYTHONUNBUFFERED": "1",
@@ -128,11 +132,11 @@ class LocalNodeLauncher:
         self._watch(self._procs[node_id])
 
     def _spawn(self, node_id: str, role: Role) -> subprocess.Popen:
-        return self._fork([sys.executable, "-m", _ROLE_MODULE[role], "--role", role], node_id)
+        return self._fork([sys.executable, "-m", ROLE_MODULES[role], "--role", role], node_id)
 
     def _fork(self, cmd: list[str], node_id: str) -> subprocess.Popen:
         """Start a node's process on the launcher's own thread, whichever thread asks."""
-        log_file, env = self.layout.log_file(node_id), self._env(node_id)
+        log_file, env = self.job_dir.log_file(node_id), self._env(node_id)
         return self._forker.submit(_popen, cmd, log_file, env, preexec_fn=_die_with_parent).result()
 
     def _watch(self, proc: subprocess.Popen) -> None:
@@ -168,7 +172,7 @@ class LocalNodeLauncher:
             return False
         standby_id, proc = self._standby
         self._standby = None
-        assignment = self.layout.standby_assignment(standby_id)
+        assignment = self.job_dir.standby_assignment(standby_id)
         assignment.parent.mkdir(parents=True, exist_ok=True)
         staged = assignment.with_suffix(".tmp")
         staged.write_text(node_id)
@@ -214,76 +218,86 @@ class LocalNodeLauncher:
 MASTER_START_TIMEOUT_S = 60.0
 
 
-class JobLaunchError(RuntimeError):
-    """The master did not come up; the message says where its log is."""
+class LocalBackend(JobBackend):
+    """The embedded default: the master and its nodes are processes on this machine."""
 
+    name = "local"
 
-class LocalJobLauncher:
-    """Starts and stops a job's master as a detached process (the operator's and CLI's side)."""
+    @classmethod
+    def with_settings(cls, settings: Any) -> LocalBackend:
+        if settings is not None:
+            raise ValueError(f"the local launcher takes no settings, got {settings!r}")
+        return cls()
 
-    def start_job(self, layout: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> int:
+    def launch(self, job_dir: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> str:
         """Write the job's files and start a fresh master (stopping a stale one first), with
-        ``env`` added to its environment (secrets never go to the job's files); returns the
-        master's pid once it listens."""
-        self.stop_job_master(layout)
-        layout.root.mkdir(parents=True, exist_ok=True)
-        for stale in (layout.master_file, layout.state_file):
-            stale.unlink(missing_ok=True)
-        layout.write_spec(spec)
-        layout.ensure_token()
-        pid = self.launch_master(layout, env)
+        ``env`` added to its environment (secrets never go to the job's files); returns once
+        the master listens."""
+        self.stop_master(job_dir)
+        write_job(job_dir, spec)
+        pid = self.launch_master(job_dir, env)
         deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-        while layout.master_info().get("keeper_pid") != pid:
-            if not self.master_alive(pid) or time.monotonic() > deadline:
+        while job_dir.master_info().get("keeper_pid") != pid:
+            if not master_alive(pid) or time.monotonic() > deadline:
                 raise JobLaunchError(
-                    f"job master (pid {pid}) did not start; see {layout.log_file('master')}"
+                    f"job master (pid {pid}) did not start; see {job_dir.log_file('master')}"
                 )
             time.sleep(0.1)
-        return pid
+        return f"master pid {pid}"
 
-    def stop_job_master(self, layout: JobDir) -> None:
-        info = layout.master_info()
+    def stop_master(self, job_dir: JobDir) -> None:
+        info = job_dir.master_info()
         pid = info.get("keeper_pid") or info.get("pid")
         if pid is not None:
-            self.stop_master(pid)
+            stop_master_process(pid)
 
-    def launch_master(self, layout: JobDir, extra_env: dict[str, str] | None = None) -> int:
+    @staticmethod
+    def launch_master(job_dir: JobDir, extra_env: dict[str, str] | None = None) -> int:
         """Start the master's keeper (which runs the master and relaunches it if it dies) in a
         session of its own; returns the keeper's pid."""
         env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
-        cmd = [sys.executable, "-m", "airflow_rover.master.keeper", "--job-dir", str(layout.root)]
-        proc = _popen(cmd, layout.log_file("master"), env, start_new_session=True)
+        cmd = [sys.executable, "-m", KEEPER_MODULE, "--job-dir", str(job_dir.root)]
+        proc = _popen(cmd, job_dir.log_file("master"), env, start_new_session=True)
         return proc.pid
 
-    @classmethod
-    def job_alive(cls, layout: JobDir) -> bool:
+    def job_alive(self, job_dir: JobDir) -> bool:
         """Whether the job's master, or its keeper about to relaunch it, is running."""
-        info = layout.master_info()
+        info = job_dir.master_info()
         return any(
-            pid is not None and cls.master_alive(pid)
+            pid is not None and master_alive(pid)
             for pid in (info.get("keeper_pid"), info.get("pid"))
         )
 
-    @staticmethod
-    def master_alive(pid: int) -> bool:
-        try:
-            proc = psutil.Process(pid)
-            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-        except psutil.NoSuchProcess:
-            return False
+    def master_endpoint(self, job_dir: JobDir, host: str) -> MasterEndpoint:
+        return MasterEndpoint(host=host, token=job_dir.read_token())
 
-    def stop_master(self, pid: int, grace_s: float = 10.0) -> None:
-        """SIGTERM the keeper or master (the master stops its nodes first), SIGKILL the whole
-        process group after ``grace_s``."""
-        if not self.master_alive(pid):
-            return
-        os.kill(pid, signal.SIGTERM)
-        try:
-            psutil.Process(pid).wait(grace_s)
-        except psutil.TimeoutExpired:
-            os.killpg(pid, signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
+    def node_launcher(
+        self, job_dir: JobDir, master_address: str, restarts: int, exited: threading.Event
+    ) -> NodeLauncher:
+        threads = max(1, int(job_dir.read_spec().plan.worker_cpu))
+        return LocalNodeLauncher(job_dir, master_address, threads, exited)
+
+
+def master_alive(pid: int) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_master_process(pid: int, grace_s: float = 10.0) -> None:
+    """SIGTERM the keeper or master (the master stops its nodes first), SIGKILL the whole
+    process group after ``grace_s``."""
+    if not master_alive(pid):
+        return
+    os.kill(pid, signal.SIGTERM)
+    try:
+        psutil.Process(pid).wait(grace_s)
+    except psutil.TimeoutExpired:
+        os.killpg(pid, signal.SIGKILL)
+    except psutil.NoSuchProcess:
+        pass
 
 
 def job_processes(job_dir: Path) -> list[psutil.Process]:
@@ -298,9 +312,9 @@ def job_processes(job_dir: Path) -> list[psutil.Process]:
     return found
 
 
-def node_processes(layout: JobDir) -> dict[str, psutil.Process]:
+def node_processes(job_dir: JobDir) -> dict[str, psutil.Process]:
     """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
-    pid = layout.master_info().get("pid")
+    pid = job_dir.master_info().get("pid")
     if pid is None:
         return {}
     out = {}
@@ -315,19 +329,19 @@ def node_processes(layout: JobDir) -> dict[str, psutil.Process]:
     return out
 
 
-def local_job_status(layout: JobDir, timeout_s: float = 10.0) -> dict[str, Any]:
+def local_job_status(job_dir: JobDir, timeout_s: float = 10.0) -> dict[str, Any]:
     """A local job's status: its master's answer, else what its files and process say."""
-    info = layout.master_info()
+    info = job_dir.master_info()
     api_status = None
     if info.get("address"):
         try:
             reply = httpx.get(
                 f"{info['address']}{API_PREFIX}/status",
-                headers={"Authorization": f"Bearer {layout.read_token()}"},
+                headers={"Authorization": f"Bearer {job_dir.read_token()}"},
                 timeout=timeout_s,
             )
             reply.raise_for_status()
             api_status = reply.json()
         except httpx.HTTPError:
             api_status = None
-    return resolve_status(layout, api_status, LocalJobLauncher.job_alive(layout))
+    return resolve_status(job_dir, api_status, LocalBackend().job_alive(job_dir))

@@ -24,7 +24,6 @@ import grpc
 
 from airflow_rover.core.checkpoint_policy import CheckpointCosts, judge_choice, plan_checkpoints
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.job_dir import JobDir, atomic_write_json, checkpoint_number
 from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.plans import PlanRecord
@@ -33,9 +32,9 @@ from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.launchers.base import NodeLauncher, Role, StandbyLauncher
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
+from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.storage import CheckpointMirror, open_store, restore_latest_checkpoint
@@ -110,7 +109,7 @@ class JobMaster:
         self.spec = spec
         self.launcher = launcher
         self._token = token
-        self.features = resolve_features(spec)
+        self.features = spec.resolved_features
         num_samples = open_dataset(spec.train_data).num_samples
         t, r = spec.training, spec.recovery
         self.queue = ShardQueue(
@@ -176,17 +175,18 @@ class JobMaster:
         self.recoveries: list[dict[str, Any]] = []
         self.standby_takeovers = 0  # lost PS replaced by the spare process (recovery.standby_ps)
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
-        self.profiler = Profiler(getattr(launcher, "pid", lambda _node: None))
+        profiles = launcher.can(Capability.PROFILE)
+        self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
         self.autoscaler = Autoscaler(
             spec.autoscale,
             JobShape.of(spec),
-            getattr(launcher, "capacity_cpu", None),
+            launcher.capacity_cpu,
         )
         self._last_autoscale = 0.0
         self._tick_samples: tuple[dict[str, int], float | None] = ({}, None)
         self.master_restarts = master_restarts
         if master_restarts:  # a keeper relaunched this master: time its recovery
-            deaths = (layout.read_json(layout.root / "keeper.json") or {}).get("master_deaths")
+            deaths = (layout.read_json(layout.keeper_file) or {}).get("master_deaths")
             died_at = deaths[-1]["died_at"] if deaths else time.time()
             self.recoveries.append(
                 {
@@ -685,10 +685,10 @@ class JobMaster:
         log.warning("%s; %s (restart %d of the job)", cause, how, self.restarts)
 
     @property
-    def _standby(self) -> StandbyLauncher | None:
+    def _standby(self) -> NodeLauncher | None:
         """The launcher, if the job keeps a spare PS (``recovery.standby_ps``) and it can."""
         launcher = self.launcher
-        if self.spec.recovery.standby_ps and isinstance(launcher, StandbyLauncher):
+        if self.spec.recovery.standby_ps and launcher.can(Capability.STANDBY):
             return launcher
         return None
 
@@ -1063,8 +1063,7 @@ class JobMaster:
         role is resized in place where the launcher and cluster can, else replaced (its exit
         is then a relaunch at the new size, not a failure). Returns the plan's note."""
         current = self.spec.plan
-        resize = getattr(self.launcher, "resize", None)
-        if resize is None:
+        if not self.launcher.can(Capability.RESIZE):
             return (
                 "declined: node sizes are fixed on this launcher (local nodes share one "
                 "machine); worker and PS counts change"
@@ -1076,7 +1075,7 @@ class JobMaster:
         done: dict[str, list[str]] = {"in-place": [], "replace": []}
         for node in list(self.nodes.values()):
             if node.role in changed and node.exit_code is None and not node.stopping:
-                how = resize(node.node_id, node.role, *sizes[node.role])
+                how = self.launcher.resize(node.node_id, node.role, *sizes[node.role])
                 node.replacing = how == "replace"
                 done[how].append(node.node_id)
         self.spec = self.spec.model_copy(update={"plan": plan})

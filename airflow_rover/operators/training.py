@@ -24,7 +24,6 @@ from airflow_rover.core.checkpoint_policy import (
     CheckpointPolicyError,
     mtbf_from_history,
 )
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import (
     ClusterBudget,
@@ -37,9 +36,12 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
+from airflow_rover.data.features import resolve_features
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
+from airflow_rover.launchers.backends import BACKENDS, backend_named
+from airflow_rover.launchers.base import JobBackend
 from airflow_rover.launchers.kubernetes.config import (
     KubernetesConfig,
     KubernetesJob,
@@ -61,7 +63,6 @@ from airflow_rover.storage.base import parse_checkpoint_uri
 from airflow_rover.storage.s3 import aws_settings
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
-LAUNCHERS = ("local", "kubernetes")
 RESULT_KEYS = (
     "samples_trained",
     "samples_resumed",
@@ -216,8 +217,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise ValueError(f"{owner}: warm_start must be True or False, got {warm_start!r}")
         if not isinstance(train_data, str) or not train_data:
             raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
-        if launcher not in LAUNCHERS:
-            raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(LAUNCHERS)}")
+        if launcher not in BACKENDS:
+            raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(BACKENDS)}")
         if launcher == "kubernetes" and kubernetes is None:
             raise ValueError(
                 f"{owner}: launcher='kubernetes' needs kubernetes={{'image': ..., "
@@ -359,10 +360,8 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raise AirflowFailException(str(exc)) from None
         return KubernetesJob(config=config, kubernetes_conn_id=self.kubernetes_conn_id or None)
 
-    def hook_for(
-        self, job_dir: str | Path, kubernetes: KubernetesJob | None = None
-    ) -> ElasticJobHook:
-        return ElasticJobHook(job_dir, kubernetes=kubernetes)
+    def hook_for(self, job_dir: str | Path, backend: JobBackend | None = None) -> ElasticJobHook:
+        return ElasticJobHook(job_dir, backend=backend)
 
     # -- ResumableJobMixin -------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
@@ -394,7 +393,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         env = self._storage_env(spec, k8s is not None)
         self._launched_job_dir = str(job_dir)
         try:
-            self.hook_for(job_dir, k8s).launch(spec, env)
+            self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
         except KubernetesPermissionError as exc:  # RBAC is fixed by an admin, not a retry
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
@@ -543,7 +542,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         second ``execute_complete`` replaces the record. A history failure is only logged."""
         try:
             ti = context["ti"]
-            layout = self.hook_for(self.job_dir(context)).layout
+            layout = self.hook_for(self.job_dir(context)).job_dir
             spec = layout.read_spec()
             record = record_from_status(
                 job,

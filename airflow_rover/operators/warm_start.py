@@ -15,7 +15,6 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, default_features
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
@@ -26,6 +25,7 @@ from airflow_rover.core.warm_start import (
     WarmStart,
     check_settings,
 )
+from airflow_rover.data.features import resolve_features
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.operators._validation import (

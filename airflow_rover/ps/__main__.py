@@ -18,7 +18,6 @@ import numpy as np
 from airflow_rover.core.checkpoint_files import read_npz_parts
 from airflow_rover.core.ecrm import ParityPlacement
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
@@ -140,7 +139,7 @@ def wait_as_standby(ctx: NodeContext) -> str:
     np.unique(np.arange(2))
     spec = ctx.layout.read_spec()
     if spec.checkpoint.policy == "ecrm":
-        groups = EmbeddingPlacement.from_features(resolve_features(spec)).groups
+        groups = EmbeddingPlacement.from_features(spec.resolved_features).groups
         vocab = {g.name: g.vocab_size for g in groups}
         ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab).warm()
     assignment = ctx.layout.standby_assignment(ctx.node_id)
@@ -186,14 +185,14 @@ def main(argv: list[str] | None = None) -> None:
         return ParameterServer(
             index,
             max(spec.plan.num_ps, index + 1),
-            EmbeddingPlacement.from_features(resolve_features(spec)),
+            EmbeddingPlacement.from_features(spec.resolved_features),
             Optimizer(spec.training.optimizer, spec.training.learning_rate),
             spec.training.seed,
         )
 
     rebuild = spec.checkpoint.policy == "ecrm" and ctx.layout.ecrm_rebuild_marker(index).exists()
     if rebuild:  # the rebuild needs where every row's parity is: worked out while starting
-        groups = EmbeddingPlacement.from_features(resolve_features(spec)).groups
+        groups = EmbeddingPlacement.from_features(spec.resolved_features).groups
         vocab = {g.name: g.vocab_size for g in groups}
         placement = ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab)
         threading.Thread(target=placement.warm, name="ecrm-placement", daemon=True).start()

@@ -11,7 +11,6 @@ import threading
 import grpc
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.features import resolve_features
 from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.ps.lost import EcrmReads
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
     spec = ctx.layout.read_spec()
-    features = resolve_features(spec)
+    features = spec.resolved_features
     master = MasterClient(ctx.master_addr, ctx.token)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)

@@ -18,7 +18,7 @@ from chaos_driver import ChaosDriver, job_processes, wait_for_end
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import LocalJobLauncher
+from airflow_rover.launchers.local import LocalBackend
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -70,8 +70,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="module")
 def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     layout = JobDir(tmp_path_factory.mktemp("chaos-baseline") / "job")
-    launcher = LocalJobLauncher()
-    launcher.start_job(layout, job_spec(data, "chaos-baseline"))
+    launcher = LocalBackend()
+    launcher.launch(layout, job_spec(data, "chaos-baseline"))
     try:
         status = wait_for_end(layout)
     finally:
@@ -131,8 +131,8 @@ def test_job_survives_random_kills_with_every_batch_trained_once(
     driver = dict(options)
     kills = driver.pop("kills", KILLS)
     layout = JobDir(tmp_path / "job")
-    launcher = LocalJobLauncher()
-    launcher.start_job(layout, job_spec(data, f"chaos-{seed}", **overrides))
+    launcher = LocalBackend()
+    launcher.launch(layout, job_spec(data, f"chaos-{seed}", **overrides))
     try:
         report = ChaosDriver(layout, seed=seed, kills=kills, **driver).run(timeout_s=400)
         status = report.status

@@ -13,7 +13,7 @@ from chaos_driver import wait_for_end
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import LocalJobLauncher
+from airflow_rover.launchers.local import LocalBackend
 
 pytestmark = [pytest.mark.chaos, pytest.mark.slow]
 
@@ -40,8 +40,8 @@ def test_a_poison_shard_is_quarantined_and_reported(tmp_path: Path) -> None:
         }
     )
     layout = JobDir(tmp_path / "job")
-    launcher = LocalJobLauncher()
-    launcher.start_job(layout, spec)
+    launcher = LocalBackend()
+    launcher.launch(layout, spec)
     try:
         status = wait_for_end(layout, 240.0)
     finally:

@@ -26,10 +26,17 @@ from kubernetes import client
 
 from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.plans import PlanRecord
-from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import (
+    FeatureConfig,
+    JobSpec,
+    ResourcePlan,
+    TableConfig,
+    TrainingConfig,
+)
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.launchers.kubernetes import manifests as m
+from airflow_rover.launchers.kubernetes.backend import KubernetesBackend
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
 from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
 from airflow_rover.master.app import create_app
@@ -50,7 +57,10 @@ JOB = KubernetesJob(
 )
 SPEC = JobSpec(
     job_id="daily.train-0123456789",
-    train_data="/rover/data/train",
+    train_data="/rover/data/train",  # on the pods' volume: features given, not read from it
+    features=FeatureConfig(
+        num_dense=13, tables=(TableConfig(name="C1", column="C1", vocab_size=1000, dim=16),)
+    ),
     plan=ResourcePlan(num_ps=2, num_workers=2, ps_cpu=2, ps_memory_mb=4096, worker_cpu=1),
 )
 NAMES = m.JobNames(SPEC.job_id, NS)
@@ -77,7 +87,7 @@ def cluster(
 
 def launched(tmp_path: Path, v1: client.CoreV1Api) -> tuple[ElasticJobHook, str]:
     """A job launched from Airflow whose master pod runs; returns its hook and the pod's uid."""
-    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
     hook.launch(SPEC)
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid
@@ -110,7 +120,7 @@ def node_launcher(
     v1: client.CoreV1Api, hook: ElasticJobHook, uid: str, incarnation: int = 0
 ) -> KubernetesNodeLauncher:
     return KubernetesNodeLauncher(
-        v1, JOB.config, NAMES, hook.layout, uid, incarnation, poll_s=0.0, wait_s=5.0
+        v1, JOB.config, NAMES, hook.job_dir, uid, incarnation, poll_s=0.0, wait_s=5.0
     )
 
 
@@ -132,7 +142,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
 ) -> None:
     api, v1 = cluster
     # Launch (the operator, through the provider's KubernetesHook).
-    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
     hook.launch(SPEC)
     assert api.calls() == [
         f"create pods/{NAMES.master_pod}",
@@ -142,7 +152,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
     ]
     for request in list(api):
         kubernetes_validate.validate(request.data, "1.33", strict=True)
-    assert KubernetesJob.read(hook.layout) == JOB and hook.layout.read_spec() == SPEC
+    assert KubernetesJob.read(hook.job_dir) == JOB and hook.job_dir.read_spec() == SPEC
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
 
@@ -195,7 +205,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
             f"fetch pods/{POD('ps-1')}",
         ]
         assert nodes.exit_codes()["ps-1"] == -15
-        assert "deleted to resize it" in hook.layout.log_file("ps-1").read_text()
+        assert "deleted to resize it" in hook.job_dir.log_file("ps-1").read_text()
         mark = api.count()
         nodes.start("ps-1", "ps")
         assert api.calls(mark) == [f"create pods/{POD('ps-1')}"]
@@ -210,9 +220,9 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         *(f"delete pods/{POD(n)}" for n in remaining),
         *(f"fetch pods/{POD(n)}" for n in remaining),
     ]
-    atomic_write_json(hook.layout.state_file, {"job_id": SPEC.job_id, "state": "succeeded"})
+    atomic_write_json(hook.job_dir.state_file, {"job_id": SPEC.job_id, "state": "succeeded"})
     mark = api.count()
-    event = asyncio.run(first_event(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=True)))
+    event = asyncio.run(first_event(ElasticJobTrigger(str(hook.job_dir.root), stop_on_kill=True)))
     assert event is not None and event["status"] == "success"
     assert api.calls(mark) == [
         *ensure_reads(),
@@ -223,7 +233,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
     ]
-    assert f"last lines of {NAMES.master_pod}" in hook.layout.log_file("master").read_text()
+    assert f"last lines of {NAMES.master_pod}" in hook.job_dir.log_file("master").read_text()
     assert v1.list_namespaced_pod(NS).items == []
 
 
@@ -257,7 +267,7 @@ def test_a_recreated_trigger_creates_nothing_twice(
     it only reads; a Service deleted behind its back is the one thing it recreates."""
     api, v1 = cluster
     hook, _ = launched(tmp_path, v1)
-    trigger = ElasticJobTrigger(str(hook.layout.root), poll_interval=30, stop_on_kill=True)
+    trigger = ElasticJobTrigger(str(hook.job_dir.root), poll_interval=30, stop_on_kill=True)
     for _ in range(3):
         mark = api.count()
         path, kwargs = trigger.serialize()
@@ -295,7 +305,7 @@ def test_killing_the_task_removes_the_job(
     assert v1.list_namespaced_pod(NS).items == [] and v1.list_namespaced_secret(NS).items == []
     hook, _ = launched(tmp_path / "again", v1)
     mark = api.count()
-    asyncio.run(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=True).on_kill())
+    asyncio.run(ElasticJobTrigger(str(hook.job_dir.root), stop_on_kill=True).on_kill())
     assert api.calls(mark) == cleanup  # the master never announced itself: nothing to ask
 
 
@@ -343,7 +353,7 @@ def test_nodes_die_restart_and_survive_a_master_relaunch(
         v1, POD("worker-0"), {"phase": "Failed", "containerStatuses": [container_status(oom)]}
     )
     assert nodes.exit_codes() == {"ps-0": None, "worker-0": 137}
-    saved = hook.layout.log_file("worker-0").read_text()
+    saved = hook.job_dir.log_file("worker-0").read_text()
     assert f"last lines of {POD('worker-0')}" in saved and "reason OOMKilled" in saved
 
     mark = api.count()
@@ -377,7 +387,7 @@ def test_nodes_die_restart_and_survive_a_master_relaunch(
             e["name"]: e.get("value")
             for e in stored(v1, POD("ps-0"))["spec"]["containers"][0]["env"]
         }["ROVER_JOB_DIR"]
-    ) == PurePosixPath(hook.layout.root)
+    ) == PurePosixPath(hook.job_dir.root)
 
 
 # -- plans go trigger -> master -> pods ------------------------------------------------------
@@ -436,12 +446,12 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
             "training": TrainingConfig(shard_size=250, batch_size=64),
         }
     )
-    hook = ElasticJobHook(tmp_path / "job", kubernetes=JOB)
+    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
     hook.launch(spec)
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
-    token = hook.layout.read_token()
-    master = JobMaster(hook.layout, spec, node_launcher(v1, hook, uid), token)
+    token = hook.job_dir.read_token()
+    master = JobMaster(hook.job_dir, spec, node_launcher(v1, hook, uid), token)
     mark = api.count()
     master.step()  # starts the PS
     master.node_ready("ps-0", NodeReady(address=f"{NAMES.ps_host('ps-0')}:50051"))
@@ -451,9 +461,9 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         f"create pods/{POD(n)}" for n in ("ps-0", "worker-0", "worker-1")
     ]
     running(v1, POD("ps-0"), POD("worker-0"), POD("worker-1"))
-    trigger = ElasticJobTrigger(str(hook.layout.root), poll_interval=30, stop_on_kill=True)
+    trigger = ElasticJobTrigger(str(hook.job_dir.root), poll_interval=30, stop_on_kill=True)
     with master_api(master, token) as address:
-        atomic_write_json(hook.layout.master_file, {"address": address, "pod": NAMES.master_pod})
+        atomic_write_json(hook.job_dir.master_file, {"address": address, "pod": NAMES.master_pod})
         for workers, expected in [
             (3, [f"create pods/{POD('worker-2')}"]),
             (1, [f"delete pods/{POD(n)}" for n in ("worker-1", "worker-2")]),
@@ -463,7 +473,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
             assert asyncio.run(first_event(trigger, 0.5)) is None  # applied, still running
             assert [c for c in api.calls(mark) if not c.startswith("fetch")] == expected
             assert master.autoscaler.plans[-1].state == "applied"
-            assert hook.layout.read_spec().plan.num_workers == workers
+            assert hook.job_dir.read_spec().plan.num_workers == workers
             running(v1, *(POD(f"worker-{i}") for i in range(workers)))
         # A hot PS: the plan doubles the PS cores; the master resizes the PS pod in place.
         propose(master, ps_cpu=2 * spec.plan.ps_cpu)
@@ -474,7 +484,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         ]
         assert master.autoscaler.plans[-1].state == "applied"
         assert "in place: ['ps-0']" in master.autoscaler.plans[-1].note
-        assert hook.layout.read_spec().plan.ps_cpu == 2 * spec.plan.ps_cpu
+        assert hook.job_dir.read_spec().plan.ps_cpu == 2 * spec.plan.ps_cpu
         assert master.restarts == 0
         master.request_stop("test over")
         master.shutdown_nodes()

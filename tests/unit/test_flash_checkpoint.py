@@ -40,6 +40,8 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.launchers.base import write_job
+from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps import flash as flash_module
 from airflow_rover.ps.__main__ import restore
@@ -478,7 +480,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
     return generate_dataset(root, SyntheticConfig(num_train=NUM_TRAIN, num_eval=100, seed=2))
 
 
-class FakeLauncher:
+class FakeLauncher(NodeLauncher):
     def __init__(self) -> None:
         self.codes: dict[str, int | None] = {}
 
@@ -506,7 +508,7 @@ class Rig:
             recovery=RecoveryConfig(checkpoint_interval_s=interval_s),
         )
         self.layout = JobDir(root)
-        self.layout.write_spec(self.spec)
+        self.spec = write_job(self.layout, self.spec)
         self.master = JobMaster(self.layout, self.spec, FakeLauncher(), TOKEN)
         self.embedding = EmbeddingPlacement.from_features(self.master.features)
         self.ps: dict[int, ParameterServer] = {}

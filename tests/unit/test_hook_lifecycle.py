@@ -69,14 +69,14 @@ def launch(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Launch]:
         try:
             hook.stop("test cleanup")
         finally:
-            for proc in still_alive(job_processes(hook.layout.root), timeout=3):
+            for proc in still_alive(job_processes(hook.job_dir.root), timeout=3):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
 
 
 # -- helpers ---------------------------------------------------------------------------------
 def master_process(hook: ElasticJobHook) -> psutil.Process:
-    info = hook.layout.read_json(hook.layout.master_file)
+    info = hook.job_dir.read_json(hook.job_dir.master_file)
     assert info is not None, "no master.json"
     return psutil.Process(info["pid"])
 
@@ -107,7 +107,7 @@ def still_alive(procs: list[psutil.Process], timeout: float) -> list[psutil.Proc
 
 
 def master_log(hook: ElasticJobHook) -> str:
-    path = hook.layout.log_file("master")
+    path = hook.job_dir.log_file("master")
     return path.read_text()[-3000:] if path.exists() else "(no master log)"
 
 
@@ -141,7 +141,7 @@ def handles_sigterm(proc: psutil.Process) -> bool:
 
 
 def mirrored_state(hook: ElasticJobHook) -> dict[str, Any]:
-    state = hook.layout.read_json(hook.layout.state_file)
+    state = hook.job_dir.read_json(hook.job_dir.state_file)
     assert state is not None, "no state.json"
     return state
 
@@ -211,7 +211,7 @@ def test_trigger_on_kill_with_stop_on_kill_stops_the_job(launch: Launch) -> None
     """The training trigger's on_kill (stop_on_kill=True) stops a running job like hook.stop."""
     hook = launch("hook-kill", **LONG)
     master, ps, _worker = running_tree(hook)
-    asyncio.run(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=True).on_kill())
+    asyncio.run(ElasticJobTrigger(str(hook.job_dir.root), stop_on_kill=True).on_kill())
     assert still_alive([master, ps], timeout=5) == []
     state = mirrored_state(hook)
     assert state["state"] == "stopped"
@@ -222,7 +222,7 @@ def test_trigger_on_kill_without_stop_on_kill_leaves_the_job_running(launch: Lau
     """A sensor's trigger (stop_on_kill=False) leaves the job it watches running."""
     hook = launch("hook-keep", **LONG)
     tree = running_tree(hook)
-    asyncio.run(ElasticJobTrigger(str(hook.layout.root), stop_on_kill=False).on_kill())
+    asyncio.run(ElasticJobTrigger(str(hook.job_dir.root), stop_on_kill=False).on_kill())
     time.sleep(0.5)
     assert still_alive(tree, timeout=0) == tree
     assert hook.get_status()["state"] == "running"

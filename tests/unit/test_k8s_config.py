@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rover.launchers.kubernetes import job as k8s_job
 from airflow_rover.launchers.kubernetes import manifests as m
+from airflow_rover.launchers.kubernetes.backend import KubernetesBackend
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
 from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
 from airflow_rover.operators.training import ElasticTrainingOperator, default_jobs_root
@@ -337,10 +338,10 @@ def test_a_job_dir_says_where_it_runs(tmp_path: Path) -> None:
     from airflow_rover.core.job_dir import JobDir
     from airflow_rover.hooks.elastic_job import ElasticJobHook
 
-    assert ElasticJobHook(tmp_path).kubernetes is None
+    assert not isinstance(ElasticJobHook(tmp_path).backend, KubernetesBackend)
     JOB.write(JobDir(tmp_path))
     hook = ElasticJobHook(tmp_path)
-    assert hook.kubernetes is not None and hook.kubernetes.job == JOB
+    assert isinstance(hook.backend, KubernetesBackend) and hook.backend.job == JOB
     assert KubernetesJob.read(JobDir(tmp_path)) == JOB
 
 
@@ -352,8 +353,8 @@ def test_the_master_in_its_pod_builds_its_node_launcher(
     the node pods, the keeper's restart count as the incarnation; a wrong pod is refused."""
     from airflow_rover.core.job_dir import JobDir
     from airflow_rover.core.spec import JobSpec
+    from airflow_rover.launchers.kubernetes.backend import kubernetes_node_launcher
     from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
-    from airflow_rover.master.__main__ import kubernetes_node_launcher
 
     layout = JobDir(tmp_path)
     layout.write_spec(JobSpec(job_id=NAMES.job_id, train_data="/rover/data"))
@@ -382,7 +383,7 @@ def test_a_master_pod_that_cannot_start_is_a_dead_master(tmp_path: Path) -> None
     from airflow_rover.core.job_dir import JobDir
 
     layout = JobDir(tmp_path)
-    judge = k8s_job.KubernetesJobLauncher._judge
+    judge = KubernetesBackend._judge
     pending = {"metadata": {"name": NAMES.master_pod}, "status": {"phase": "Pending"}}
     assert judge(layout, pending) and not judge(layout, None)
     stuck = pod("Pending", {"waiting": {"reason": "ImagePullBackOff", "message": "no such tag"}})

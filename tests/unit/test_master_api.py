@@ -27,9 +27,11 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.launchers.base import write_job
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
+from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -47,7 +49,7 @@ BATCH_SIZE = 64
 BATCHES_PER_SHARD = -(-SHARD_SIZE // BATCH_SIZE)  # 4: 64 + 64 + 64 + 58 samples
 
 
-class FakeLauncher:
+class FakeLauncher(NodeLauncher):
     """Records what the master starts and stops; exit codes are whatever the test sets."""
 
     def __init__(self) -> None:
@@ -132,7 +134,7 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
             checkpoint=checkpoint or CheckpointPolicyConfig(),
         )
         layout = JobDir(tmp_path / "job")
-        layout.write_spec(spec)
+        spec = write_job(layout, spec)
         launcher = FakeLauncher()
         master = JobMaster(layout, spec, launcher, TOKEN)
         api = TestClient(create_app(master, TOKEN))

@@ -23,7 +23,9 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
+from airflow_rover.launchers.base import write_job
 from airflow_rover.master.checkpointer import CheckpointTimes
+from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -39,7 +41,7 @@ PER_SHARD = -(-SHARD_SIZE // BATCH_SIZE)  # 4 batches: 64, 64, 64, 58 samples
 NUM_BATCHES = NUM_SHARDS * PER_SHARD
 
 
-class FakeLauncher:
+class FakeLauncher(NodeLauncher):
     """Records what the master starts and stops; exit codes are whatever the test sets."""
 
     def __init__(self) -> None:
@@ -208,7 +210,7 @@ def make_rig(job_spec: Callable[..., JobSpec], tmp_path: Path) -> Iterator[Calla
     def make(spec: JobSpec | None = None, **kw: float) -> Rig:
         spec = spec or job_spec(**kw)
         layout = JobDir(tmp_path / "job")
-        layout.write_spec(spec)
+        spec = write_job(layout, spec)
         rig = Rig(layout, spec)
         rigs.append(rig)
         return rig

@@ -11,13 +11,15 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.launchers.base import write_job
+from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.service import JobMaster
 from airflow_rover.rpc import master_api
 
 SHARD, BATCH = 1024, 64  # 16 batches per shard
 
 
-class IdleLauncher:
+class IdleLauncher(NodeLauncher):
     """Starts nothing: the test plays the nodes through the master's methods."""
 
     def start(self, node_id: str, role: str) -> None: ...
@@ -73,7 +75,7 @@ def master(tmp_path: Path) -> JobMaster:
         training=TrainingConfig(shard_size=SHARD, batch_size=BATCH),
     )
     layout = JobDir(tmp_path / "job")
-    layout.write_spec(spec)
+    spec = write_job(layout, spec)
     m = JobMaster(layout, spec, IdleLauncher(), "token")
     m.step()  # starts ps-0
     m.node_ready("ps-0", master_api.NodeReady(address="127.0.0.1:1"))

@@ -26,7 +26,6 @@ from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.launchers.local import job_processes
-from airflow_rover.master.keeper import keeper_file
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 pytestmark = pytest.mark.slow
@@ -62,13 +61,13 @@ def hook(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[ElasticJobHook]:
     try:
         hook.stop("test cleanup")
     finally:
-        for proc in job_processes(hook.layout.root):
+        for proc in job_processes(hook.job_dir.root):
             with contextlib.suppress(psutil.Error):
                 proc.kill()
 
 
 def master_log(hook: ElasticJobHook) -> str:
-    path = hook.layout.log_file("master")
+    path = hook.job_dir.log_file("master")
     return path.read_text(errors="replace") if path.exists() else "(no master log)"
 
 
@@ -108,8 +107,8 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     """Cancelled mid-job (plus ``cleanup()``) and re-created from ``serialize()``, the trigger
     neither stops nor relaunches the job, and its successor reports one clean success."""
     started = time.monotonic()
-    job_dir = str(hook.layout.root)
-    launched = hook.layout.master_info()
+    job_dir = str(hook.job_dir.root)
+    launched = hook.job_dir.master_info()
     assert launched.get("keeper_pid") and launched.get("pid"), launched
 
     # -- the first triggerer: runs the trigger until the job trains, then restarts ------------
@@ -140,7 +139,7 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     assert before_restart == [], "the job ended before the triggerer restarted: make it longer"
     # Neither the cancellation nor cleanup() touched the job: same master, still training.
     assert at_restart["state"] == "running", at_restart
-    assert hook.layout.master_info() == launched
+    assert hook.job_dir.master_info() == launched
     assert hook.master_alive()
     samples_at_restart = at_restart["progress"]["samples_done"]
     assert 0 < samples_at_restart < NUM_TRAIN * EPOCHS
@@ -162,8 +161,8 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     assert job["state"] == "succeeded" and job["job_id"] == "trigger-restart"
 
     # -- launched exactly once: one keeper, one master, one start of each node ----------------
-    assert hook.layout.master_info() == launched
-    keeper = hook.layout.read_json(keeper_file(hook.layout))
+    assert hook.job_dir.master_info() == launched
+    keeper = hook.job_dir.read_json(hook.job_dir.keeper_file)
     assert keeper == {"pid": launched["keeper_pid"], "master_deaths": []}
     log = master_log(hook)
     assert log.count("master of job trigger-restart listening on") == 1, log[-3000:]

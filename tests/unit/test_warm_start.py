@@ -14,7 +14,7 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_rover.core.features import resolve_features
+from airflow_rover.data.features import resolve_features
 from airflow_rover.core.optimizer import PlanBounds
 from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TableConfig
 from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel

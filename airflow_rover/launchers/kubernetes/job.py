@@ -9,19 +9,15 @@ The master pod itself creates and deletes the node pods (``nodes.KubernetesNodeL
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, TypeVar
 
-from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesJob
-from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
+from airflow_rover.launchers.kubernetes.pod_status import exit_code
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +48,7 @@ class Op:
 Steps = Generator[Op, Any, T]
 
 
-def _alive(pod: dict[str, Any] | None) -> bool:
+def pod_alive(pod: dict[str, Any] | None) -> bool:
     """The master pod runs or may still start: not deleted, its container not ended, and not
     stuck where it never starts by itself (an image that cannot be pulled)."""
     return (
@@ -96,7 +92,7 @@ def ensure_steps(job: KubernetesJob, names: m.JobNames, token: str) -> Steps[boo
     """Recreate a missing Secret or Service of a running master pod (reads only when all are
     there, so a re-created trigger creates nothing); False if the master pod is not running."""
     pod = yield Op("read", "pods", names.master_pod)
-    if not _alive(pod):
+    if not pod_alive(pod):
         return False
     uid = pod["metadata"]["uid"]
     for plural, obj in m.master_dependents(job.config, names, token):
@@ -216,142 +212,6 @@ def _expected(status: int, op: Op, exc: Exception) -> None:
         log.warning("log of %s unavailable: %s", op.name, exc)
         return
     raise exc
-
-
-# -- the launcher the hook uses --------------------------------------------------------------
-class KubernetesJobLauncher:
-    """Launches, checks and removes a job's master pod, through the cncf-kubernetes hooks."""
-
-    def __init__(self, job: KubernetesJob) -> None:
-        self.job = job
-        self.namespace = job.config.namespace
-
-    def names(self, layout: JobDir) -> m.JobNames:
-        return m.JobNames(layout.read_spec().job_id, self.namespace)
-
-    def _hook_kwargs(self) -> dict[str, Any]:
-        conn = self.job.kubernetes_conn_id
-        return {"conn_id": conn} if conn else {}
-
-    def sync_api(self) -> Any:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        return KubernetesHook(**self._hook_kwargs()).core_v1_client
-
-    def _run(self, steps: Steps[T]) -> T:
-        return run_sync(steps, self.sync_api(), self.namespace)
-
-    async def _arun(self, steps: Steps[T]) -> T:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
-        from kubernetes_asyncio import client as async_client
-
-        hook = AsyncKubernetesHook(**self._hook_kwargs())
-        async with hook.get_conn() as api_client:
-            return await run_async(steps, async_client.CoreV1Api(api_client), self.namespace)
-
-    # -- operator side (sync) ----------------------------------------------------------------
-    def start_job(self, layout: JobDir, spec: JobSpec, wait_s: float = 120.0) -> str:
-        """Remove a stale master of an earlier try, write the job's files, create the master
-        pod, Secret and Services; returns the master pod's name. The master announces itself
-        in ``master.json`` once its pod runs (the trigger waits for it, not the task)."""
-        names = m.JobNames(spec.job_id, self.namespace)
-        previous = KubernetesJob.read(layout)
-        if previous is not None and layout.spec_file.exists():  # where the last try ran
-            KubernetesJobLauncher(previous).remove_stale(layout, wait_s)
-        api = self.sync_api()
-        layout.root.mkdir(parents=True, exist_ok=True)
-        for stale in (layout.master_file, layout.state_file):
-            stale.unlink(missing_ok=True)
-        layout.write_spec(spec)
-        token = layout.ensure_token()
-        self.job.write(layout)
-        run_sync(
-            launch_steps(self.job, names, PurePosixPath(layout.root), token), api, self.namespace
-        )
-        return names.master_pod
-
-    def remove_stale(self, layout: JobDir, wait_s: float) -> None:
-        """Remove an earlier try's master pod (and what it owns) and wait until it is gone,
-        so the new one can take its name."""
-        api = self.sync_api()
-        self._save_master_log(
-            layout, run_sync(cleanup_steps(self.names(layout)), api, self.namespace)
-        )
-        self._wait_gone(api, self.names(layout), wait_s)
-
-    def _wait_gone(self, api: Any, names: m.JobNames, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while run_sync(master_pod_steps(names), api, self.namespace) is not None:
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"pod {names.master_pod} of an earlier try is still terminating after "
-                    f"{wait_s:.0f} s"
-                )
-            time.sleep(1.0)
-
-    def job_alive(self, layout: JobDir) -> bool:
-        """Whether the master pod is pending or running; an unanswered check counts as alive
-        (the status stays ``unreachable``), never as a dead job."""
-        try:
-            pod = self._run(master_pod_steps(self.names(layout)))
-        except KubernetesPermissionError:
-            raise
-        except Exception as exc:
-            log.warning("Could not read the master pod (%s); assuming it runs", exc)
-            return True
-        return self._judge(layout, pod)
-
-    def stop_job_master(self, layout: JobDir) -> None:
-        self._save_master_log(layout, self._run(cleanup_steps(self.names(layout))))
-
-    # -- trigger side (async) ----------------------------------------------------------------
-    async def async_job_alive(self, layout: JobDir) -> bool:
-        try:
-            pod = await self._arun(master_pod_steps(self.names(layout)))
-        except KubernetesPermissionError:
-            raise
-        except Exception as exc:
-            log.warning("Could not read the master pod (%s); assuming it runs", exc)
-            return True
-        return await asyncio.to_thread(self._judge, layout, pod)
-
-    @staticmethod
-    def _judge(layout: JobDir, pod: dict[str, Any] | None) -> bool:
-        """Alive or not; a master pod that ended or cannot start says why in the master's log
-        (which the failed job's message points to), once."""
-        if _alive(pod) or pod is None:
-            return pod is not None
-        code = exit_code(pod)
-        if not code:  # it ended well (the job's state says how the job ended)
-            return False
-        note = f"[master pod: {failure_note(pod, code)}]"
-        path = layout.log_file("master")
-        try:
-            if note not in (path.read_text() if path.exists() else ""):
-                KubernetesJobLauncher._save_master_log(layout, note)
-        except OSError as exc:
-            log.warning("Could not read the master's log: %s", exc)
-        return False
-
-    async def async_ensure(self, layout: JobDir) -> bool:
-        return await self._arun(ensure_steps(self.job, self.names(layout), layout.read_token()))
-
-    async def async_cleanup(self, layout: JobDir) -> None:
-        tail = await self._arun(cleanup_steps(self.names(layout)))
-        await asyncio.to_thread(self._save_master_log, layout, tail)
-
-    @staticmethod
-    def _save_master_log(layout: JobDir, tail: str | None) -> None:
-        """The master pod's log goes where the local master's goes (``logs/master.log``)."""
-        if not tail:
-            return
-        try:
-            path = layout.log_file("master")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as fh:
-                fh.write(tail if tail.endswith("\n") else tail + "\n")
-        except OSError as exc:
-            log.warning("Could not save the master's log: %s", exc)
 
 
 def master_pod_steps(names: m.JobNames) -> Steps[dict[str, Any] | None]:

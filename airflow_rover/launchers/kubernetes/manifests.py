@@ -27,7 +27,7 @@ from airflow_rover.core.job_dir import (
     ENV_TOKEN_FILE,
 )
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.launchers.base import Role
+from airflow_rover.launchers.base import KEEPER_MODULE, ROLE_MODULES
 from airflow_rover.launchers.kubernetes.config import (
     ENV_LAUNCHER,
     ENV_MASTER_ADVERTISE,
@@ -38,6 +38,7 @@ from airflow_rover.launchers.kubernetes.config import (
     ENV_POD_UID,
     KubernetesConfig,
 )
+from airflow_rover.master.node_launcher import Role
 
 APP = "airflow-rover"
 LABEL_JOB = "airflow-rover/job"
@@ -51,11 +52,6 @@ TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_KEY}"
 FLASH_DIR = "/var/run/airflow-rover/flash"
 MAX_SLUG = 44  # "rover-" + slug + "-worker-1023" stays within a 63-character DNS label
 _NODE_ID = re.compile(r"^(ps|worker)-(\d{1,4})$|^evaluator$")
-_ROLE_MODULE: dict[Role, str] = {
-    "ps": "airflow_rover.ps",
-    "worker": "airflow_rover.worker",
-    "evaluator": "airflow_rover.worker",
-}
 
 
 def job_slug(job_id: str) -> str:
@@ -266,7 +262,7 @@ def master_pod(cfg: KubernetesConfig, names: JobNames, job_dir: PurePosixPath) -
         "name": "master",
         "image": cfg.image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["python", "-m", "airflow_rover.master.keeper", "--job-dir", str(job_dir)],
+        "command": ["python", "-m", KEEPER_MODULE, "--job-dir", str(job_dir)],
         "ports": [{"name": "api", "containerPort": cfg.master_port, "protocol": "TCP"}],
         "env": [
             *_env(
@@ -384,7 +380,7 @@ def node_pod(
         "name": role,
         "image": cfg.image,
         "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["python", "-m", _ROLE_MODULE[role], "--role", role],
+        "command": ["python", "-m", ROLE_MODULES[role], "--role", role],
         "resources": resources(cpu, memory_mb),
         "resizePolicy": [
             {"resourceName": "cpu", "restartPolicy": "NotRequired"},

@@ -14,17 +14,17 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig
 from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
+from airflow_rover.master.node_launcher import Capability, NodeLauncher, ResizeOutcome, Role
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +38,18 @@ def _json(reply: Any) -> dict[str, Any]:
     return data
 
 
-class KubernetesNodeLauncher:
-    """Creates, watches and deletes one job's node pods; sizes come from the job's plan."""
+class KubernetesNodeLauncher(NodeLauncher):
+    """Creates, watches and deletes one job's node pods; sizes come from the job's plan. The
+    cluster's size is not the master's to know (``capacity_cpu`` None)."""
 
-    capacity_cpu: float | None = None  # the cluster's size is not the master's to know
+    capabilities = frozenset({Capability.RESIZE})
 
     def __init__(
         self,
         api: client.CoreV1Api,
         config: KubernetesConfig,
         names: m.JobNames,
-        layout: JobDir,
+        job_dir: JobDir,
         master_uid: str,
         incarnation: int,
         plan_of: Callable[[], ResourcePlan] | None = None,
@@ -58,10 +59,10 @@ class KubernetesNodeLauncher:
         self.api = api
         self.config = config
         self.names = names
-        self.layout = layout
+        self.job_dir = job_dir
         self.master_uid = master_uid
         self.incarnation = incarnation
-        self._plan_of = plan_of or (lambda: layout.read_spec().plan)
+        self._plan_of = plan_of or (lambda: job_dir.read_spec().plan)
         self._poll_s = poll_s
         self._wait_s = wait_s
         self._started: dict[str, Role] = {}
@@ -81,7 +82,7 @@ class KubernetesNodeLauncher:
             self.names,
             node_id,
             role,
-            PurePosixPath(self.layout.root),
+            PurePosixPath(self.job_dir.root),
             self.size_of(node_id, role),
             self.master_uid,
             self.incarnation,
@@ -149,9 +150,7 @@ class KubernetesNodeLauncher:
     def size_of(self, node_id: str, role: Role) -> tuple[float, int]:
         return self._sizes.get(node_id) or m.node_size(self._plan_of(), role)
 
-    def resize(
-        self, node_id: str, role: Role, cpu: float, memory_mb: int
-    ) -> Literal["in-place", "replace"]:
+    def resize(self, node_id: str, role: Role, cpu: float, memory_mb: int) -> ResizeOutcome:
         """Give a running node a new size: in place through the pod's ``resize`` subresource
         where the cluster has it (Kubernetes >= 1.33, the process keeps running); else its pod
         is deleted and reported exited, so the master recovers it as after any death and its
@@ -258,7 +257,7 @@ class KubernetesNodeLauncher:
         self._append_log(node_id, lines)
 
     def _append_log(self, node_id: str, lines: list[str]) -> None:
-        path = self.layout.log_file(node_id)
+        path = self.job_dir.log_file(node_id)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as fh:

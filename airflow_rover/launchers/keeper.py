@@ -1,6 +1,6 @@
 """The job master's keeper: relaunches a master that died before its job ended.
 
-``python -m airflow_rover.master.keeper --job-dir DIR`` runs the master as its child. A master
+``python -m airflow_rover.launchers.keeper --job-dir DIR`` runs the master as its child. A master
 that exits on its own (code 0, or after a stop request) ends the keeper. A master that dies
 (SIGKILL, OOM, crash) while ``state.json`` says the job is not over is relaunched, up to
 ``recovery.max_master_restarts`` times; the new master resumes from the last checkpoint (its
@@ -24,19 +24,15 @@ from typing import Any
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 
-log = logging.getLogger("airflow_rover.master.keeper")
-KEEPER_FILE = "keeper.json"
-
-
-def keeper_file(layout: JobDir) -> Path:
-    return layout.root / KEEPER_FILE
+log = logging.getLogger("airflow_rover.launchers.keeper")
+MASTER_PROCESS_MODULE = "airflow_rover.launchers.master_process"
 
 
 def _master_cmd(job_dir: Path, restarts: int) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "airflow_rover.master",
+        MASTER_PROCESS_MODULE,
         "--job-dir",
         str(job_dir),
         "--keeper-pid",
@@ -46,10 +42,10 @@ def _master_cmd(job_dir: Path, restarts: int) -> list[str]:
     ]
 
 
-def keep(layout: JobDir) -> int:
-    spec = layout.read_spec()
+def keep(job_dir: JobDir) -> int:
+    spec = job_dir.read_spec()
     record: dict[str, Any] = {"pid": os.getpid(), "master_deaths": []}
-    atomic_write_json(keeper_file(layout), record)
+    atomic_write_json(job_dir.keeper_file, record)
     stopping = False
     master: subprocess.Popen[bytes] | None = None
 
@@ -63,23 +59,23 @@ def keep(layout: JobDir) -> int:
     signal.signal(signal.SIGINT, forward)
     restarts = 0
     while True:
-        master = subprocess.Popen(_master_cmd(layout.root, restarts), stdin=subprocess.DEVNULL)
+        master = subprocess.Popen(_master_cmd(job_dir.root, restarts), stdin=subprocess.DEVNULL)
         code = master.wait()
-        mirrored = layout.read_json(layout.state_file) or {}
+        mirrored = job_dir.read_json(job_dir.state_file) or {}
         if stopping or code == 0 or mirrored.get("state") in TERMINAL_STATES:
             return 0 if code == 0 or stopping else code
         died_at = time.time()
         log.error("job master (pid %d) died with code %d", master.pid, code)
         if restarts >= spec.recovery.max_master_restarts:
             atomic_write_json(
-                layout.state_file,
+                job_dir.state_file,
                 {
                     **mirrored,
                     "state": str(JobState.FAILED),
                     "message": (
                         f"job master died {restarts + 1} times (last exit code {code}); "
                         f"recovery.max_master_restarts={spec.recovery.max_master_restarts}; "
-                        f"see {layout.log_file('master')}"
+                        f"see {job_dir.log_file('master')}"
                     ),
                     "finished_at": died_at,
                 },
@@ -87,12 +83,12 @@ def keep(layout: JobDir) -> int:
             return 1
         restarts += 1
         record["master_deaths"].append({"code": code, "died_at": died_at})
-        atomic_write_json(keeper_file(layout), record)
+        atomic_write_json(job_dir.keeper_file, record)
         log.warning("relaunching the job master (restart %d)", restarts)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="airflow_rover.master.keeper")
+    parser = argparse.ArgumentParser(prog="airflow_rover.launchers.keeper")
     parser.add_argument("--job-dir", required=True, type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
