@@ -42,8 +42,8 @@ from airflow_rover.core.checkpoint_files import read_digest
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import ENV_FLASH_DIR, flash_dir_for
 from airflow_rover.core.spec import FeatureConfig, TableConfig
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
 
 GOAL_RATIO = 0.5

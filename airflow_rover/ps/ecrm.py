@@ -61,7 +61,7 @@ from airflow_rover.core.ecrm import (
     rows_to_rebuild,
 )
 from airflow_rover.core.ledger import NO_KEY
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.rpc import frames, ps_service
 
 if TYPE_CHECKING:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from airflow_rover.core.ecrm import DecodePlan, Fields, ParityCodec, ParityPlacement, SumCodec
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.ecrm import apply_updates, decode_degraded, degraded_requests
-from airflow_rover.ps.optimizers import Optimizer
 
 
 @dataclass

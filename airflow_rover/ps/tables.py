@@ -15,7 +15,7 @@ import numpy as np
 
 from airflow_rover.core.cpr import SsuTracker, top_rows
 from airflow_rover.core.hashing import initial_rows
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 
 INIT_SCALE = 0.05
 

@@ -13,9 +13,9 @@ import grpc
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.features import resolve_features
 from airflow_rover.core.job_dir import NodeContext
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.ps.lost import EcrmReads
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.rpc.master_api import EXIT_PS_LOST
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient

@@ -31,8 +31,8 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import Batch, SampleReader
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import DenseReply, PSClient, Push

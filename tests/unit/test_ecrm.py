@@ -27,7 +27,7 @@ from airflow_rover.core.ecrm import (
     rows_to_rebuild,
 )
 from airflow_rover.core.hashing import initial_rows, partition_of
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 
 DIMS = {"dim4": 4, "dim1": 1}
 VOCAB = {"dim4": 47, "dim1": 29}

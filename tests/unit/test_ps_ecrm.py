@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, VOCAB, Cluster
 
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps import ecrm
 from airflow_rover.ps.lost import EcrmReads
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.ps_client import PSClient
 
