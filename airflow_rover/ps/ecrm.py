@@ -33,7 +33,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,26 +42,34 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.ecrm import (
-    DecodePlan,
     DifferencePropagator,
     Fields,
-    ParityCodec,
     ParityDelta,
     ParityPlacement,
     ParityStore,
     RebuildPlan,
     RowStatus,
     SumCodec,
-    TableDelta,
     UpdateBuffer,
-    catch_up,
-    plan_decode,
     plan_encode,
     restrict,
     rows_to_rebuild,
 )
+from airflow_rover.core.ecrm.degraded import (
+    apply_updates,
+    decode_degraded,
+    degraded_requests,
+    state_of,
+)
+from airflow_rover.core.ecrm.messages import (
+    decode_frame,
+    encode_frame,
+    ints,
+    read_ints,
+    read_text,
+    text,
+)
 from airflow_rover.core.ledger import NO_KEY
-from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.rpc import frames, ps_service
 
 if TYPE_CHECKING:
@@ -81,193 +89,6 @@ DRAIN_POLL_S = 0.002
 # the last checkpoint.
 RECENT_S = 2.0
 RECENT_MESSAGES = 1024
-
-
-def text(value: str) -> np.ndarray:
-    return np.frombuffer(value.encode(), dtype=np.uint8)
-
-
-def read_text(value: np.ndarray) -> str:
-    return value.tobytes().decode()
-
-
-def _ints(values: Mapping[int, int]) -> dict[str, np.ndarray]:
-    keys = sorted(values)
-    return {
-        "keys": np.array(keys, dtype=np.int64),
-        "values": np.array([values[k] for k in keys], dtype=np.int64),
-    }
-
-
-def _read_ints(reply: Mapping[str, np.ndarray]) -> dict[int, int]:
-    return {int(k): int(v) for k, v in zip(reply["keys"], reply["values"], strict=True)}
-
-
-# ----------------------------------------------------------------------------- the wire
-
-
-def encode_frame(
-    source: int,
-    epoch: int,
-    entries: list[tuple[ParityDelta | None, int | None]],
-    dense: Fields | None,
-) -> dict[str, np.ndarray]:
-    """One parity RPC: messages in channel order with the batch key each came from (a push
-    with no row for this holder sends its key alone; an update held by a rebuild and applied
-    later, its message alone), and (now and then) the source's dense variables."""
-    deltas = [d for d, _ in entries if d is not None]
-    out = {
-        "op": text("parity"),
-        "source": np.array([source, epoch], dtype=np.int64),
-        "batch_keys": np.array([k for _, k in entries if k is not None], dtype=np.int64),
-        "delta_keys": np.array(
-            [NO_KEY if k is None else k for d, k in entries if d is not None], dtype=np.int64
-        ),
-        "n": np.array([len(deltas)], dtype=np.int64),
-    }
-    for i, d in enumerate(deltas):
-        out[f"d{i}/meta"] = np.array(
-            [d.source, d.epoch, d.holder, d.holder_epoch, d.seq], dtype=np.int64
-        )
-        for j, part in enumerate(d.tables):
-            out[f"d{i}/t{j}/table"] = text(part.table)
-            out[f"d{i}/t{j}/ids"] = part.ids
-            out.update({f"d{i}/t{j}/f/{name}": v for name, v in part.fields.items()})
-    if dense:
-        out.update({f"replica/{k}": v for k, v in dense.items()})
-    return out
-
-
-def decode_frame(frame: Mapping[str, np.ndarray]) -> list[ParityDelta]:
-    """The messages of ``encode_frame``'s frame (its keys read once: a frame holds hundreds)."""
-    fields: dict[tuple[int, int], dict[str, np.ndarray]] = {}
-    for key, value in frame.items():
-        if key.startswith("d") and "/f/" in key:
-            head, name = key.split("/f/", 1)
-            d, t = head.split("/")
-            fields.setdefault((int(d[1:]), int(t[1:])), {})[name] = value
-    deltas = []
-    for i in range(int(frame["n"][0])):
-        source, epoch, holder, holder_epoch, seq = (int(x) for x in frame[f"d{i}/meta"])
-        parts = []
-        j = 0
-        while f"d{i}/t{j}/table" in frame:
-            table = read_text(frame[f"d{i}/t{j}/table"])
-            parts.append(TableDelta(table, frame[f"d{i}/t{j}/ids"], fields.get((i, j), {})))
-            j += 1
-        deltas.append(ParityDelta(source, epoch, holder, holder_epoch, seq, tuple(parts)))
-    return deltas
-
-
-# ----------------------------------------------------------------------------- degraded reads
-
-
-def degraded_requests(
-    layout: ParityPlacement, lost: int, ids_by_table: Mapping[str, np.ndarray]
-) -> tuple[dict[str, DecodePlan], dict[tuple[str, int], dict[str, np.ndarray]]]:
-    """What to read to decode rows of the lost PS ``lost`` (a replacement's pull of rows not
-    rebuilt yet, or a worker's while its PS is away): per table the decode plan, and one
-    ``Ecrm`` request per PS, keyed ``("member", ps)`` (``fields``: its rows and its messages
-    to the holders not acknowledged yet) or ``("holder", ps)`` (``parity_read``: the parity
-    and how many messages of each source it applied), every table in the same request."""
-    plans = {t: plan_decode(layout, t, lost, ids) for t, ids in ids_by_table.items()}
-    requests: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-    for t, plan in plans.items():
-        for q, ids in plan.member_ids.items():
-            member = requests.setdefault(("member", q), {})
-            if not member:
-                member.update(op=text("fields"), degraded=text("1"))
-            member[f"ids/{t}"] = ids
-        for h, (_, slots) in plan.parity.items():
-            holder = requests.setdefault(("holder", h), {})
-            if not holder:
-                holder["op"] = text("parity_read")
-            holder[f"slots/{t}"] = slots
-    return plans, requests
-
-
-def decode_degraded(
-    layout: ParityPlacement,
-    codec: ParityCodec,
-    plans: Mapping[str, DecodePlan],
-    got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
-    dtypes: Callable[[str], Mapping[str, np.dtype]],
-) -> dict[str, Fields]:
-    """The rows of ``degraded_requests``' plans from the replies ``got`` (same keys): each
-    holder's parity is brought up to the members' reads with the messages it lacked
-    (``catch_up``), so a difference in flight costs no wait, then the members are taken out.
-    ``dtypes(table)``: the fields and their dtypes."""
-    out = {}
-    for t, plan in plans.items():
-        names = dtypes(t)
-        parity = {h: {n: got["holder", h][f"{t}/{n}"] for n in names} for h in plan.parity}
-        for h, (_, slots) in plan.parity.items():
-            lacked = _lacked(got["holder", h], h, t, plan.member_ids, got)
-            if lacked:
-                parity[h] = {n: v.copy() for n, v in parity[h].items()}  # views: read-only
-                catch_up(layout, codec, t, h, slots, parity[h], lacked)
-        out[t] = plan.decode(
-            codec,
-            parity,
-            {q: {n: got["member", q][f"{t}/{n}"] for n in names} for q in plan.member_ids},
-            names,
-        )
-    return out
-
-
-def _lacked(
-    parity: Mapping[str, np.ndarray],
-    holder: int,
-    table: str,
-    members: Iterable[int],
-    got: Mapping[tuple[str, int], Mapping[str, np.ndarray]],
-) -> list[TableDelta]:
-    """The members' messages to ``holder`` (their parts for ``table``) that it had not
-    applied when it read its parity: later than what it counts of their incarnation."""
-    applied = _read_ints({"keys": parity["applied/keys"], "values": parity["applied/values"]})
-    epochs = _read_ints({"keys": parity["epochs/keys"], "values": parity["epochs/values"]})
-    out = []
-    for q in members:
-        reply = got["member", q]
-        current = epochs.get(q) == int(reply["epoch"][0])
-        seen = applied.get(q, 0) if current else 0  # a new incarnation: none of its yet
-        head = f"flight/{holder}/"
-        for key, ids in reply.items():
-            if not (key.startswith(head) and key.endswith(f"/{table}/ids")):
-                continue
-            seq = int(key[len(head) :].split("/", 1)[0])
-            if seq > seen:
-                prefix = key[: -len("ids")] + "f/"
-                fields = {k[len(prefix) :]: v for k, v in reply.items() if k.startswith(prefix)}
-                out.append(TableDelta(table, ids, fields))
-    return out
-
-
-def _state_of(fields: Fields) -> dict[str, np.ndarray]:
-    return {k[6:]: v for k, v in fields.items() if k.startswith("state/")}
-
-
-def apply_updates(
-    optimizer: Optimizer,
-    ids: np.ndarray,
-    fields: Fields,
-    updates: Iterable[tuple[np.ndarray, np.ndarray]],
-) -> Fields:
-    """Decoded ``fields`` of ``ids`` with ``updates`` (ids, their gradients), not applied
-    anywhere yet, applied in order: the reader sees them (a replacement's held updates, or a
-    worker's own pushes held while its PS is away)."""
-    state_names = [k for k in fields if k.startswith("state/")]
-    for got, grads in updates:
-        mine, at_ids, at_held = np.intersect1d(ids, got, return_indices=True)
-        if mine.size == 0:
-            continue
-        rows = fields["row"][at_ids]
-        state = {k[6:]: fields[k][at_ids] for k in state_names}
-        optimizer.apply(rows, state, grads[at_held])
-        fields["row"][at_ids] = rows
-        for k in state_names:
-            fields[k][at_ids] = state[k[6:]]
-    return fields
 
 
 class Peers:
@@ -553,7 +374,7 @@ class EcrmPeer:
         decoded = decode_degraded(self.layout, self.codec, plans, got, self._dtypes)
         out = {}
         for t, fields in decoded.items():
-            self.ps.tables[t].optimizer.clamp_state(_state_of(fields))
+            self.ps.tables[t].optimizer.clamp_state(state_of(fields))
             with self.ps._apply_lock:
                 held = [(got, p["grad"]) for got, p in self.buffer.peek(t)]
             out[t] = apply_updates(self.ps.tables[t].optimizer, plans[t].ids, fields, held)
@@ -591,8 +412,8 @@ class EcrmPeer:
             with self._parity_lock:  # the initial values' code is computed after it
                 stored = {t: self.store.read_stored(t, slots) for t, slots in wanted.items()}
                 if not table:
-                    out.update({f"applied/{k}": v for k, v in _ints(self.store.applied()).items()})
-                    epochs = _ints(self.store.source_epochs())
+                    out.update({f"applied/{k}": v for k, v in ints(self.store.applied()).items()})
+                    epochs = ints(self.store.source_epochs())
                     out.update({f"epochs/{k}": v for k, v in epochs.items()})
             for t, (got, initial) in stored.items():
                 self.store.fill_initial(t, wanted[t], got, initial)
@@ -600,17 +421,17 @@ class EcrmPeer:
             return out
         if op == "applied":
             with self._parity_lock:
-                return _ints(self.store.applied())
+                return ints(self.store.applied())
         if op == "lock":
             with self.ps._apply_lock:
                 self.buffer.lock(table, req["ids"])
-                sent = _ints(self.propagator.sent())
+                sent = ints(self.propagator.sent())
             self._flush_channels()
             return sent
         if op == "unlock":  # with the send counters after the held updates went out
             with self.ps._apply_lock:
                 held = self._release(table, req["ids"])
-                sent = _ints(self.propagator.sent())
+                sent = ints(self.propagator.sent())
             self._flush_channels()
             return {"held": np.array([held], dtype=np.int64), **sent}
         if op == "fence":
@@ -906,7 +727,7 @@ class EcrmPeer:
                 with self.ps._apply_lock:
                     self.buffer.lock(t, chunk.locks[self.index])
             locked = self._fan({q: on(q, "lock", ids=chunk.locks[q]) for q in others})
-            sent = {q: _read_ints(reply) for q, reply in locked.items()}
+            sent = {q: read_ints(reply) for q, reply in locked.items()}
             if self.index in chunk.locks:
                 sent[self.index] = {}  # what this replacement sent is not drained
             plan.locks_installed(sent)
@@ -940,7 +761,7 @@ class EcrmPeer:
                 plan.chunk_written()
             unlocked = self._fan({q: on(q, "unlock", ids=chunk.locks[q]) for q in others})
             rebuild.held_rows += sum(int(reply["held"][0]) for reply in unlocked.values())
-            released.update({q: _read_ints(reply) for q, reply in unlocked.items()})
+            released.update({q: read_ints(reply) for q, reply in unlocked.items()})
             rebuild.chunks += 1
         self._wait_delivered(released)
 
@@ -967,7 +788,7 @@ class EcrmPeer:
         if holder == self.index:
             with self._parity_lock:
                 return self.store.applied()
-        return _read_ints(self.peers.call(holder, {"op": text("applied")}))
+        return read_ints(self.peers.call(holder, {"op": text("applied")}))
 
     def status(self) -> dict[str, np.ndarray]:
         """How a rebuild stands (``rebuilding`` 0 when none runs or it ended)."""

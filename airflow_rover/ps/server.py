@@ -21,11 +21,12 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import write_npz
+from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.ps.ecrm import EcrmPeer, read_text
+from airflow_rover.ps.ecrm import EcrmPeer
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service

@@ -366,7 +366,7 @@ def train(
     """Lease shards until the master says the queue is done. ``ps_set_version``: that of the
     PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
 
-    A lost PS does not end the worker. Under ECRM it trains on (``ps.lost``: the lost rows
+    A lost PS does not end the worker. Under ECRM it trains on (``core.ecrm.degraded``: lost rows
     are decoded, its part of each push held) until the master announces the replacement, then
     delivers what it held there and moves on (``_TrainLoop._switch_layout``). Otherwise its
     training loop stops (what was in flight is dropped; the master requeues those shards from

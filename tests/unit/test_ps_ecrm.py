@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, VOCAB, Cluster
 
+from airflow_rover.core.ecrm.degraded import EcrmReads
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps import ecrm
-from airflow_rover.ps.lost import EcrmReads
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.ps_client import PSClient
 
@@ -478,7 +478,7 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
     clusters: tuple[EcrmCluster, Cluster],
 ) -> None:
     """Until a replacement is announced, a worker of an ECRM job decodes the lost PS's rows
-    itself and holds its part of every push (``ps.lost``): with one worker its reads are those
+    itself and holds its part of every push (``LostPS``): with one worker its reads are those
     of a job without the loss, the row state it replays its step on too. Delivered to the
     replacement while it rebuilds, the held pushes leave every row and ledger as that job's,
     including the push that was in flight when the PS died."""
