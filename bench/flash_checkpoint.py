@@ -107,7 +107,7 @@ def memcpy_rates(arrays: list[np.ndarray], repeats: int) -> tuple[float, float]:
 def legacy_save(ps: ParameterServer, path: Path) -> tuple[float, float, int]:
     """The save() this change replaced: (apply-lock pause, whole Save call, bytes)."""
     start = time.perf_counter()
-    with ps._apply_lock:
+    with ps.applying():
         locked = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         for name, table in ps.tables.items():

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import numpy as np
@@ -70,11 +70,9 @@ from airflow_rover.core.ecrm.messages import (
     text,
 )
 from airflow_rover.core.ledger import NO_KEY
+from airflow_rover.ps.partition import Partition
+from airflow_rover.ps.tables import EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
-
-if TYPE_CHECKING:
-    from airflow_rover.ps.server import ParameterServer
-    from airflow_rover.ps.tables import EmbeddingTable
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +254,7 @@ class EcrmPeer:
 
     def __init__(
         self,
-        ps: ParameterServer,
+        ps: Partition,
         k: int,
         rows_per_lock: int,
         addresses: list[str],
@@ -325,7 +323,7 @@ class EcrmPeer:
 
     def send_ledger(self) -> None:
         """Tell every holder the batches this PS has applied so far (after setup)."""
-        with self.ps._apply_lock:
+        with self.ps.applying():
             for key in sorted(self.ps.ledger.applied):
                 for channel in self.channels.values():
                     channel.put(None, key)
@@ -375,7 +373,7 @@ class EcrmPeer:
         out = {}
         for t, fields in decoded.items():
             self.ps.tables[t].optimizer.clamp_state(state_of(fields))
-            with self.ps._apply_lock:
+            with self.ps.applying():
                 held = [(got, p["grad"]) for got, p in self.buffer.peek(t)]
             out[t] = apply_updates(self.ps.tables[t].optimizer, plans[t].ids, fields, held)
         if self.rebuild is not None:
@@ -423,13 +421,13 @@ class EcrmPeer:
             with self._parity_lock:
                 return ints(self.store.applied())
         if op == "lock":
-            with self.ps._apply_lock:
+            with self.ps.applying():
                 self.buffer.lock(table, req["ids"])
                 sent = ints(self.propagator.sent())
             self._flush_channels()
             return sent
         if op == "unlock":  # with the send counters after the held updates went out
-            with self.ps._apply_lock:
+            with self.ps.applying():
                 held = self._release(table, req["ids"])
                 sent = ints(self.propagator.sent())
             self._flush_channels()
@@ -441,7 +439,7 @@ class EcrmPeer:
         if op == "reset_holder":
             holder, epoch = int(req["holder"][0]), int(req["epoch"][0])
             self.peers.addresses[holder] = read_text(req["address"])
-            with self.ps._apply_lock:
+            with self.ps.applying():
                 self.propagator.reset_holder(holder, epoch)
                 self.epochs[holder] = epoch
                 self.channels[holder].retarget(epoch)
@@ -466,7 +464,7 @@ class EcrmPeer:
         (``flight/<holder>/<seq>/<table>/...``), read atomically under the apply lock."""
         wanted = {k[4:]: v.astype(np.int64) for k, v in req.items() if k.startswith("ids/")}
         out = {"epoch": np.array([self.epoch], dtype=np.int64)}
-        with self.ps._apply_lock:
+        with self.ps.applying():
             for t, ids in wanted.items():
                 out.update({f"{t}/{n}": v for n, v in self.ps.tables[t].fields(ids).items()})
             flying = {h: channel.in_flight() for h, channel in self.channels.items()}
@@ -563,11 +561,7 @@ class EcrmPeer:
 
     def _created(self) -> dict[str, np.ndarray]:
         """Every table's ids this PS has rows for (``ids/<table>``)."""
-        out = {}
-        for name, t in self.ps.tables.items():
-            with t._lock:
-                out[f"ids/{name}"] = t._ids[: t.size].copy()
-        return out
+        return {f"ids/{name}": t.created_ids() for name, t in self.ps.tables.items()}
 
     def _slots_with_rows(
         self, replies: Mapping[int, Mapping[str, np.ndarray]] | None = None
@@ -640,7 +634,7 @@ class EcrmPeer:
             data_ids=rows_to_rebuild(self.layout, self.index, materialised),
             parity_slots=self._slots_with_rows({s: replies["reset", s] for s in sources}),
         )
-        with self.ps._apply_lock:
+        with self.ps.applying():
             self.ps.ledger.applied.update(keys)
             if dense:
                 self.ps.dense.restore(dense)
@@ -724,7 +718,7 @@ class EcrmPeer:
             t = chunk.table
             others = [q for q in chunk.lock_ps if q != self.index]
             if self.index in chunk.locks:
-                with self.ps._apply_lock:
+                with self.ps.applying():
                     self.buffer.lock(t, chunk.locks[self.index])
             locked = self._fan({q: on(q, "lock", ids=chunk.locks[q]) for q in others})
             sent = {q: read_ints(reply) for q, reply in locked.items()}
@@ -747,7 +741,7 @@ class EcrmPeer:
                 parity = {h: got["parity", h] for h in parity_at}
                 members = {q: got["member", q] for q in reads}
                 fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
-                with self.ps._apply_lock:
+                with self.ps.applying():
                     self.ps.tables[t].put_fields(chunk.ids, fields)
                     plan.chunk_written()
                     rebuild.held_rows += self._release(t, chunk.locks[self.index])

@@ -10,7 +10,6 @@ import collections
 import contextlib
 import hmac
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -28,6 +27,7 @@ from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.ecrm import EcrmPeer
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
+from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
 
@@ -54,7 +54,7 @@ def _live_views(
     out: list[tuple[str, np.ndarray]] = []
     for table in tables:
         n, prefix = table.size, f"table/{table.name}/"
-        out += [(f"{prefix}ids", table._ids[:n]), (f"{prefix}rows", table.rows[:n])]
+        out += [(f"{prefix}ids", table.live_ids), (f"{prefix}rows", table.rows[:n])]
         out.append((f"{prefix}counts", table.counts[:n]))
         out += [(f"{prefix}state/{k}", v[:n]) for k, v in table.state.items()]
     out += [(f"dense/{name}", value) for name, value in dense.values.items()]
@@ -83,24 +83,19 @@ def _persist_reply(job: Persist | None) -> dict[str, np.ndarray]:
     return reply
 
 
-class ParameterServer:
+class ParameterServer(Partition):
     """One PS's partition of the model and the operations workers call on it."""
 
     def __init__(
-        self, index: int, num_ps: int, layout: EmbeddingPlacement, optimizer: Optimizer, seed: int
+        self,
+        index: int,
+        num_ps: int,
+        embeddings: EmbeddingPlacement,
+        optimizer: Optimizer,
+        seed: int,
     ) -> None:
-        self.index = index
-        self.num_ps = num_ps
-        self.tables = {
-            g.name: EmbeddingTable(g.name, g.dim, g.vocab_size, seed, optimizer)
-            for g in layout.groups
-        }
-        self.dense = DenseStore(optimizer)
-        self.ledger = BatchLedger()
+        super().__init__(index, num_ps, embeddings, optimizer, seed)
         self.pushes = 0
-        # Held while a push is applied and while a checkpoint is taken, so a checkpoint never
-        # holds half a push and its ledger names exactly the pushes its rows include.
-        self._apply_lock = threading.Lock()
 
     def _table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
@@ -192,7 +187,7 @@ class ParameterServer:
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
         self.dense.check_update(dense)
-        with self._apply_lock:
+        with self.applying():
             if not self.ledger.admit(key):  # a retried batch this PS already applied
                 return {"duplicate": np.ones(1, dtype=np.uint8)}
             if self.ecrm is not None:  # ECRM: the differences go to the parity holders
@@ -227,12 +222,12 @@ class ParameterServer:
     def _frozen(self) -> Iterator[_Frozen]:
         """Views of the live state (and a copy of the ledger) that no push, pull or dense
         update changes while the block runs: pushes wait for it, so keep it to a copy."""
-        with self._apply_lock:
+        with self.applying():
             start = time.perf_counter()
             with contextlib.ExitStack() as stack:
                 for table in self.tables.values():
-                    stack.enter_context(table._lock)
-                stack.enter_context(self.dense._lock)
+                    stack.enter_context(table.holding())
+                stack.enter_context(self.dense.holding())
                 # The ledger as an array (its fastest copy); sorted after the pause.
                 applied = np.fromiter(self.ledger.applied, np.int64, len(self.ledger.applied))
                 rejected = collections.Counter(self.ledger.rejected)
@@ -294,7 +289,7 @@ class ParameterServer:
 
     def ledger_info(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch keys this PS has applied and how many retried pushes it turned away."""
-        with self._apply_lock:
+        with self.applying():
             arrays = self.ledger.to_arrays()
         return {
             "applied": arrays["ledger/applied"],
@@ -316,7 +311,7 @@ class ParameterServer:
         if num_ps < 1 or len(addresses) != num_ps:
             raise ValueError(f"reshard: {len(addresses)} addresses for num_ps={num_ps}")
         started = time.perf_counter()
-        with self._apply_lock:
+        with self.applying():
             outgoing: list[dict[str, np.ndarray]] = [{} for _ in range(num_ps)]
             for name, table in self.tables.items():
 
@@ -351,7 +346,7 @@ class ParameterServer:
         """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
         an empty ledger (new in this layout) adopts the sender's: every PS has applied the
         same batches once the workers have paused."""
-        with self._apply_lock:
+        with self.applying():
             for name, table in self.tables.items():
                 prefix = f"table/{name}/"
                 part = {k[len(prefix) :]: v for k, v in req.items() if k.startswith(prefix)}
