@@ -25,7 +25,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.ps.ecrm import EcrmPeer
+from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
@@ -428,7 +428,7 @@ class ParameterServer(Partition):
         if op in ("setup", "rebuild"):
             if self.ecrm is not None:
                 self.ecrm.close()
-            self.ecrm = EcrmPeer(
+            args = (
                 self,
                 int(req["k"][0]),
                 int(req["rows_per_lock"][0]),
@@ -437,7 +437,10 @@ class ParameterServer(Partition):
                 self.token,
             )
             if op == "rebuild":
-                return self.ecrm.start_rebuild()
+                replacement = Replacement(*args)
+                self.ecrm = replacement
+                return replacement.start_rebuild()
+            self.ecrm = EcrmPeer(*args)
             self.ecrm.send_ledger()
             return {}
         if self.ecrm is None:
