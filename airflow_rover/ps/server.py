@@ -423,7 +423,7 @@ class ParameterServer(Partition):
 
     def ecrm_call(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """ECRM operations (``ps.ecrm``): ``setup`` and ``rebuild`` (on a replacement) start
-        it with the layout the master gives; every other op goes to ``EcrmPeer.handle``."""
+        it with the placement the master gives; every other op goes to ``EcrmPeer.handle``."""
         op = read_text(req["op"])
         if op in ("setup", "rebuild"):
             if self.ecrm is not None:

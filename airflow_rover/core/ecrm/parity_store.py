@@ -232,7 +232,7 @@ class ParityStore:
 
     def revert(self, delta: ParityDelta) -> None:
         """Take an applied message's differences out again: its source died before every
-        holder had its batch, and the batch is to be trained again (``EcrmPeer.start_rebuild``
+        holder had its batch, and the batch is to be trained again (``Replacement.start_rebuild``
         keeps only the batches all holders saw)."""
         for part in delta.tables:
             self._apply_table(part, self.codec.sub)
