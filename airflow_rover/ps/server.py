@@ -21,10 +21,8 @@ import numpy as np
 
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.ecrm.messages import read_text
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
-from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.partition import Partition
@@ -86,16 +84,8 @@ def _persist_reply(job: Persist | None) -> dict[str, np.ndarray]:
 class ParameterServer(Partition):
     """One PS's partition of the model and the operations workers call on it."""
 
-    def __init__(
-        self,
-        index: int,
-        num_ps: int,
-        embeddings: EmbeddingPlacement,
-        optimizer: Optimizer,
-        seed: int,
-    ) -> None:
-        super().__init__(index, num_ps, embeddings, optimizer, seed)
-        self.pushes = 0
+    pushes: int = 0
+    """Pushes applied so far (``stats``)."""
 
     def _table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
