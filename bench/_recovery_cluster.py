@@ -33,10 +33,10 @@ from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlac
 from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, default_features
+from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.data import open_dataset
 from airflow_rover.data.reader import Batch
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.ps.optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.ps.tables import EmbeddingTable
 

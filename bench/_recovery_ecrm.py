@@ -95,13 +95,13 @@ class EcrmHooks(PsHooks):
         self.k = k
         self.rows_per_lock = rows_per_lock
         vocab = {g.name: g.vocab_size for g in cluster.layout.groups}
-        self.layout = ParityPlacement(cluster.num_ps, k, vocab)
+        self.placement = ParityPlacement(cluster.num_ps, k, vocab)
         self.codec = SumCodec()
         self._probe = {name: t for name, t in cluster.ps[0].tables.items()}
         n = cluster.num_ps
         self.epochs = [0] * n
-        self.stores = [ParityStore(self.layout, p, self.codec, self._initial) for p in range(n)]
-        self.props = [DifferencePropagator(self.layout, p, self.codec) for p in range(n)]
+        self.stores = [ParityStore(self.placement, p, self.codec, self._initial) for p in range(n)]
+        self.props = [DifferencePropagator(self.placement, p, self.codec) for p in range(n)]
         self.buffers = [UpdateBuffer() for _ in range(n)]
         self.busy_s = [0.0] * n  # parity work per PS (the trainer's steps)
         self.outbox: collections.deque[ParityDelta] = collections.deque()
@@ -175,7 +175,7 @@ class EcrmHooks(PsHooks):
     def degraded_read(self, table: str, ids: np.ndarray) -> Fields:
         """Rows of the lost PS not rebuilt yet: ``parity - sum(other members)``."""
         lost = self.rebuild.lost if self.rebuild else -1
-        plan = plan_decode(self.layout, table, lost, ids)
+        plan = plan_decode(self.placement, table, lost, ids)
         parity = {}
         for h, (_, slots) in plan.parity.items():
             with self.cluster.locks[h]:
@@ -197,32 +197,33 @@ class EcrmHooks(PsHooks):
             ids = np.sort(table._ids[: table.size])
             truth[name] = {"ids": ids, **table.fields(ids)}
         started = time.perf_counter()
-        c, lay = self.cluster, self.layout
+        c, placement = self.cluster, self.placement
         self.epochs[lost] += 1
         epoch = self.epochs[lost]
-        for h in lay.holders_of(lost):
+        for h in placement.holders_of(lost):
             with c.locks[h]:
                 self.stores[h].fence(lost, epoch)
         with c.locks[lost]:
             c.ps[lost] = c.new_ps(lost)  # the replacement: empty
-            self.stores[lost] = ParityStore(lay, lost, self.codec, self._initial, epoch)
-            self.props[lost] = DifferencePropagator(lay, lost, self.codec, epoch)
+            self.stores[lost] = ParityStore(placement, lost, self.codec, self._initial, epoch)
+            self.props[lost] = DifferencePropagator(placement, lost, self.codec, epoch)
             self.buffers[lost] = UpdateBuffer()
-        for s in lay.sources_of(lost):
+        for s in placement.sources_of(lost):
             with c.locks[s]:
                 self.props[s].reset_holder(lost, epoch)
         materialised = {
-            h: {t: self.stores[h].materialised(t) for t in lay.tables} for h in lay.holders_of(lost)
+            h: {t: self.stores[h].materialised(t) for t in placement.tables}
+            for h in placement.holders_of(lost)
         }
         plan = RebuildPlan(
-            lay,
+            placement,
             lost,
             self.rows_per_lock,
-            data_ids=rows_to_rebuild(lay, lost, materialised),
+            data_ids=rows_to_rebuild(placement, lost, materialised),
             parity_slots=self._slots_to_encode(lost),
         )
         with c.locks[lost]:
-            for t in lay.tables:
+            for t in placement.tables:
                 self.buffers[lost].lock(t, plan.data_ids(t))
                 self.stores[lost].mark_stale(t, plan.parity_slots(t))
         rebuild = Rebuild(lost, step, started, truth, plan)
@@ -237,13 +238,13 @@ class EcrmHooks(PsHooks):
         """The lost holder's parity slots with a member some source PS has created: every
         other slot is the code of initial values, which a ``ParityStore`` computes itself."""
         out = {}
-        for t in self.layout.tables:
+        for t in self.placement.tables:
             created = [
                 self.cluster.ps[s].tables[t]._ids[: self.cluster.ps[s].tables[t].size]
-                for s in self.layout.sources_of(holder)
+                for s in self.placement.sources_of(holder)
             ]
             ids = np.concatenate(created) if created else np.empty(0, np.int64)
-            where, slots = self.layout.parity_location(t, ids)
+            where, slots = self.placement.parity_location(t, ids)
             out[t] = np.unique(slots[where == holder])
         return out
 

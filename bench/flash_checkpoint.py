@@ -42,8 +42,8 @@ from airflow_rover.core.checkpoint_files import read_digest
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import ENV_FLASH_DIR, flash_dir_for
 from airflow_rover.core.spec import FeatureConfig, TableConfig
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
 
 GOAL_RATIO = 0.5
@@ -107,7 +107,7 @@ def memcpy_rates(arrays: list[np.ndarray], repeats: int) -> tuple[float, float]:
 def legacy_save(ps: ParameterServer, path: Path) -> tuple[float, float, int]:
     """The save() this change replaced: (apply-lock pause, whole Save call, bytes)."""
     start = time.perf_counter()
-    with ps._apply_lock:
+    with ps.applying():
         locked = time.perf_counter()
         arrays: dict[str, np.ndarray] = {}
         for name, table in ps.tables.items():

@@ -343,7 +343,7 @@ class JobMaster:
         """A worker that lost a PS and gave up on what it was training gives its shards back,
         once it is connected to the replacement: each resumes at its first batch some PS
         lacks. (Under ECRM a lost PS does not release the workers' shards: they train on
-        through it, ``ps.lost``.)"""
+        through it, ``core.ecrm.degraded``.)"""
         with self._lock:
             self._node(node_id)
             released = self.queue.release_worker(node_id)
@@ -740,7 +740,7 @@ class JobMaster:
     @property
     def _training_through_loss(self) -> bool:
         """A lost PS's replacement is on its way under ECRM: the workers train on meanwhile
-        (their pushes for it held, ``ps.lost``), so shards are still handed out; the ones
+        (their pushes for it held, ``core.ecrm.degraded``), so shards are still handed out; the ones
         leased then are checked against the ledgers when done, like those leased at the
         loss."""
         return (

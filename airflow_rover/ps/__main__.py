@@ -28,8 +28,8 @@ from airflow_rover.core.job_dir import (
     NodeContext,
     checkpoint_number,
 )
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.master_client import MasterClient
 

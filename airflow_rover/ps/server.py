@@ -10,7 +10,6 @@ import collections
 import contextlib
 import hmac
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -21,12 +20,12 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import write_npz
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
-from airflow_rover.ps.ecrm import EcrmPeer, read_text
+from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
 
@@ -53,7 +52,7 @@ def _live_views(
     out: list[tuple[str, np.ndarray]] = []
     for table in tables:
         n, prefix = table.size, f"table/{table.name}/"
-        out += [(f"{prefix}ids", table._ids[:n]), (f"{prefix}rows", table.rows[:n])]
+        out += [(f"{prefix}ids", table.live_ids), (f"{prefix}rows", table.rows[:n])]
         out.append((f"{prefix}counts", table.counts[:n]))
         out += [(f"{prefix}state/{k}", v[:n]) for k, v in table.state.items()]
     out += [(f"dense/{name}", value) for name, value in dense.values.items()]
@@ -82,24 +81,11 @@ def _persist_reply(job: Persist | None) -> dict[str, np.ndarray]:
     return reply
 
 
-class ParameterServer:
+class ParameterServer(Partition):
     """One PS's partition of the model and the operations workers call on it."""
 
-    def __init__(
-        self, index: int, num_ps: int, layout: EmbeddingPlacement, optimizer: Optimizer, seed: int
-    ) -> None:
-        self.index = index
-        self.num_ps = num_ps
-        self.tables = {
-            g.name: EmbeddingTable(g.name, g.dim, g.vocab_size, seed, optimizer)
-            for g in layout.groups
-        }
-        self.dense = DenseStore(optimizer)
-        self.ledger = BatchLedger()
-        self.pushes = 0
-        # Held while a push is applied and while a checkpoint is taken, so a checkpoint never
-        # holds half a push and its ledger names exactly the pushes its rows include.
-        self._apply_lock = threading.Lock()
+    pushes: int = 0
+    """Pushes applied so far (``stats``)."""
 
     def _table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
@@ -191,7 +177,7 @@ class ParameterServer:
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
         self.dense.check_update(dense)
-        with self._apply_lock:
+        with self.applying():
             if not self.ledger.admit(key):  # a retried batch this PS already applied
                 return {"duplicate": np.ones(1, dtype=np.uint8)}
             if self.ecrm is not None:  # ECRM: the differences go to the parity holders
@@ -226,12 +212,12 @@ class ParameterServer:
     def _frozen(self) -> Iterator[_Frozen]:
         """Views of the live state (and a copy of the ledger) that no push, pull or dense
         update changes while the block runs: pushes wait for it, so keep it to a copy."""
-        with self._apply_lock:
+        with self.applying():
             start = time.perf_counter()
             with contextlib.ExitStack() as stack:
                 for table in self.tables.values():
-                    stack.enter_context(table._lock)
-                stack.enter_context(self.dense._lock)
+                    stack.enter_context(table.holding())
+                stack.enter_context(self.dense.holding())
                 # The ledger as an array (its fastest copy); sorted after the pause.
                 applied = np.fromiter(self.ledger.applied, np.int64, len(self.ledger.applied))
                 rejected = collections.Counter(self.ledger.rejected)
@@ -293,7 +279,7 @@ class ParameterServer:
 
     def ledger_info(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The batch keys this PS has applied and how many retried pushes it turned away."""
-        with self._apply_lock:
+        with self.applying():
             arrays = self.ledger.to_arrays()
         return {
             "applied": arrays["ledger/applied"],
@@ -315,7 +301,7 @@ class ParameterServer:
         if num_ps < 1 or len(addresses) != num_ps:
             raise ValueError(f"reshard: {len(addresses)} addresses for num_ps={num_ps}")
         started = time.perf_counter()
-        with self._apply_lock:
+        with self.applying():
             outgoing: list[dict[str, np.ndarray]] = [{} for _ in range(num_ps)]
             for name, table in self.tables.items():
 
@@ -350,7 +336,7 @@ class ParameterServer:
         """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
         an empty ledger (new in this layout) adopts the sender's: every PS has applied the
         same batches once the workers have paused."""
-        with self._apply_lock:
+        with self.applying():
             for name, table in self.tables.items():
                 prefix = f"table/{name}/"
                 part = {k[len(prefix) :]: v for k, v in req.items() if k.startswith(prefix)}
@@ -427,12 +413,12 @@ class ParameterServer:
 
     def ecrm_call(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """ECRM operations (``ps.ecrm``): ``setup`` and ``rebuild`` (on a replacement) start
-        it with the layout the master gives; every other op goes to ``EcrmPeer.handle``."""
+        it with the placement the master gives; every other op goes to ``EcrmPeer.handle``."""
         op = read_text(req["op"])
         if op in ("setup", "rebuild"):
             if self.ecrm is not None:
                 self.ecrm.close()
-            self.ecrm = EcrmPeer(
+            args = (
                 self,
                 int(req["k"][0]),
                 int(req["rows_per_lock"][0]),
@@ -441,7 +427,10 @@ class ParameterServer:
                 self.token,
             )
             if op == "rebuild":
-                return self.ecrm.start_rebuild()
+                replacement = Replacement(*args)
+                self.ecrm = replacement
+                return replacement.start_rebuild()
+            self.ecrm = EcrmPeer(*args)
             self.ecrm.send_ledger()
             return {}
         if self.ecrm is None:

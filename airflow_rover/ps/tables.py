@@ -10,12 +10,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import numpy as np
 
 from airflow_rover.core.cpr import SsuTracker, top_rows
 from airflow_rover.core.hashing import initial_rows
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 
 INIT_SCALE = 0.05
 
@@ -76,6 +77,22 @@ class EmbeddingTable:
     @property
     def size(self) -> int:
         return self._size
+
+    def holding(self) -> AbstractContextManager[bool]:
+        """The table's lock: no row is created, changed or removed while it is held (a
+        snapshot reads ``live_ids`` and the row arrays as views under it)."""
+        return self._lock
+
+    @property
+    def live_ids(self) -> np.ndarray:
+        """The ids of the created rows in slot order: a view of the live array, valid while
+        the table is held (``holding``)."""
+        return self._ids[: self._size]
+
+    def created_ids(self) -> np.ndarray:
+        """The ids of the created rows in slot order, a copy (ECRM: which rows a PS has)."""
+        with self._lock:
+            return self._ids[: self._size].copy()
 
     @property
     def vocab_size(self) -> int:
@@ -311,6 +328,11 @@ class DenseStore:
         self.state: dict[str, dict[str, np.ndarray]] = {}
         self.version = 0  # updates applied so far: lets a worker skip re-reading its own update
         self._lock = threading.Lock()
+
+    def holding(self) -> AbstractContextManager[bool]:
+        """The store's lock: no variable changes while it is held (a snapshot reads them as
+        views under it)."""
+        return self._lock
 
     def initialize(self, values: dict[str, np.ndarray]) -> None:
         with self._lock:

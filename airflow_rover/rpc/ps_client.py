@@ -11,9 +11,9 @@ import grpc
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import PartDigest
+from airflow_rover.core.ecrm.degraded import EcrmReads, LostPS
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.ledger import NO_KEY
-from airflow_rover.ps.lost import EcrmReads, LostPS
 from airflow_rover.rpc import frames, ps_service
 
 LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)

@@ -10,11 +10,11 @@ import threading
 
 import grpc
 
+from airflow_rover.core.ecrm.degraded import EcrmReads
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import NodeContext
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.ps.lost import EcrmReads
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.rpc.master_api import EXIT_PS_LOST
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
     ecrm = None
     if spec.checkpoint.policy == "ecrm" and args.role == "worker":
-        # a lost PS's rows are decoded here until its replacement is up (``ps.lost``)
+        # a lost PS's rows are decoded here until its replacement is up (``core.ecrm.degraded``)
         groups = EmbeddingPlacement.from_features(features).groups
         ecrm = EcrmReads(spec.checkpoint.ecrm.k, {g.name: g.vocab_size for g in groups}, optimizer)
         threading.Thread(target=ecrm.warm, args=(len(cluster.ps),), daemon=True).start()

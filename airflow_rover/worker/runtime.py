@@ -31,8 +31,8 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import Batch, SampleReader
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import DenseReply, PSClient, Push
@@ -366,7 +366,7 @@ def train(
     """Lease shards until the master says the queue is done. ``ps_set_version``: that of the
     PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
 
-    A lost PS does not end the worker. Under ECRM it trains on (``ps.lost``: the lost rows
+    A lost PS does not end the worker. Under ECRM it trains on (``core.ecrm.degraded``: lost rows
     are decoded, its part of each push held) until the master announces the replacement, then
     delivers what it held there and moves on (``_TrainLoop._switch_layout``). Otherwise its
     training loop stops (what was in flight is dropped; the master requeues those shards from

@@ -104,7 +104,7 @@ CASES = {
     "seed-1": (1, {}, {}),
     "seed-2": (2, {}, {}),
     "seed-3": (3, {}, {}),
-    # ECRM: the workers train through each lost PS (``ps.lost``) while its replacement is
+    # ECRM: the workers train through each lost PS (``core.ecrm.degraded``) while its replacement is
     # rebuilt from parity; PS (replacements too) are killed while every worker trains (workers
     # and the master are killed in the cases above).
     "ecrm-seed-4": (

@@ -27,7 +27,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import FeatureConfig, TableConfig
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
 
 ACCESS_KEY = "AKIAROVERTEST"

@@ -27,7 +27,7 @@ from airflow_rover.core.ecrm import (
     rows_to_rebuild,
 )
 from airflow_rover.core.hashing import initial_rows, partition_of
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 
 DIMS = {"dim4": 4, "dim1": 1}
 VOCAB = {"dim4": 47, "dim1": 29}
@@ -54,10 +54,10 @@ class SimPS:
     """One PS: its rows (all of its ids, created eagerly with their initial values), the
     parity it holds, its outgoing channels and the updates it holds back."""
 
-    def __init__(self, index, layout, codec, opt, initial, epoch=0, blank=False):
+    def __init__(self, index, placement, codec, opt, initial, epoch=0, blank=False):
         self.index = index
         self.opt = opt
-        self.ids = {t: layout.ids_on(t, index) for t in layout.tables}
+        self.ids = {t: placement.ids_on(t, index) for t in placement.tables}
         self.values = {}
         for t, ids in self.ids.items():
             fields = initial(t, ids)
@@ -68,8 +68,8 @@ class SimPS:
         self.acked = {
             t: {n: v.copy() for n, v in initial(t, ids).items()} for t, ids in self.ids.items()
         }
-        self.store = ParityStore(layout, index, codec, initial, epoch)
-        self.prop = DifferencePropagator(layout, index, codec, epoch)
+        self.store = ParityStore(placement, index, codec, initial, epoch)
+        self.prop = DifferencePropagator(placement, index, codec, epoch)
         self.buffer = UpdateBuffer()
 
     def pos(self, table, ids):
@@ -97,12 +97,12 @@ class SimPS:
 
 class Cluster:
     def __init__(self, num_ps, k, codec, opt, seed):
-        self.layout = ParityPlacement(num_ps, k, VOCAB)
+        self.placement = ParityPlacement(num_ps, k, VOCAB)
         self.codec = codec
         self.opt = opt
         self.initial = make_initial(opt)
         self.rng = np.random.default_rng(seed)
-        self.ps = [SimPS(i, self.layout, codec, opt, self.initial) for i in range(num_ps)]
+        self.ps = [SimPS(i, self.placement, codec, opt, self.initial) for i in range(num_ps)]
         self.channels: dict[tuple[int, int], deque[tuple[ParityDelta, dict]]] = {}
         self.outcomes = {"applied": 0, "duplicate": 0, "fenced": 0}
 
@@ -188,12 +188,12 @@ def assert_fields_close(codec, got, want, what):
 
 def check_parity_consistent(cluster):
     """Every parity row of every holder equals the code of its members' current fields."""
-    lay, codec = cluster.layout, cluster.codec
-    for holder in range(lay.num_ps):
+    placement, codec = cluster.placement, cluster.codec
+    for holder in range(placement.num_ps):
         store = cluster.ps[holder].store
-        for table in lay.tables:
-            slots = np.arange(lay.num_slots(table, holder))
-            member_ps, member_ids = lay.members(table, holder, slots)
+        for table in placement.tables:
+            slots = np.arange(placement.num_slots(table, holder))
+            member_ps, member_ids = placement.members(table, holder, slots)
             dtypes, trailing = store.spec(table)
 
             def values(i, ids, member_ps=member_ps, table=table):
@@ -210,19 +210,21 @@ def check_parity_consistent(cluster):
 
 def fail_and_rebuild(cluster, lost, rows_per_lock, stats):
     """Lose PS ``lost`` and rebuild it chunk by chunk while training goes on."""
-    rng, lay = cluster.rng, cluster.layout
+    rng, placement = cluster.rng, cluster.placement
     truth = {t: {n: v.copy() for n, v in f.items()} for t, f in cluster.ps[lost].acked.items()}
     epoch = 1
     # The master fences the dead incarnation at its holders and starts a replacement;
     # messages still in flight from (or to) the dead process are left on the wire.
-    for holder in lay.holders_of(lost):
+    for holder in placement.holders_of(lost):
         cluster.ps[holder].store.fence(lost, epoch)
-    repl = SimPS(lost, lay, cluster.codec, cluster.opt, cluster.initial, epoch=epoch, blank=True)
+    repl = SimPS(
+        lost, placement, cluster.codec, cluster.opt, cluster.initial, epoch=epoch, blank=True
+    )
     cluster.ps[lost] = repl
-    for src in lay.sources_of(lost):
+    for src in placement.sources_of(lost):
         cluster.ps[src].prop.reset_holder(lost, epoch)
-    plan = RebuildPlan(lay, lost, rows_per_lock)
-    for table in lay.tables:
+    plan = RebuildPlan(placement, lost, rows_per_lock)
+    for table in placement.tables:
         repl.buffer.lock(table, plan.data_ids(table))
         repl.store.mark_stale(table, plan.parity_slots(table))
 
@@ -269,9 +271,9 @@ def fail_and_rebuild(cluster, lost, rows_per_lock, stats):
             cluster.apply_held(int(ps), chunk.table, held)
             cluster.steps(int(rng.integers(0, 3)))
     assert plan.done and plan.rows_done == plan.rows_total
-    for table in lay.tables:
+    for table in placement.tables:
         assert repl.buffer.held_rows == 0
-        assert not repl.store.stale(table, np.arange(lay.num_slots(table, lost))).any()
+        assert not repl.store.stale(table, np.arange(placement.num_slots(table, lost))).any()
         assert all(np.isfinite(v).all() for v in repl.values[table].values())
 
 
@@ -303,16 +305,16 @@ def test_rebuild_restores_every_lost_row_and_state_under_any_single_loss(k, num_
         assert stats["max_err"] < 1e-9
 
 
-def test_layout_groups_partition_rows_over_distinct_ps():
+def test_placement_groups_partition_rows_over_distinct_ps():
     """Every row is in exactly one group; a group's k members sit on k different PS, its
     parity on yet another; a PS's rows have their parity on the k PS after it."""
     for num_ps, k in [(3, 2), (5, 4), (7, 2), (9, 4), (6, 5)]:
-        lay = ParityPlacement(num_ps, k, {"t": 1000, "u": 17})
-        for table, vocab in lay.vocab_sizes.items():
+        placement = ParityPlacement(num_ps, k, {"t": 1000, "u": 17})
+        for table, vocab in placement.vocab_sizes.items():
             seen = np.zeros(vocab, dtype=int)
             for holder in range(num_ps):
-                slots = np.arange(lay.num_slots(table, holder))
-                ps, ids = lay.members(table, holder, slots)
+                slots = np.arange(placement.num_slots(table, holder))
+                ps, ids = placement.members(table, holder, slots)
                 present = ids >= 0
                 assert present.any(axis=1).all()  # no empty parity slot
                 np.add.at(seen, ids[present], 1)
@@ -320,44 +322,44 @@ def test_layout_groups_partition_rows_over_distinct_ps():
                     where = ps[row][present[row]]
                     assert np.unique(where).size == where.size
                     assert holder not in where
-                # members really live on the PS the layout names, and point back here
+                # members really live on the PS the placement names, and point back here
                 np.testing.assert_array_equal(
                     partition_of(table, ids[present], num_ps), ps[present]
                 )
-                back_h, back_s = lay.parity_location(table, ids[present])
+                back_h, back_s = placement.parity_location(table, ids[present])
                 assert (back_h == holder).all()
                 np.testing.assert_array_equal(back_s, np.nonzero(present)[0])
             assert (seen == 1).all()
             for p in range(num_ps):
-                holders, _ = lay.parity_location(table, lay.ids_on(table, p))
-                assert set(holders.tolist()) <= set(lay.holders_of(p))
-                assert lay.sources_of(lay.holders_of(p)[0])[-1] == p
+                holders, _ = placement.parity_location(table, placement.ids_on(table, p))
+                assert set(holders.tolist()) <= set(placement.holders_of(p))
+                assert placement.sources_of(placement.holders_of(p)[0])[-1] == p
 
 
 def test_parity_spreads_evenly_over_holders():
     """Rotating placement: each PS holds about rows/(k*n) parity rows, and the parity of one
     PS's rows goes to its k successors in equal shares (RAID-5 when n = k + 1)."""
-    lay = ParityPlacement(6, 4, {"t": 60_000})
-    slots = np.array([lay.num_slots("t", h) for h in range(6)])
+    placement = ParityPlacement(6, 4, {"t": 60_000})
+    slots = np.array([placement.num_slots("t", h) for h in range(6)])
     assert np.abs(slots - 60_000 / 24).max() < 0.05 * 60_000 / 24
     for p in range(6):
-        holders, _ = lay.parity_location("t", lay.ids_on("t", p))
-        share = np.bincount(holders, minlength=6)[list(lay.holders_of(p))] / holders.size
+        holders, _ = placement.parity_location("t", placement.ids_on("t", p))
+        share = np.bincount(holders, minlength=6)[list(placement.holders_of(p))] / holders.size
         np.testing.assert_allclose(share, 1 / 4, atol=0.01)
 
 
-def test_layout_rejects_too_few_ps_naming_k():
+def test_placement_rejects_too_few_ps_naming_k():
     with pytest.raises(ValueError, match=r"ecrm.k=4: needs at least k\+1=5 parameter servers"):
         ParityPlacement(4, 4, {"t": 10})
     with pytest.raises(ValueError, match=r"ecrm\.k=0"):
         ParityPlacement(4, 0, {"t": 10})
-    lay = ParityPlacement(3, 2, {"t": 10})
+    placement = ParityPlacement(3, 2, {"t": 10})
     with pytest.raises(ValueError, match=r"ids must lie in \[0, 10\)"):
-        lay.parity_location("t", np.array([10]))
+        placement.parity_location("t", np.array([10]))
     with pytest.raises(KeyError, match="unknown table"):
-        lay.owner("nope", np.array([1]))
+        placement.owner("nope", np.array([1]))
     with pytest.raises(ValueError, match="rows_per_lock"):
-        RebuildPlan(lay, 0, 0)
+        RebuildPlan(placement, 0, 0)
 
 
 @pytest.mark.parametrize("codec", [SumCodec(), XorCodec()])
@@ -409,17 +411,17 @@ def test_sum_codec_rejects_integers_and_xor_odd_widths():
 def _store_pair(codec=None):
     codec = codec or SumCodec()
     opt = Optimizer("adagrad", 0.1)
-    lay = ParityPlacement(3, 2, {"dim4": 40})
+    placement = ParityPlacement(3, 2, {"dim4": 40})
     initial = make_initial(opt)
-    src = SimPS(0, lay, codec, opt, initial)
-    holder = lay.holders_of(0)[0]
-    return lay, src, ParityStore(lay, holder, codec, initial), holder
+    src = SimPS(0, placement, codec, opt, initial)
+    holder = placement.holders_of(0)[0]
+    return placement, src, ParityStore(placement, holder, codec, initial), holder
 
 
 def test_parity_store_applies_each_message_once_in_order_and_fences_the_dead():
-    lay, src, store, holder = _store_pair()
-    ids = lay.ids_on("dim4", 0)
-    holders, _ = lay.parity_location("dim4", ids)
+    placement, src, store, holder = _store_pair()
+    ids = placement.ids_on("dim4", 0)
+    holders, _ = placement.parity_location("dim4", ids)
     ids = ids[holders == holder][:3]
     grads = np.ones((ids.size, 4), dtype=np.float32)
     first, _ = src.apply_now("dim4", ids, grads)
@@ -443,13 +445,13 @@ def test_parity_store_applies_each_message_once_in_order_and_fences_the_dead():
 def test_parity_is_materialised_lazily_from_initial_values():
     """A slot no member was updated in reads as the code of the members' initial values;
     decoding any row through it gives that row's initial value."""
-    lay, _, store, holder = _store_pair(XorCodec())
+    placement, _, store, holder = _store_pair(XorCodec())
     assert store.materialised("dim4").size == 0
-    lost = lay.sources_of(holder)[0]
-    ids = lay.ids_on("dim4", lost)
-    plan = plan_decode(lay, "dim4", lost, ids)
+    lost = placement.sources_of(holder)[0]
+    ids = placement.ids_on("dim4", lost)
+    plan = plan_decode(placement, "dim4", lost, ids)
     parity = {
-        h: ParityStore(lay, h, store.codec, store.initial).read("dim4", s)
+        h: ParityStore(placement, h, store.codec, store.initial).read("dim4", s)
         for h, (_, s) in plan.parity.items()
     }
     members = {ps: store.initial("dim4", m) for ps, m in plan.member_ids.items()}
@@ -469,8 +471,8 @@ def test_degraded_read_matches_live_rows_once_drained():
         cluster.drain_all()
         for lost in range(5):
             for table in VOCAB:
-                ids = cluster.layout.ids_on(table, lost)
-                plan = plan_decode(cluster.layout, table, lost, ids)
+                ids = cluster.placement.ids_on(table, lost)
+                plan = plan_decode(cluster.placement, table, lost, ids)
                 parity = {
                     h: cluster.ps[h].store.read(table, s) for h, (_, s) in plan.parity.items()
                 }
@@ -490,8 +492,8 @@ def test_degraded_read_catches_up_with_differences_in_flight():
         assert sum(len(q) for q in cluster.channels.values()) > 20
         for lost in range(5):
             for table in VOCAB:
-                ids = cluster.layout.ids_on(table, lost)
-                plan = plan_decode(cluster.layout, table, lost, ids)
+                ids = cluster.placement.ids_on(table, lost)
+                plan = plan_decode(cluster.placement, table, lost, ids)
                 members = {p: cluster.ps[p].read(table, m) for p, m in plan.member_ids.items()}
                 parity = {}
                 for h, (_, slots) in plan.parity.items():
@@ -503,7 +505,7 @@ def test_degraded_read_catches_up_with_differences_in_flight():
                         for delta, _ in queue
                         for part in restrict(delta, {table: plan.member_ids[source]})
                     ]
-                    catch_up(cluster.layout, codec, table, h, slots, parity[h], in_flight)
+                    catch_up(cluster.placement, codec, table, h, slots, parity[h], in_flight)
                 dtypes, _ = cluster.ps[lost].store.spec(table)
                 got = plan.decode(codec, parity, members, dtypes)
                 src = cluster.ps[lost]
@@ -516,23 +518,23 @@ def test_rows_to_rebuild_are_the_updated_groups_of_the_lost_ps():
     cluster = Cluster(6, 2, SumCodec(), Optimizer("adagrad", 0.1), seed=8)
     cluster.steps(16)
     cluster.drain_all()
-    lay, lost = cluster.layout, 3
+    placement, lost = cluster.placement, 3
     mat = {h: {t: cluster.ps[h].store.materialised(t) for t in VOCAB} for h in range(6)}
-    targets = rows_to_rebuild(lay, lost, mat)
+    targets = rows_to_rebuild(placement, lost, mat)
     initial = make_initial(cluster.opt)
     for table in VOCAB:
-        ids = lay.ids_on(table, lost)
+        ids = placement.ids_on(table, lost)
         listed = np.isin(ids, targets[table])
         assert listed.sum() < ids.size
         rest = ids[~listed]
         now, init = cluster.ps[lost].read(table, rest), initial(table, rest)
         for n in init:
             np.testing.assert_array_equal(now[n], init[n])
-        assert (lay.owner(table, targets[table]) == lost).all()
+        assert (placement.owner(table, targets[table]) == lost).all()
     assert sum(v.size for v in targets.values()) > 0
-    plan = RebuildPlan(lay, lost, 4, data_ids=targets)
+    plan = RebuildPlan(placement, lost, 4, data_ids=targets)
     assert plan.rows_total == sum(v.size for v in targets.values()) + sum(
-        lay.num_slots(t, lost) for t in VOCAB
+        placement.num_slots(t, lost) for t in VOCAB
     )
 
 
@@ -541,8 +543,8 @@ def test_encode_plan_rebuilds_a_holders_parity():
     cluster.steps(200)
     cluster.drain_all()
     for holder in range(4):
-        slots = np.arange(cluster.layout.num_slots("dim4", holder))
-        plan = plan_encode(cluster.layout, "dim4", holder, slots)
+        slots = np.arange(cluster.placement.num_slots("dim4", holder))
+        plan = plan_encode(cluster.placement, "dim4", holder, slots)
         members = {p: cluster.ps[p].read("dim4", m) for p, m in plan.member_ids.items()}
         dtypes, _ = cluster.ps[holder].store.spec("dim4")
         got = plan.encode(cluster.codec, members, dtypes)
@@ -558,11 +560,11 @@ def test_encode_only_plans_rebuild_all_parity_after_a_restore():
     cluster.steps(200)
     cluster.channels.clear()  # the processes died: nothing in flight survives
     for ps in cluster.ps:
-        ps.store = ParityStore(cluster.layout, ps.index, cluster.codec, cluster.initial, epoch=1)
+        ps.store = ParityStore(cluster.placement, ps.index, cluster.codec, cluster.initial, epoch=1)
         for table in VOCAB:
             ps.store.mark_stale(table)
     for holder in range(5):
-        plan = RebuildPlan(cluster.layout, holder, rows_per_lock=8, data_ids={})
+        plan = RebuildPlan(cluster.placement, holder, rows_per_lock=8, data_ids={})
         while (chunk := plan.next_chunk()) is not None:
             assert chunk.kind == "encode" and chunk.ids.size == 0
             plan.locks_installed({ps: {} for ps in chunk.lock_ps})
@@ -573,17 +575,17 @@ def test_encode_only_plans_rebuild_all_parity_after_a_restore():
             cluster.ps[holder].store.write(chunk.table, chunk.slots, encoded)
             plan.chunk_written()
     with pytest.raises(ValueError, match="being rebuilt"):
-        stale = ParityStore(cluster.layout, 0, cluster.codec, cluster.initial)
+        stale = ParityStore(cluster.placement, 0, cluster.codec, cluster.initial)
         stale.mark_stale("dim4")
         stale.read("dim4", np.array([0]))
     check_parity_consistent(cluster)
 
 
 def test_rebuild_plan_enforces_its_protocol_and_reports_progress():
-    lay = ParityPlacement(3, 2, {"t": 30})
-    plan = RebuildPlan(lay, 1, rows_per_lock=4)
-    n_data = lay.ids_on("t", 1).size
-    n_slots = lay.num_slots("t", 1)
+    placement = ParityPlacement(3, 2, {"t": 30})
+    plan = RebuildPlan(placement, 1, rows_per_lock=4)
+    n_data = placement.ids_on("t", 1).size
+    n_slots = placement.num_slots("t", 1)
     assert plan.rows_total == n_data + n_slots
     assert plan.chunks == -(-n_data // 4) + -(-n_slots // 4)
     with pytest.raises(RuntimeError, match="rebuild is idle, not draining"):
@@ -595,14 +597,14 @@ def test_rebuild_plan_enforces_its_protocol_and_reports_progress():
         plan.next_chunk()
     with pytest.raises(ValueError, match="no sent"):
         plan.locks_installed({})
-    plan.locks_installed({ps: {h: 3 for h in lay.holders_of(ps)} for ps in chunk.lock_ps})
+    plan.locks_installed({ps: {h: 3 for h in placement.holders_of(ps)} for ps in chunk.lock_ps})
     assert not plan.drained({h: {} for h in chunk.holders})
-    assert plan.drained({h: dict.fromkeys(lay.sources_of(h), 3) for h in chunk.holders})
+    assert plan.drained({h: dict.fromkeys(placement.sources_of(h), 3) for h in chunk.holders})
     plan.chunk_written()
     assert plan.rows_done == 4
-    others = np.setdiff1d(lay.ids_on("t", 1), chunk.ids)
+    others = np.setdiff1d(placement.ids_on("t", 1), chunk.ids)
     assert (plan.status("t", others) == RowStatus.PENDING).all()
-    assert (plan.status("t", np.array([lay.ids_on("t", 0)[0]])) == RowStatus.DONE).all()
+    assert (plan.status("t", np.array([placement.ids_on("t", 0)[0]])) == RowStatus.DONE).all()
 
 
 def test_update_buffer_holds_locked_rows_and_releases_them_in_order():
@@ -623,21 +625,21 @@ def test_update_buffer_holds_locked_rows_and_releases_them_in_order():
 
 
 def test_propagator_rejects_rows_it_does_not_own():
-    lay = ParityPlacement(3, 2, {"t": 30})
-    prop = DifferencePropagator(lay, 0, SumCodec())
-    foreign = lay.ids_on("t", 1)[:2]
+    placement = ParityPlacement(3, 2, {"t": 30})
+    prop = DifferencePropagator(placement, 0, SumCodec())
+    foreign = placement.ids_on("t", 1)[:2]
     f = {"row": np.zeros((2, 1), np.float32)}
     with pytest.raises(ValueError, match="not owned by PS 0"):
         prop.deltas({"t": (foreign, f, f)})
-    mine = lay.ids_on("t", 0)[:1]
+    mine = placement.ids_on("t", 0)[:1]
     with pytest.raises(ValueError, match="unique"):
         prop.deltas({"t": (np.repeat(mine, 2), f, f)})
 
 
 def test_the_rebuild_path_groupings_match_numpy_unique() -> None:
-    """``_present`` and ``_sorted_inverse`` stand in for ``np.unique`` on the rebuild path
+    """``distinct_ps`` and ``sorted_inverse`` stand in for ``np.unique`` on the rebuild path
     (ids there are unique; the fallback keeps repeats right too)."""
-    from airflow_rover.core.ecrm import _present, _sorted_inverse
+    from airflow_rover.core.ecrm.ids import distinct_ps, sorted_inverse
 
     rng = np.random.default_rng(3)
     for ids in (
@@ -646,11 +648,11 @@ def test_the_rebuild_path_groupings_match_numpy_unique() -> None:
         np.arange(5),
         np.empty(0, dtype=np.int64),
     ):
-        uniq, inverse = _sorted_inverse(ids)
+        uniq, inverse = sorted_inverse(ids)
         want, want_inverse = np.unique(ids, return_inverse=True)
         np.testing.assert_array_equal(uniq, want)
         np.testing.assert_array_equal(uniq[inverse], ids)
         np.testing.assert_array_equal(inverse, want_inverse)
     ps = rng.integers(0, 6, 1000)
-    np.testing.assert_array_equal(_present(ps), np.unique(ps))
-    assert _present(np.empty(0, dtype=np.int64)).size == 0
+    np.testing.assert_array_equal(distinct_ps(ps), np.unique(ps))
+    assert distinct_ps(np.empty(0, dtype=np.int64)).size == 0

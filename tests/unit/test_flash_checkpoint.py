@@ -39,6 +39,7 @@ from airflow_rover.core.spec import (
     TrainingConfig,
 )
 from airflow_rover.core.states import JobState
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.node_launcher import NodeLauncher
@@ -46,7 +47,6 @@ from airflow_rover.master.service import JobMaster
 from airflow_rover.ps import flash as flash_module
 from airflow_rover.ps.__main__ import restore
 from airflow_rover.ps.flash import FlashCheckpointer, ShmSlot, choose_restore
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient

@@ -26,6 +26,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
@@ -33,7 +34,6 @@ from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.service import JobMaster
-from airflow_rover.ps.optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -713,7 +713,7 @@ def test_a_ps_that_exits_cleanly_unasked_is_lost_not_done(make_job) -> None:
 def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     make_job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ECRM: the workers train on while a lost PS's replacement starts (``ps.lost``): their
+    """ECRM: the workers train on while a lost PS's replacement starts (``core.ecrm.degraded``): their
     shards stay leased and more are handed out. Once the replacement is up, every shard
     leased through the loss is checked against the PS ledgers when it is done: the lost PS
     may have applied one of its batches without its parity holders hearing of it. (The PS are

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.hashing import initial_rows
-from airflow_rover.ps.optimizers import (
+from airflow_rover.core.training_optimizers import (
     ADAGRAD_INITIAL_ACCUMULATOR,
     ADAM_BETA_1,
     ADAM_BETA_2,

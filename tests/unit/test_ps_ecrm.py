@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, VOCAB, Cluster
 
-from airflow_rover.ps import ecrm
-from airflow_rover.ps.lost import EcrmReads
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.ecrm.degraded import EcrmReads
+from airflow_rover.core.ecrm.messages import read_text
+from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.ps.ecrm import holder as ecrm_holder
+from airflow_rover.ps.ecrm import peer as ecrm_peer
+from airflow_rover.ps.ecrm.channels import Peers
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.ps_client import PSClient
 
@@ -52,20 +55,20 @@ def push_steps(clients: list[PSClient], first_key: int, count: int, seed: int) -
 def on_parity_frames(
     monkeypatch: pytest.MonkeyPatch,
     holder: int,
-    act: Callable[[ecrm.Peers, dict[str, np.ndarray]], None],
+    act: Callable[[Peers, dict[str, np.ndarray]], None],
 ) -> None:
     """Every parity frame any PS sends ``holder`` goes through ``act(sender's peers, frame)``
     first, which may delay it or raise (the frame is then not delivered)."""
-    call = ecrm.Peers.call
+    call = Peers.call
 
     def intercepted(
-        self: ecrm.Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
+        self: Peers, index: int, arrays: dict[str, np.ndarray], timeout: float = 60
     ) -> dict:
-        if index == holder and ecrm.read_text(arrays["op"]) == "parity":
+        if index == holder and read_text(arrays["op"]) == "parity":
             act(self, arrays)
         return call(self, index, arrays, timeout)
 
-    monkeypatch.setattr(ecrm.Peers, "call", intercepted)
+    monkeypatch.setattr(Peers, "call", intercepted)
 
 
 def rows_of(servers: list[ParameterServer]) -> dict[tuple[str, int], np.ndarray]:
@@ -162,7 +165,7 @@ class EcrmCluster(Cluster):
 @pytest.fixture
 def clusters(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[EcrmCluster, Cluster]]:
     """An ECRM cluster and a plain one that get the same pushes."""
-    monkeypatch.setattr(ecrm, "DENSE_REPLICA_S", 0.05)
+    monkeypatch.setattr(ecrm_peer, "DENSE_REPLICA_S", 0.05)
     coded, plain = EcrmCluster(rows_per_lock=64), Cluster(NUM_PS)
     for c in (coded, plain):
         client = c.client()
@@ -240,17 +243,17 @@ def test_batches_only_some_holders_got_are_taken_out_and_trained_again(
     its own channel): the rebuilt ledger keeps only what both had, the one that had more takes
     those batches out of its parity, and once the master has them trained again the rebuilt
     rows are those of a job without the loss."""
-    monkeypatch.setattr(ecrm, "RECENT_S", 60.0)  # however slow this machine is
+    monkeypatch.setattr(ecrm_holder, "RECENT_S", 60.0)  # however slow this machine is
     coded, plain = clusters
     push_steps([coded.client(), plain.client()], 0, 10, seed=5)
     drained(coded)
     peer = coded.ps[1].ecrm
     assert peer is not None
-    late, early = peer.layout.holders_of(1)
+    late, early = peer.placement.holders_of(1)
     call = peer.peers.call
 
     def cut_off(index: int, arrays: dict[str, np.ndarray], timeout: float = 60) -> dict:
-        if index == late and ecrm.read_text(arrays["op"]) == "parity":
+        if index == late and read_text(arrays["op"]) == "parity":
             raise _Unreachable()
         return call(index, arrays, timeout)
 
@@ -284,9 +287,9 @@ def test_a_ps_lost_again_before_its_holders_heard_its_ledger_again_keeps_its_bat
     drained(coded)
     peer = coded.ps[1].ecrm
     assert peer is not None
-    late = peer.layout.holders_of(1)[0]
+    late = peer.placement.holders_of(1)[0]
 
-    def cut_off(peers: ecrm.Peers, arrays: dict[str, np.ndarray]) -> None:
+    def cut_off(peers: Peers, arrays: dict[str, np.ndarray]) -> None:
         if "source" in arrays and arrays["source"].tolist() == [1, 1]:  # first replacement
             raise _Unreachable()
 
@@ -315,7 +318,7 @@ def test_a_replacement_started_after_its_holder_was_replaced_reaches_it(
     drained(coded)
     peer = coded.ps[0].ecrm
     assert peer is not None
-    holder = peer.layout.holders_of(0)[0]
+    holder = peer.placement.holders_of(0)[0]
     coded.lose_and_replace(holder)  # a holder of PS 0, replaced first
     coded.rebuild(holder)
     coded.wait_rebuilt(holder)
@@ -350,16 +353,16 @@ def test_a_ps_lost_right_after_a_rebuild_had_its_released_updates_at_every_holde
     of the other holder's groups would be rebuilt without them. So a rebuild is done only once
     they are at every holder: PS 1, its messages to one holder slow, lost as soon as PS 0's
     rebuild is done, comes back with the rows of a job without the losses."""
-    monkeypatch.setattr(ecrm, "RECENT_S", 60.0)  # however slow this machine is
+    monkeypatch.setattr(ecrm_holder, "RECENT_S", 60.0)  # however slow this machine is
     coded, plain = clusters
     for key in range(20):
         push_key([coded.client(), plain.client()], key)
     drained(coded)
     peer = coded.ps[1].ecrm
     assert peer is not None
-    slow = peer.layout.holders_of(1)[0]
+    slow = peer.placement.holders_of(1)[0]
 
-    def slow_down(peers: ecrm.Peers, arrays: dict[str, np.ndarray]) -> None:
+    def slow_down(peers: Peers, arrays: dict[str, np.ndarray]) -> None:
         if peers is peer.peers:
             time.sleep(0.2)
             if peer._closed.is_set():  # a lost process sends nothing more
@@ -447,7 +450,7 @@ def test_a_degraded_read_is_exact_while_differences_are_in_flight(
         def held_back(
             to: int, arrays: dict[str, np.ndarray], timeout: float = 60, call=call
         ) -> dict:
-            if ecrm.read_text(arrays["op"]) == "parity":
+            if read_text(arrays["op"]) == "parity":
                 raise _Unreachable()
             return call(to, arrays, timeout)
 
@@ -478,7 +481,7 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
     clusters: tuple[EcrmCluster, Cluster],
 ) -> None:
     """Until a replacement is announced, a worker of an ECRM job decodes the lost PS's rows
-    itself and holds its part of every push (``ps.lost``): with one worker its reads are those
+    itself and holds its part of every push (``LostPS``): with one worker its reads are those
     of a job without the loss, the row state it replays its step on too. Delivered to the
     replacement while it rebuilds, the held pushes leave every row and ledger as that job's,
     including the push that was in flight when the PS died."""

@@ -10,7 +10,7 @@ import pytest
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.spec import FeatureConfig, TableConfig
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.ps_client import PSClient
 

@@ -32,7 +32,7 @@ from moto_server import (
 
 from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_manifest
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.ps.optimizers import Optimizer
+from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.storage import (
     LATEST,

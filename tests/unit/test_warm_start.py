@@ -14,7 +14,6 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
-from airflow_rover.data.features import resolve_features
 from airflow_rover.core.optimizer import PlanBounds
 from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TableConfig
 from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
@@ -32,6 +31,7 @@ from airflow_rover.core.warm_start import (
     top_k_similar,
     warm_start,
 )
+from airflow_rover.data.features import resolve_features
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.history.records import record_from_status
 from airflow_rover.history.store import HistoryStore
