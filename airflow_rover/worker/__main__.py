@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> None:
         _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop)
     else:
         _evaluate(spec, model, master)
-    model.ps.close()  # the client of the last PS layout it trained against
+    model.ps.close()  # the client of the last PS set it trained against
     master.close()
 
 

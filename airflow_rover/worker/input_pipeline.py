@@ -23,24 +23,31 @@ def input_pipeline(
     master: MasterClient,
     batch_size: int,
     stop: threading.Event,
-    layout: Callable[[], int],
+    ps_set_version: Callable[[], int],
     wake: threading.Event | None = None,
     keeps: Callable[[int], bool] | None = None,
 ) -> tf.data.Dataset:
     """The leased shards' batches as model inputs, prefetched; built once per worker (building
     one costs about 0.1 s, which a relaunched PS would otherwise add to every recovery).
-    ``layout()``: the PS layout the trainer is on (leases ask for it)."""
+    ``ps_set_version()``: the version of the PS set the trainer is on (leases ask for it)."""
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
         batches = leased_batches(
-            node_id, reader, master, batch_size, stop, layout=layout, wake=wake, keeps=keeps
+            node_id,
+            reader,
+            master,
+            batch_size,
+            stop,
+            ps_set_version=ps_set_version,
+            wake=wake,
+            keeps=keeps,
         )
         for batch, shard_id, last, key, version in batches:
             element = model.ids_element(batch)
             element["shard_id"] = np.array(shard_id, dtype=np.int64)
             element["key"] = np.array(key, dtype=np.int64)
             element["last"] = np.array(last)
-            element["layout"] = np.array(version, dtype=np.int64)
+            element["ps_set_version"] = np.array(version, dtype=np.int64)
             yield element
 
     return tf.data.Dataset.from_generator(

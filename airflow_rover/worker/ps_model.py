@@ -39,8 +39,8 @@ class PSModel:
             raise ValueError(f"features.tables: columns {missing} are not in the dataset")
         self.model = model
         self.features = features
-        self.layout = EmbeddingPlacement.from_features(features)
-        self.groups = self.layout.groups
+        self.placement = EmbeddingPlacement.from_features(features)
+        self.groups = self.placement.groups
         self.ps = ps
         self._column_index = {name: i for i, name in enumerate(columns)}
         self.variables = list(model.trainable_variables)
@@ -144,7 +144,7 @@ class PSModel:
             "shard_id": tf.TensorSpec([], tf.int64),
             "key": tf.TensorSpec([], tf.int64),
             "last": tf.TensorSpec([], tf.bool),
-            "layout": tf.TensorSpec([], tf.int64),
+            "ps_set_version": tf.TensorSpec([], tf.int64),
         }
         for g in self.groups:
             spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)

@@ -20,23 +20,23 @@ def leased_batches(
     batch_size: int,
     stop: threading.Event,
     wait_s: float = 0.2,
-    layout: Callable[[], int | None] = lambda: None,
+    ps_set_version: Callable[[], int | None] = lambda: None,
     wake: threading.Event | None = None,
     keeps: Callable[[int], bool] | None = None,
 ) -> Iterator[tuple[Batch, int, bool, int, int]]:
-    """(batch, shard id, last batch of its shard, batch key, PS layout version) for every shard
+    """(batch, shard id, last batch of its shard, batch key, PS set version) for every shard
     the master hands out (from where it resumes: a requeued shard skips batches every PS already
     applied), and an empty batch whenever the master has nothing to hand out yet (``wait``): the
     trainer then flushes its pending gradients, which may be exactly what completes the queue
-    (or lets a PS resize begin). ``layout()``: the PS layout the trainer uses now; the master
-    hands no shard to a trainer of another layout (one that has not noticed a PS change).
-    ``wake``: cuts a wait short (the trainer learnt of a new layout). ``keeps(version)``:
-    whether the trainer still trains shards leased under that layout (default: it is the
-    trainer's; an ECRM replacement keeps the shards of the layout before)."""
+    (or lets a PS resize begin). ``ps_set_version()``: that of the PS set the trainer uses now;
+    the master hands no shard to a trainer of another PS set (one that has not noticed a PS
+    change). ``wake``: cuts a wait short (the trainer learnt of a new PS set).
+    ``keeps(version)``: whether the trainer still trains shards leased under that PS set
+    (default: it is the trainer's; an ECRM replacement keeps the shards of the PS set before)."""
     if keeps is None:
-        keeps = lambda version: layout() in (None, version)  # noqa: E731
+        keeps = lambda version: ps_set_version() in (None, version)  # noqa: E731
     while not stop.is_set():
-        reply = master.lease(node_id, layout())
+        reply = master.lease(node_id, ps_set_version())
         if reply.status == "done":
             return
         if reply.status == "wait" or reply.shard is None:

@@ -61,7 +61,7 @@ class TrainLoop:
     ) -> None:
         self.node_id = node_id
         self.stop = stop or threading.Event()
-        self.wake = wake or threading.Event()  # set when the loop should see a new layout
+        self.wake = wake or threading.Event()  # set when the loop should see a new PS set
         self.ps_set_version = ps_set_version
         self.model = model
         self.optimizer = optimizer
@@ -74,25 +74,29 @@ class TrainLoop:
         self.pending_key = NO_KEY  # the batch ``pending`` comes from
         self.pending_shard = NO_SHARD  # a shard whose last gradients are in ``pending``
         self.deferred: list[int] = []  # shards done but for pushes held for a lost PS
-        self.carried: set[int] = set()  # older layouts whose shards are still trained (ECRM)
+        self.carried: set[int] = set()  # older PS sets whose shards are still trained (ECRM)
         self.relaunched: master_api.ClusterInfo | None = None  # a lost PS's replacement, announced
         self._watcher: threading.Thread | None = None
         self._watch_error: Exception | None = None
 
-    def feed(self, element: dict[str, Any] | None, layout: int | None = None) -> None:
+    def feed(self, element: dict[str, Any] | None, ps_set_version: int | None = None) -> None:
         """The next element of the input pipeline, or None when there is none to train now
         (the master said wait, or the input ended): then everything pending is pushed.
-        ``layout``: the PS layout the master announced with it."""
+        ``ps_set_version``: that of the PS set the master announced with it."""
         if self._watch_error is not None:
             raise self._watch_error
         if self.relaunched is not None:
             if self.relaunched.ps_set_version > self.ps_set_version:
-                self._switch_layout(self.relaunched)
+                self._switch_ps_set(self.relaunched)
             self.relaunched = None  # (or a lease reply had told of it first)
-        if layout is not None and layout < self.ps_set_version and not self.trains(layout):
+        if (
+            ps_set_version is not None
+            and ps_set_version < self.ps_set_version
+            and not self.trains(ps_set_version)
+        ):
             return  # leased before a lost PS's replacement came: that shard is given back
-        if layout is not None and layout > self.ps_set_version:
-            self._switch_layout()
+        if ps_set_version is not None and ps_set_version > self.ps_set_version:
+            self._switch_ps_set()
         if self.current is None:
             if element is not None:
                 self.current = self._pull(element)
@@ -171,7 +175,7 @@ class TrainLoop:
         self._watcher.start()
 
     def trains(self, version: int) -> bool:
-        """Whether shards leased under PS layout ``version`` are still this loop's to train."""
+        """Whether shards leased under PS set ``version`` are still this loop's to train."""
         return version == self.ps_set_version or version in self.carried
 
     def move_to(self, cluster: master_api.ClusterInfo, carry: bool) -> None:
@@ -201,7 +205,7 @@ class TrainLoop:
         else:
             self.master.release_shards(self.node_id)
 
-    def _switch_layout(self, cluster: master_api.ClusterInfo | None = None) -> None:
+    def _switch_ps_set(self, cluster: master_api.ClusterInfo | None = None) -> None:
         """The PS changed: push what is pending (a lost PS's part is held and delivered to
         its replacement) and read the new PS list. Under ECRM (a lost PS replaced: the PS
         are never resized) training goes on where it was, on the same shards, the dense
@@ -219,14 +223,14 @@ class TrainLoop:
             self.current = None
             self.mirror = DenseMirror(self.model, self.optimizer)
         log.info(
-            "%s: PS layout %d -> %d (%d PS)",
+            "%s: PS set %d -> %d (%d PS)",
             self.node_id,
             self.ps_set_version,
             cluster.ps_set_version,
             len(cluster.ps),
         )
         self.ps_set_version = cluster.ps_set_version
-        self.wake.set()  # the input pipeline may wait on a lease refused to the old layout
+        self.wake.set()  # the input pipeline may wait on a lease refused to the old PS set
 
     def close(self) -> None:
         self._sender.shutdown(wait=True)

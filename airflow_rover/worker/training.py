@@ -48,9 +48,9 @@ def train(
 
     A lost PS does not end the worker. Under ECRM it trains on (``ps.lost``: the lost rows
     are decoded, its part of each push held) until the master announces the replacement, then
-    delivers what it held there and moves on (``TrainLoop._switch_layout``). Otherwise its
+    delivers what it held there and moves on (``TrainLoop._switch_ps_set``). Otherwise its
     training loop stops (what was in flight is dropped; the master requeues those shards from
-    the PS ledgers), it waits for the master to announce the relaunched PS (a new layout
+    the PS ledgers), it waits for the master to announce the relaunched PS (a new PS set
     version) and trains on against it, TensorFlow and the input pipeline warm (elements leased
     before are skipped). Raises ``PSLost`` if that does not happen within
     ``RELAUNCH_WAIT_S``."""
@@ -58,7 +58,7 @@ def train(
     start_heartbeats(master, node_id, progress, stop, report_s)
     wake = threading.Event()
     loop = TrainLoop(node_id, model, optimizer, master, progress, ps_set_version, stop, wake)
-    # The lambda reads ``loop`` when called: the layout of whichever loop trains now.
+    # The lambda reads ``loop`` when called: the PS set of whichever loop trains now.
     elements = iter(
         input_pipeline(
             node_id,
@@ -110,14 +110,14 @@ def _loop_on_relaunched_ps(lost: TrainLoop) -> TrainLoop:
         lost.wake,
     )
     log.info(
-        "%s: training on against the relaunched PS (layout %d)", loop.node_id, loop.ps_set_version
+        "%s: training on against the relaunched PS (PS set %d)", loop.node_id, loop.ps_set_version
     )
     return loop
 
 
 def _run_loop(loop: TrainLoop, elements: Iterator[dict[str, Any]]) -> None:
     for element in elements:
-        version = int(element["layout"])
+        version = int(element["ps_set_version"])
         if version < loop.ps_set_version and not loop.trains(version):
             continue  # leased before a lost PS was relaunched: the master requeued its shard
         loop.feed(element if int(element["label"].shape[0]) else None, version)
