@@ -64,7 +64,7 @@ def _configure_tensorflow() -> None:
 def _ps_model(
     spec: JobSpec, role: str, cluster: ClusterInfo, token: str, optimizer: Optimizer
 ) -> PSModel:
-    """The job's model on a client of ``cluster``'s PS (seeded: every worker starts alike)."""
+    """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS."""
     import keras
 
     from airflow_rover.worker.models import load_factory
