@@ -40,7 +40,7 @@ from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.rpc.master_api import API_PREFIX
 
 GOAL_PAUSE_RATIO = 5.0
-HEARTBEAT_S = 1.0  # workers report progress this often (worker/runtime.py)
+HEARTBEAT_S = 1.0  # workers report progress this often (worker/progress.py)
 
 
 def spec_for(data: Any, job_id: str, num_ps: int, num_workers: int) -> JobSpec:

@@ -202,18 +202,10 @@ def arbitrate(
     mem = sum(Budget.used(j.plan)[1] for j in fresh)
     verdicts: dict[str, Verdict] = {}
 
-    def delta(job: RunningJob) -> tuple[float, float]:
-        assert job.proposal is not None
-        (old_cpu, old_mem), (new_cpu, new_mem) = (
-            Budget.used(job.plan),
-            Budget.used(job.proposal.plan),
-        )
-        return new_cpu - old_cpu, new_mem - old_mem
-
     asking = [j for j in fresh if j.proposal is not None]
     ups: list[RunningJob] = []
     for job in asking:  # scale-downs first: they only free resources
-        d_cpu, d_mem = delta(job)
+        d_cpu, d_mem = _delta(job)
         if (d_cpu <= 0 or math.isinf(limit.cpu)) and (d_mem <= 0 or math.isinf(limit.memory_mb)):
             cpu, mem = cpu + d_cpu, mem + d_mem
             verdicts[job.job_id] = _verdict(
@@ -224,8 +216,8 @@ def arbitrate(
     if not ups:
         return Decision(budget.name, verdicts, cpu, mem)
 
-    need_cpu = sum(delta(j)[0] for j in ups)
-    need_mem = sum(delta(j)[1] for j in ups)
+    need_cpu = sum(_delta(j)[0] for j in ups)
+    need_mem = sum(_delta(j)[1] for j in ups)
     if cpu + need_cpu <= limit.cpu and mem + need_mem <= limit.memory_mb:
         cpu, mem = cpu + need_cpu, mem + need_mem
         used = _describe(
@@ -240,8 +232,31 @@ def arbitrate(
                 f"every pending scale-up fits budget {budget.name!r} ({used} of {total})",
             )
         return Decision(budget.name, verdicts, cpu, mem)
+    return _contested(ups, budget, limit, (cpu, mem), verdicts, prices, rho)
 
-    # Contested: weighted greedy over the scale-ups, within what the other jobs leave.
+
+def _delta(job: RunningJob) -> tuple[float, float]:
+    """(cores, MB) the job's proposal adds to what its plan holds (negative: frees)."""
+    assert job.proposal is not None
+    (old_cpu, old_mem), (new_cpu, new_mem) = (
+        Budget.used(job.plan),
+        Budget.used(job.proposal.plan),
+    )
+    return new_cpu - old_cpu, new_mem - old_mem
+
+
+def _contested(
+    ups: list[RunningJob],
+    budget: ClusterBudget,
+    limit: Budget,
+    used: tuple[float, float],
+    verdicts: dict[str, Verdict],
+    prices: Prices,
+    rho: float,
+) -> Decision:
+    """Weighted greedy over the scale-ups ``ups``, within what the other jobs leave; ``used``:
+    (cores, MB) the fresh jobs hold once the scale-downs are applied."""
+    cpu, mem = used
     up_cpu = sum(Budget.used(j.plan)[0] for j in ups)
     up_mem = sum(Budget.used(j.plan)[1] for j in ups)
     room = Budget(cpu=limit.cpu - (cpu - up_cpu), memory_mb=limit.memory_mb - (mem - up_mem))
@@ -264,32 +279,47 @@ def arbitrate(
     chosen = weighted_greedy(options, room, min_gain=-math.inf, rho=rho)
     for job in ups:
         if job.job_id in chosen:
-            d_cpu, d_mem = delta(job)
+            d_cpu, d_mem = _delta(job)
             cpu, mem = cpu + d_cpu, mem + d_mem
     ranked = sorted(scores, key=lambda job_id: -scores[job_id])
     for job in ups:
-        score = scores.get(job.job_id)
-        d_cpu, d_mem = delta(job)
-        if job.job_id in chosen:
-            reason = (
-                f"selected for budget {budget.name!r} by weighted greedy: RE*WG {score:.4g}, "
-                f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
-            )
-        elif score is None:
-            reason = f"budget {budget.name!r} is contested and this plan promises no gain"
-        else:
-            needs = _describe(
-                max(d_cpu, 0.0) if math.isfinite(limit.cpu) else math.inf,
-                max(d_mem, 0.0) if math.isfinite(limit.memory_mb) else math.inf,
-            )
-            left = _describe(max(limit.cpu - cpu, 0.0), max(limit.memory_mb - mem, 0.0))
-            reason = (
-                f"budget {budget.name!r} is contested: this plan needs +{needs}, {left} left "
-                f"after the selected plans; RE*WG {score:.4g}, "
-                f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
-            )
-        verdicts[job.job_id] = _verdict(job, job.job_id in chosen, reason, score)
+        selected = job.job_id in chosen
+        reason = _contested_reason(job, budget, limit, (cpu, mem), selected, ranked, scores)
+        verdicts[job.job_id] = _verdict(job, selected, reason, scores.get(job.job_id))
     return Decision(budget.name, verdicts, cpu, mem)
+
+
+def _contested_reason(
+    job: RunningJob,
+    budget: ClusterBudget,
+    limit: Budget,
+    used: tuple[float, float],
+    selected: bool,
+    ranked: list[str],
+    scores: dict[str, float],
+) -> str:
+    """Why a contested scale-up was selected or not; ``used``: (cores, MB) held once the
+    selected plans are applied, ``ranked``: the scored jobs, best RE * WG first."""
+    score = scores.get(job.job_id)
+    if selected:
+        return (
+            f"selected for budget {budget.name!r} by weighted greedy: RE*WG {score:.4g}, "
+            f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
+        )
+    if score is None:
+        return f"budget {budget.name!r} is contested and this plan promises no gain"
+    cpu, mem = used
+    d_cpu, d_mem = _delta(job)
+    needs = _describe(
+        max(d_cpu, 0.0) if math.isfinite(limit.cpu) else math.inf,
+        max(d_mem, 0.0) if math.isfinite(limit.memory_mb) else math.inf,
+    )
+    left = _describe(max(limit.cpu - cpu, 0.0), max(limit.memory_mb - mem, 0.0))
+    return (
+        f"budget {budget.name!r} is contested: this plan needs +{needs}, {left} left "
+        f"after the selected plans; RE*WG {score:.4g}, "
+        f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
+    )
 
 
 def _verdict(job: RunningJob, allowed: bool, reason: str, score: float | None = None) -> Verdict:

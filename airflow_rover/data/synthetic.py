@@ -272,30 +272,7 @@ def _build_teacher(config: SyntheticConfig) -> _Teacher:
         for perm, pmf, std in zip(rank_to_id, pmfs, column_std, strict=True)
     )
 
-    # Interactions live among the smallest-vocabulary columns: crosses of huge columns would
-    # be mostly unlearnable tail and only widen the teacher/model gap.
-    num_small = max(2, int(np.ceil(num_cat * _INTERACTION_COLUMN_FRACTION)))
-    small = sorted(sorted(range(num_cat), key=lambda j: config.vocab_sizes[j])[:num_small])
-    all_pairs = [(a, b) for i, a in enumerate(small) for b in small[i + 1 :]]
-    num_pairs = min(_NUM_INTERACTIONS, len(all_pairs))
-    chosen = rng.choice(len(all_pairs), size=num_pairs, replace=False)
-    pairs = tuple(sorted(all_pairs[int(i)] for i in chosen))
-    pair_std = _INTERACTION_LOGIT_STD / np.sqrt(num_pairs) if num_pairs else 0.0
-    pair_vectors = []
-    for a, b in pairs:
-        centred = []
-        second_moments = []
-        for col in (a, b):
-            vecs = rng.standard_normal((config.vocab_sizes[col], _INTERACTION_DIM))
-            by_rank = vecs[rank_to_id[col]]
-            vecs -= pmfs[col] @ by_rank  # zero mean: no main effect hides in the interaction
-            by_rank = vecs[rank_to_id[col]]
-            second_moments.append((by_rank * pmfs[col][:, None]).T @ by_rank)
-            centred.append(vecs)
-        # Independent columns: Var(<x, y>) = sum(E[xx^T] * E[yy^T]); scale both sides equally.
-        var = float(np.sum(second_moments[0] * second_moments[1]))
-        scale = (pair_std**2 / var) ** 0.25
-        pair_vectors.append((centred[0] * scale, centred[1] * scale))
+    pairs, pair_vectors = _interactions(rng, config, rank_to_id, pmfs)
 
     teacher = _Teacher(
         rank_cdfs=tuple(rank_cdfs),
@@ -307,10 +284,58 @@ def _build_teacher(config: SyntheticConfig) -> _Teacher:
         dense_weights=raw_dense_weights,
         id_weights=id_weights,
         pairs=pairs,
-        pair_vectors=tuple(pair_vectors),
+        pair_vectors=pair_vectors,
         bias=0.0,
     )
     return _calibrate(teacher, config)
+
+
+def _interactions(
+    rng: np.random.Generator,
+    config: SyntheticConfig,
+    rank_to_id: list[np.ndarray],
+    pmfs: list[np.ndarray],
+) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[np.ndarray, np.ndarray], ...]]:
+    """The teacher's column pairs with a low-rank interaction, and each pair's vectors."""
+    # Interactions live among the smallest-vocabulary columns: crosses of huge columns would
+    # be mostly unlearnable tail and only widen the teacher/model gap.
+    num_cat = len(config.vocab_sizes)
+    num_small = max(2, int(np.ceil(num_cat * _INTERACTION_COLUMN_FRACTION)))
+    small = sorted(sorted(range(num_cat), key=lambda j: config.vocab_sizes[j])[:num_small])
+    all_pairs = [(a, b) for i, a in enumerate(small) for b in small[i + 1 :]]
+    num_pairs = min(_NUM_INTERACTIONS, len(all_pairs))
+    chosen = rng.choice(len(all_pairs), size=num_pairs, replace=False)
+    pairs = tuple(sorted(all_pairs[int(i)] for i in chosen))
+    pair_std = _INTERACTION_LOGIT_STD / np.sqrt(num_pairs) if num_pairs else 0.0
+    pair_vectors = tuple(
+        _pair_vectors(rng, config, rank_to_id, pmfs, pair, pair_std) for pair in pairs
+    )
+    return pairs, pair_vectors
+
+
+def _pair_vectors(
+    rng: np.random.Generator,
+    config: SyntheticConfig,
+    rank_to_id: list[np.ndarray],
+    pmfs: list[np.ndarray],
+    pair: tuple[int, int],
+    pair_std: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-id vectors of the pair's two columns, centred, whose dot product has std
+    ``pair_std`` over sampled occurrences."""
+    centred = []
+    second_moments = []
+    for col in pair:
+        vecs = rng.standard_normal((config.vocab_sizes[col], _INTERACTION_DIM))
+        by_rank = vecs[rank_to_id[col]]
+        vecs -= pmfs[col] @ by_rank  # zero mean: no main effect hides in the interaction
+        by_rank = vecs[rank_to_id[col]]
+        second_moments.append((by_rank * pmfs[col][:, None]).T @ by_rank)
+        centred.append(vecs)
+    # Independent columns: Var(<x, y>) = sum(E[xx^T] * E[yy^T]); scale both sides equally.
+    var = float(np.sum(second_moments[0] * second_moments[1]))
+    scale = (pair_std**2 / var) ** 0.25
+    return centred[0] * scale, centred[1] * scale
 
 
 def _calibrate(teacher: _Teacher, config: SyntheticConfig) -> _Teacher:

@@ -207,37 +207,7 @@ class HistoryStore:
 
     def _upsert(self, conn: Connection, record: JobRecord) -> None:
         now = time.time()
-        traits = record.traits
-        row = {
-            "dag_id": record.dag_id,
-            "task_id": record.task_id,
-            "run_id": record.run_id,
-            "map_index": record.map_index,
-            "try_number": record.try_number,
-            "model": record.model,
-            "feature_signature": traits.feature_signature,
-            "features": record.features.model_dump(mode="json") if record.features else None,
-            "tables": [list(t) for t in traits.tables] or None,
-            "num_dense": traits.num_dense,
-            "embedding_params": traits.embedding_params if traits.tables else None,
-            "dataset_samples": record.dataset_samples,
-            "train_data": record.train_data,
-            "training": record.training,
-            "outcome": record.outcome,
-            "message": record.message,
-            "initial_plan": record.initial_plan,
-            "final_plan": record.final_plan,
-            "samples_trained": record.samples_trained,
-            "samples_per_second": record.samples_per_second,
-            "train_seconds": record.train_seconds,
-            "duration_s": record.duration_s,
-            "auc": record.auc,
-            "logloss": record.logloss,
-            "result": record.result,
-            "started_at": record.started_at,
-            "finished_at": record.finished_at,
-            "updated_at": now,
-        }
+        row = _job_row(record, now)
         exists = conn.execute(select(jobs.c.job_id).where(jobs.c.job_id == record.job_id)).first()
         for table in CHILD_TABLES:
             conn.execute(delete(table).where(table.c.job_id == record.job_id))
@@ -424,6 +394,41 @@ class HistoryStore:
             except ValidationError:  # a plan recorded by another version: not comparable
                 continue
         return found
+
+
+def _job_row(record: JobRecord, now: float) -> dict[str, Any]:
+    """The ``rover_jobs`` row of ``record`` but ``job_id`` and ``recorded_at`` (set on insert)."""
+    traits = record.traits
+    return {
+        "dag_id": record.dag_id,
+        "task_id": record.task_id,
+        "run_id": record.run_id,
+        "map_index": record.map_index,
+        "try_number": record.try_number,
+        "model": record.model,
+        "feature_signature": traits.feature_signature,
+        "features": record.features.model_dump(mode="json") if record.features else None,
+        "tables": [list(t) for t in traits.tables] or None,
+        "num_dense": traits.num_dense,
+        "embedding_params": traits.embedding_params if traits.tables else None,
+        "dataset_samples": record.dataset_samples,
+        "train_data": record.train_data,
+        "training": record.training,
+        "outcome": record.outcome,
+        "message": record.message,
+        "initial_plan": record.initial_plan,
+        "final_plan": record.final_plan,
+        "samples_trained": record.samples_trained,
+        "samples_per_second": record.samples_per_second,
+        "train_seconds": record.train_seconds,
+        "duration_s": record.duration_s,
+        "auc": record.auc,
+        "logloss": record.logloss,
+        "result": record.result,
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+        "updated_at": now,
+    }
 
 
 def _without(row: Any, *keys: str) -> dict[str, Any]:

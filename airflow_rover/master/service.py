@@ -652,7 +652,7 @@ class JobMaster:
                 other.stopping = True  # it scores again once training is over
                 self.launcher.stop(other.node_id)
             if other.role == "worker" and not self._ecrm_live:
-                # it waits for the PS (``worker.runtime.train``); under ECRM it trains on
+                # it waits for the PS (``worker.training.train``); under ECRM it trains on
                 # and gives its shards back once its held pushes reached the replacement
                 self.queue.release_worker(other.node_id)
         self._reconcile_pending = True

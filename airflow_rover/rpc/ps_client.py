@@ -42,14 +42,80 @@ class PushPullReply:
     """Per table, the optimizer state of the requested ``state_ids``, in their order."""
 
 
+@dataclass
 class PendingPushPull:
-    """A PushPull in flight; ``result()`` waits for every PS and merges their replies."""
+    """A PushPull in flight (``PSClient.push_pull_async``); ``result()`` waits for every PS
+    and merges their replies. A PS lost meanwhile (under ECRM) gets its part of the push held
+    and its rows decoded from the others."""
 
-    def __init__(self, merge: Callable[[], PushPullReply]) -> None:
-        self._merge = merge
+    client: PSClient
+    calls: list[Any]  # the gRPC futures, None for a PS lost before
+    decoding: Callable[[], dict[str, dict[str, np.ndarray]]] | None  # that PS's rows
+    requests: list[dict[str, np.ndarray]]
+    masks: list[dict[str, Index]]
+    state_masks: list[dict[str, Index]]
+    pull_ids: dict[str, np.ndarray]
+    state_ids: dict[str, np.ndarray]
+    dense_versions: list[int]
+    pushing: bool
 
     def result(self) -> PushPullReply:
-        return self._merge()
+        client = self.client
+        got: list[dict[str, np.ndarray] | None] = []
+        for i, call in enumerate(self.calls):
+            try:
+                got.append(None if call is None else frames.decode(call.result()))
+            except grpc.RpcError as exc:
+                if not client._may_lose(i, exc):
+                    raise
+                self._hold(i)
+                got.append(None)
+        lost = client.lost
+        if lost is not None:
+            index = lost.index
+            if self.dense_versions[index] < 0:
+                # the caller has none of its dense weights yet (it has just started):
+                # without them there is nothing to train on until the replacement is up
+                raise lost.error
+            if self.decoding is None:  # lost during this call: one more round trip, once
+                self.decoding = client._start_decoding(self._parts(index)[0])
+            live = [r for r in got if r is not None]
+            got[index] = _decoded_reply(
+                *self._parts(index), self.decoding(), self.dense_versions[index], live[0]
+            )
+        replies = [r for r in got if r is not None]
+        rows, values = client._merge_pull(replies, self.masks, self.pull_ids)
+        dense_state: dict[str, dict[str, np.ndarray]] = {}
+        for reply in replies:
+            for key, value in reply.items():
+                if key.startswith("dstate/"):
+                    name, slot = key[7:].rsplit("/", 1)
+                    dense_state.setdefault(name, {})[slot] = value
+        versions = [int(r["dense_version"][0]) for r in replies]
+        fresh = [any(k.startswith("dense/") for k in r) for r in replies]
+        row_state = {
+            t: _merge_state(replies, self.state_masks, t, ids) for t, ids in self.state_ids.items()
+        }
+        return PushPullReply(rows, DenseReply(versions, fresh, values, dense_state), row_state)
+
+    def _hold(self, i: int) -> None:
+        if self.pushing:
+            assert self.client.lost is not None
+            self.client.lost.hold(_pushed(self.requests[i]))
+
+    def _parts(self, i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The pull ids and state ids PS ``i`` owns."""
+        return _owned(self.pull_ids, self.masks[i]), _owned(self.state_ids, self.state_masks[i])
+
+
+def _pushed(request: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The push in a PushPull request, as a Push request (what a lost PS is held)."""
+    return {k[5:]: v for k, v in request.items() if k[:5] == "push/"}
+
+
+def _owned(ids_by_table: dict[str, np.ndarray], mask: dict[str, Index]) -> dict[str, np.ndarray]:
+    """The ids of each table that one PS owns (``mask``: its part of ``PSClient._split``)."""
+    return {t: ids[mask[t]] for t, ids in ids_by_table.items()}
 
 
 def _merge_state(
@@ -386,72 +452,36 @@ class PSClient:
         pull ids) also reads those rows' optimizer state. A lost PS (``lost``; one that fails
         now becomes it, under ECRM) gets no call: its part of the push is held, its rows are
         decoded from the others."""
+        state_ids = state_ids or {}
         requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
-        state_masks = self._split(state_ids or {})
+        state_masks = self._split(state_ids)
         for i, req in enumerate(requests):
-            for t, ids in (state_ids or {}).items():
+            for t, ids in state_ids.items():
                 req[f"state_ids/{t}"] = ids[state_masks[i][t]]
         if push is not None:
             for req, push_req in zip(
                 requests, self._push_requests(*push, key=push_key, prefix="push/"), strict=True
             ):
                 req.update(push_req)
-
-        def hold(i: int) -> None:
-            if push is not None:
-                assert self.lost is not None
-                self.lost.hold({k[5:]: v for k, v in requests[i].items() if k[:5] == "push/"})
-
-        def parts(i: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-            pulled = {t: ids[masks[i][t]] for t, ids in pull_ids.items()}
-            return pulled, {t: ids[state_masks[i][t]] for t, ids in (state_ids or {}).items()}
-
         lost = self.lost
-        if lost is not None:
-            hold(lost.index)
+        if lost is not None and push is not None:
+            lost.hold(_pushed(requests[lost.index]))
         calls = self._start_all("PushPull", requests, skip=lost.index if lost else None)
-        decoding = self._start_decoding(parts(lost.index)[0]) if lost is not None else None
-
-        def merge() -> PushPullReply:
-            nonlocal decoding
-            got: list[dict[str, np.ndarray] | None] = []
-            for i, call in enumerate(calls):
-                try:
-                    got.append(None if call is None else frames.decode(call.result()))
-                except grpc.RpcError as exc:
-                    if not self._may_lose(i, exc):
-                        raise
-                    hold(i)
-                    got.append(None)
-            if self.lost is not None:
-                index = self.lost.index
-                if dense_versions[index] < 0:
-                    # the caller has none of its dense weights yet (it has just started):
-                    # without them there is nothing to train on until the replacement is up
-                    raise self.lost.error
-                if decoding is None:  # lost during this call: one more round trip, once
-                    decoding = self._start_decoding(parts(index)[0])
-                live = [r for r in got if r is not None]
-                got[index] = _decoded_reply(
-                    *parts(index), decoding(), dense_versions[index], live[0]
-                )
-            replies = [r for r in got if r is not None]
-            rows, values = self._merge_pull(replies, masks, pull_ids)
-            dense_state: dict[str, dict[str, np.ndarray]] = {}
-            for reply in replies:
-                for key, value in reply.items():
-                    if key.startswith("dstate/"):
-                        name, slot = key[7:].rsplit("/", 1)
-                        dense_state.setdefault(name, {})[slot] = value
-            versions = [int(r["dense_version"][0]) for r in replies]
-            fresh = [any(k.startswith("dense/") for k in r) for r in replies]
-            row_state = {
-                t: _merge_state(replies, state_masks, t, ids)
-                for t, ids in (state_ids or {}).items()
-            }
-            return PushPullReply(rows, DenseReply(versions, fresh, values, dense_state), row_state)
-
-        return PendingPushPull(merge)
+        decoding = None
+        if lost is not None:
+            decoding = self._start_decoding(_owned(pull_ids, masks[lost.index]))
+        return PendingPushPull(
+            self,
+            calls,
+            decoding,
+            requests,
+            masks,
+            state_masks,
+            pull_ids,
+            state_ids,
+            dense_versions,
+            push is not None,
+        )
 
     def dense_owner(self, name: str) -> int:
         return owner_of(name, self.num_ps)

@@ -7,17 +7,22 @@ import logging
 import os
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 import grpc
 
 from airflow_rover.core.ecrm.degraded import EcrmReads
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import NodeContext
+from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.rpc.master_api import EXIT_PS_LOST
+from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient
+
+if TYPE_CHECKING:  # it imports TensorFlow: the functions that use it import it when called
+    from airflow_rover.worker.ps_model import PSModel
 
 log = logging.getLogger("airflow_rover.worker")
 
@@ -30,74 +35,109 @@ def main(argv: list[str] | None = None) -> None:
     ctx = NodeContext.from_env()
     stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
 
-    import keras
-    import tensorflow as tf
+    _configure_tensorflow()
+    spec = ctx.layout.read_spec()
+    master = MasterClient(ctx.master_addr, ctx.token)
+    cluster = master.cluster()
+    optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
+    model = _ps_model(spec, args.role, cluster, ctx.token, optimizer)
+    if args.role == "worker":
+        model.warm_up()
+    master.ready(ctx.node_id)
+    if args.role == "worker":
+        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop)
+    else:
+        _evaluate(spec, model, master)
+    model.ps.close()  # the client of the last PS set it trained against
+    master.close()
 
-    from airflow_rover.worker.models import load_factory
-    from airflow_rover.worker.runtime import PS_LOST_CODES, PSLost, PSModel, evaluate, train
+
+def _configure_tensorflow() -> None:
+    import tensorflow as tf
 
     threads = int(os.environ.get("OMP_NUM_THREADS", "1"))
     tf.config.threading.set_intra_op_parallelism_threads(threads)
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
-    spec = ctx.layout.read_spec()
+
+def _ps_model(
+    spec: JobSpec, role: str, cluster: ClusterInfo, token: str, optimizer: Optimizer
+) -> PSModel:
+    """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS."""
+    import keras
+
+    from airflow_rover.worker.models import load_factory
+    from airflow_rover.worker.ps_model import PSModel
+
     features = spec.resolved_features
-    master = MasterClient(ctx.master_addr, ctx.token)
-    cluster = master.cluster()
-    optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
     ecrm = None
-    if spec.checkpoint.policy == "ecrm" and args.role == "worker":
+    if spec.checkpoint.policy == "ecrm" and role == "worker":
         # a lost PS's rows are decoded here until its replacement is up (``core.ecrm.degraded``)
         groups = EmbeddingPlacement.from_features(features).groups
         ecrm = EcrmReads(spec.checkpoint.ecrm.k, {g.name: g.vocab_size for g in groups}, optimizer)
         threading.Thread(target=ecrm.warm, args=(len(cluster.ps),), daemon=True).start()
-    ps = PSClient(cluster.ps, ctx.token, ecrm=ecrm)
+    ps = PSClient(cluster.ps, token, ecrm=ecrm)
     keras.utils.set_random_seed(spec.training.seed)
-    model = PSModel(
+    return PSModel(
         load_factory(spec.model)(features),
         features,
         [c.name for c in open_dataset(spec.train_data).schema.categorical],
         ps,
     )
-    if args.role == "worker":
-        model.warm_up()
-    master.ready(ctx.node_id)
-    if args.role == "worker":
-        try:
-            model.offer_initial_weights()  # a PS lost now: EXIT_PS_LOST too (not a failure)
-            progress = train(
-                ctx.node_id,
-                model,
-                optimizer,
-                open_dataset(spec.train_data),
-                master,
-                spec.training.batch_size,
-                stop,
-                cluster.ps_set_version,
-                spec.training.progress_report_s,
-            )
-        except PSLost as exc:
-            log.error("a parameter server went away and is not back: %s", exc)
-            sys.exit(EXIT_PS_LOST)
-        except grpc.RpcError as exc:
-            if exc.code() not in PS_LOST_CODES:
-                raise
-            log.error("a parameter server went away: %s", exc)
-            sys.exit(EXIT_PS_LOST)
-        log.info("%s done: %d steps, %d samples", ctx.node_id, progress.steps, progress.samples)
-    else:
-        if spec.eval_data is None:
-            raise SystemExit("evaluator started for a job without eval_data")
-        report = evaluate(model, open_dataset(spec.eval_data))
-        master.report_evaluation(report)
-        log.info(
-            "evaluation: auc=%.4f logloss=%.4f on %d samples",
-            report.auc,
-            report.logloss,
-            report.samples,
+
+
+def _train(
+    node_id: str,
+    spec: JobSpec,
+    model: PSModel,
+    optimizer: Optimizer,
+    master: MasterClient,
+    ps_set_version: int,
+    stop: threading.Event,
+) -> None:
+    """Train until the queue is done; a PS lost for good ends the process with
+    ``EXIT_PS_LOST`` (not a failure)."""
+    from airflow_rover.worker.relaunch import PS_LOST_CODES, PSLost
+    from airflow_rover.worker.training import train
+
+    try:
+        model.offer_initial_weights()  # a PS lost now: EXIT_PS_LOST too (not a failure)
+        progress = train(
+            node_id,
+            model,
+            optimizer,
+            open_dataset(spec.train_data),
+            master,
+            spec.training.batch_size,
+            stop,
+            ps_set_version,
+            spec.training.progress_report_s,
         )
-    model.ps.close()  # the client of the last PS layout it trained against
-    master.close()
+    except PSLost as exc:
+        log.error("a parameter server went away and is not back: %s", exc)
+        sys.exit(EXIT_PS_LOST)
+    except grpc.RpcError as exc:
+        if exc.code() not in PS_LOST_CODES:
+            raise
+        log.error("a parameter server went away: %s", exc)
+        sys.exit(EXIT_PS_LOST)
+    log.info("%s done: %d steps, %d samples", node_id, progress.steps, progress.samples)
+
+
+def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient) -> None:
+    """Score the held-out split and report it to the master."""
+    from airflow_rover.worker.evaluation import evaluate
+
+    if spec.eval_data is None:
+        raise SystemExit("evaluator started for a job without eval_data")
+    report = evaluate(model, open_dataset(spec.eval_data))
+    master.report_evaluation(report)
+    log.info(
+        "evaluation: auc=%.4f logloss=%.4f on %d samples",
+        report.auc,
+        report.logloss,
+        report.samples,
+    )
 
 
 if __name__ == "__main__":

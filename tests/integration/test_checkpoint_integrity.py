@@ -34,9 +34,9 @@ from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.local import LocalNodeLauncher
 from airflow_rover.master.app import create_app
+from airflow_rover.master.node_launcher import Role
 from airflow_rover.master.service import JobMaster
 from airflow_rover.rpc.ps_client import PSClient
 

@@ -15,10 +15,10 @@ import pytest
 import yaml
 
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.launchers.base import Role
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes import rbac
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, Toleration
+from airflow_rover.master.node_launcher import Role
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33"

@@ -713,9 +713,9 @@ def test_a_ps_that_exits_cleanly_unasked_is_lost_not_done(make_job) -> None:
 def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     make_job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ECRM: the workers train on while a lost PS's replacement starts (``core.ecrm.degraded``): their
-    shards stay leased and more are handed out. Once the replacement is up, every shard
-    leased through the loss is checked against the PS ledgers when it is done: the lost PS
+    """ECRM: the workers train on while a lost PS's replacement starts
+    (``core.ecrm.degraded``): their shards stay leased and more are handed out. Once the
+    replacement is up, every shard leased through the loss is checked against the PS ledgers when it is done: the lost PS
     may have applied one of its batches without its parity holders hearing of it. (The PS are
     fakes here: the ECRM set-up and the ledger read are recorded, not made.)"""
     config = CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
@@ -908,7 +908,7 @@ def test_stop_request(make_job) -> None:
 
 
 def test_a_worker_gives_its_shards_back_and_they_resume_from_the_ps_ledger(make_job) -> None:
-    """A worker that gave up on what it trained (a lost PS, ``worker.runtime.train``) gives
+    """A worker that gave up on what it trained (a lost PS, ``worker.training.train``) gives
     its shards back once it is connected again: each resumes at its first batch a PS lacks."""
     job = make_job()
     job.master.step()

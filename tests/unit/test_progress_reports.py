@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from airflow_rover.core.spec import TrainingConfig
 from airflow_rover.rpc import master_api
-from airflow_rover.worker.runtime import Progress, start_heartbeats
+from airflow_rover.worker.progress import Progress, start_heartbeats
 
 
 class _Master:

@@ -351,6 +351,48 @@ def master_dependents(
 
 
 # -- the node pods (created by the master) ---------------------------------------------------
+def _node_env(
+    cfg: KubernetesConfig, names: JobNames, node_id: str, job_dir: PurePosixPath, cpu: float
+) -> dict[str, str]:
+    """What every node is told: its job, its id, the master and the token file."""
+    return {
+        ENV_JOB_DIR: str(job_dir),
+        ENV_NODE_ID: node_id,
+        ENV_MASTER_ADDR: names.master_address(cfg.master_port),
+        ENV_TOKEN_FILE: TOKEN_PATH,
+        "OMP_NUM_THREADS": str(max(1, math.ceil(cpu))),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def _ps_env(cfg: KubernetesConfig, names: JobNames, node_id: str) -> dict[str, str]:
+    """What a PS is told besides: where it listens, the name it is reached by, its flash dir."""
+    return {
+        ENV_BIND_HOST: "0.0.0.0",
+        ENV_ADVERTISE_HOST: names.ps_host(node_id),
+        ENV_PS_PORT: str(cfg.ps_port),
+        ENV_FLASH_DIR: FLASH_DIR,
+    }
+
+
+def _node_container(cfg: KubernetesConfig, role: Role, size: tuple[float, int]) -> dict[str, Any]:
+    """A node's container but its ports, environment and mounts: resizable in place."""
+    cpu, memory_mb = size
+    return {
+        "name": role,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "command": ["python", "-m", ROLE_MODULES[role], "--role", role],
+        "resources": resources(cpu, memory_mb),
+        "resizePolicy": [
+            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
+            {"resourceName": "memory", "restartPolicy": "NotRequired"},
+        ],
+        "securityContext": _security_context(),
+    }
+
+
 def node_pod(
     cfg: KubernetesConfig,
     names: JobNames,
@@ -365,38 +407,12 @@ def node_pod(
     size from the plan (resizable in place)."""
     cpu, memory_mb = size
     name = names.node_pod(node_id)
-    env = {
-        ENV_JOB_DIR: str(job_dir),
-        ENV_NODE_ID: node_id,
-        ENV_MASTER_ADDR: names.master_address(cfg.master_port),
-        ENV_TOKEN_FILE: TOKEN_PATH,
-        "OMP_NUM_THREADS": str(max(1, math.ceil(cpu))),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = _node_env(cfg, names, node_id, job_dir, cpu)
     extra_mounts: list[dict[str, Any]] = []
     extra_volumes: list[dict[str, Any]] = []
-    container: dict[str, Any] = {
-        "name": role,
-        "image": cfg.image,
-        "imagePullPolicy": cfg.image_pull_policy,
-        "command": ["python", "-m", ROLE_MODULES[role], "--role", role],
-        "resources": resources(cpu, memory_mb),
-        "resizePolicy": [
-            {"resourceName": "cpu", "restartPolicy": "NotRequired"},
-            {"resourceName": "memory", "restartPolicy": "NotRequired"},
-        ],
-        "securityContext": _security_context(),
-    }
+    container = _node_container(cfg, role, size)
     if role == "ps":
-        env.update(
-            {
-                ENV_BIND_HOST: "0.0.0.0",
-                ENV_ADVERTISE_HOST: names.ps_host(node_id),
-                ENV_PS_PORT: str(cfg.ps_port),
-                ENV_FLASH_DIR: FLASH_DIR,
-            }
-        )
+        env.update(_ps_env(cfg, names, node_id))
         container["ports"] = [{"name": "grpc", "containerPort": cfg.ps_port, "protocol": "TCP"}]
         # Flash checkpoints live in memory; the slot counts against the pod's memory limit.
         extra_volumes.append(

@@ -1,0 +1,52 @@
+"""The worker's copy of the dense weights, kept equal to the PS's without reading them back."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.rpc.ps_client import DenseReply
+from airflow_rover.worker.ps_model import PSModel
+
+
+class DenseMirror:
+    """The worker's copy of the dense weights and their optimizer state, kept equal to the PS's.
+
+    After each push the worker applies its own dense gradients locally with the PS's optimizer
+    (the same NumPy code on the same float32 bytes, so the result is bit-identical). When no
+    other worker pushed in between, the PS's dense version is the one the worker expects and
+    nothing travels back; otherwise the PS sends its values and state and the copy is replaced.
+    One worker thus moves its dense gradients once per step instead of gradients + weights.
+    The model reads these values as inputs of its step function (nothing is assigned).
+    """
+
+    def __init__(self, model: PSModel, optimizer: Optimizer) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.owner = {name: model.ps.dense_owner(name) for name in model.var_names}
+        self._owners = set(self.owner.values())
+        self.values: dict[str, np.ndarray] = {}
+        self.state: dict[str, dict[str, np.ndarray]] = {}
+        self.versions = [-1] * model.ps.num_ps  # -1: nothing known yet, the PS sends it all
+
+    def expected(self, pushing: bool) -> list[int]:
+        """The versions each PS will have after this worker's push, if nobody else pushes."""
+        return [
+            v + 1 if pushing and v >= 0 and i in self._owners else v
+            for i, v in enumerate(self.versions)
+        ]
+
+    def after_reply(self, reply: DenseReply, own: dict[str, np.ndarray] | None) -> None:
+        """Take a PushPull's reply, then apply ``own`` (gradients the reply cannot include yet:
+        they travel with the next push)."""
+        for name, ps in self.owner.items():
+            if reply.fresh[ps]:
+                self.values[name] = np.array(reply.values[name])
+                self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
+            if own is not None:
+                self.optimizer.apply(self.values[name], self.state[name], own[name])
+        self.versions = list(reply.versions)
+
+    def pushed(self) -> None:
+        """A plain push of gradients already applied here has landed."""
+        self.versions = self.expected(pushing=True)

@@ -1,0 +1,190 @@
+"""The Keras model whose embedding tables live on the parameter servers.
+
+The model runs on rows read from the PS and on dense weights passed in (``stateless_call``):
+its step function returns the loss and the gradients of both, which the training loop pushes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.data.reader import Batch
+from airflow_rover.rpc.ps_client import PSClient
+from airflow_rover.worker.models import DENSE_INPUT
+
+
+@dataclass
+class BatchIds:
+    """Unique fused ids per embedding group and each sample's (batch, tables) index into them."""
+
+    unique: dict[str, np.ndarray]
+    inverse: dict[str, np.ndarray]
+
+
+class PSModel:
+    """A Keras model whose embedding tables live on the parameter servers."""
+
+    def __init__(
+        self, model: keras.Model, features: FeatureConfig, columns: list[str], ps: PSClient
+    ) -> None:
+        missing = sorted({t.column for t in features.tables} - set(columns))
+        if missing:
+            raise ValueError(f"features.tables: columns {missing} are not in the dataset")
+        self.model = model
+        self.features = features
+        self.placement = EmbeddingPlacement.from_features(features)
+        self.groups = self.placement.groups
+        self.ps = ps
+        self._column_index = {name: i for i, name in enumerate(columns)}
+        self.variables = list(model.trainable_variables)
+        self.var_names = [v.path for v in self.variables]
+        self._non_trainable = [v.value for v in model.non_trainable_variables]
+        signature = (
+            tf.TensorSpec([None, features.num_dense], tf.float32),
+            [tf.TensorSpec([None, g.dim], tf.float32) for g in self.groups],
+            [tf.TensorSpec([None, len(g.tables)], tf.int32) for g in self.groups],
+            [tf.TensorSpec(v.shape, tf.float32) for v in self.variables],
+        )
+        self._grad_fn = tf.function(
+            self._loss_and_grads,
+            input_signature=(*signature, tf.TensorSpec([None], tf.float32)),
+        )
+        self._predict_fn = tf.function(self._predict, input_signature=signature)
+
+    # -- graph functions ---------------------------------------------------------------------
+    def _inputs(
+        self, dense: tf.Tensor, rows: list[tf.Tensor], inverse: list[tf.Tensor]
+    ) -> dict[str, tf.Tensor]:
+        inputs = {DENSE_INPUT: dense}
+        for group, group_rows, idx in zip(self.groups, rows, inverse, strict=True):
+            per_table = tf.unstack(tf.gather(group_rows, idx), num=len(group.tables), axis=1)
+            inputs.update({t.name: e for t, e in zip(group.tables, per_table, strict=True)})
+        return inputs
+
+    def _call(
+        self,
+        dense: tf.Tensor,
+        rows: list[tf.Tensor],
+        inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
+        training: bool,
+    ) -> tf.Tensor:
+        """The model on the given dense weights (``stateless_call``: passed in, not assigned)."""
+        logits, _ = self.model.stateless_call(
+            weights, self._non_trainable, self._inputs(dense, rows, inverse), training=training
+        )
+        return tf.squeeze(logits, -1)
+
+    def _loss_and_grads(
+        self,
+        dense: tf.Tensor,
+        rows: list[tf.Tensor],
+        inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
+        label: tf.Tensor,
+    ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            tape.watch(weights)
+            logits = self._call(dense, rows, inverse, weights, training=True)
+            loss = tf.reduce_mean(
+                tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
+            )
+        row_grads, var_grads = tape.gradient(loss, (rows, weights))
+        # tf.gather's gradient is IndexedSlices; densifying sums the duplicates per unique id.
+        row_grads = [tf.convert_to_tensor(g) for g in row_grads]
+        var_grads = [tf.convert_to_tensor(g) for g in var_grads]
+        return loss, row_grads, var_grads
+
+    def _predict(
+        self,
+        dense: tf.Tensor,
+        rows: list[tf.Tensor],
+        inverse: list[tf.Tensor],
+        weights: list[tf.Tensor],
+    ) -> tf.Tensor:
+        return tf.sigmoid(self._call(dense, rows, inverse, weights, training=False))
+
+    # -- host side ---------------------------------------------------------------------------
+    def batch_ids(self, categorical: np.ndarray) -> BatchIds:
+        unique: dict[str, np.ndarray] = {}
+        inverse: dict[str, np.ndarray] = {}
+        for group in self.groups:
+            fused = group.fused_ids(categorical, self._column_index)
+            uniq, inv = np.unique(fused, return_inverse=True)
+            unique[group.name] = uniq
+            inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
+        return BatchIds(unique, inverse)
+
+    def offer_initial_weights(self) -> None:
+        self.ps.init_dense(
+            {n: v.numpy() for n, v in zip(self.var_names, self.variables, strict=True)}
+        )
+
+    def ids_element(self, batch: Batch) -> dict[str, np.ndarray]:
+        """A batch and its ids: one element of the input pipeline (no PS access)."""
+        ids = self.batch_ids(batch.categorical)
+        element = {"dense": batch.dense, "label": batch.label}
+        for g in self.groups:
+            element[f"unique/{g.name}"] = ids.unique[g.name]
+            element[f"inverse/{g.name}"] = ids.inverse[g.name]
+        return element
+
+    def element_signature(self) -> dict[str, tf.TensorSpec]:
+        spec = {
+            "dense": tf.TensorSpec([None, self.features.num_dense], tf.float32),
+            "label": tf.TensorSpec([None], tf.float32),
+            "shard_id": tf.TensorSpec([], tf.int64),
+            "key": tf.TensorSpec([], tf.int64),
+            "last": tf.TensorSpec([], tf.bool),
+            "ps_set_version": tf.TensorSpec([], tf.int64),
+        }
+        for g in self.groups:
+            spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)
+            spec[f"inverse/{g.name}"] = tf.TensorSpec([None, len(g.tables)], tf.int32)
+        return spec
+
+    def gradients(
+        self, element: dict[str, Any], rows: dict[str, np.ndarray], dense: dict[str, np.ndarray]
+    ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Loss, row gradients per group and dense gradients for one element."""
+        loss, row_grads, var_grads = self._grad_fn(
+            element["dense"],
+            [rows[g.name] for g in self.groups],
+            [element[f"inverse/{g.name}"] for g in self.groups],
+            [dense[n] for n in self.var_names],
+            element["label"],
+        )
+        row_out = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
+        dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
+        return float(loss), row_out, dense_out
+
+    def warm_up(self) -> None:
+        """Trace the step function on a one-sample batch, so a worker that says it is ready
+        trains at full speed from its first step (no PS access: zero rows, initial weights)."""
+        self._grad_fn(
+            np.zeros((1, self.features.num_dense), np.float32),
+            [np.zeros((1, g.dim), np.float32) for g in self.groups],
+            [np.zeros((1, len(g.tables)), np.int32) for g in self.groups],
+            [v.numpy() for v in self.variables],
+            np.zeros(1, np.float32),
+        )
+
+    def predict(self, batch: Batch) -> np.ndarray:
+        element = self.ids_element(batch)
+        unique = {g.name: element[f"unique/{g.name}"] for g in self.groups}
+        rows, dense = self.ps.pull(unique, create=False)
+        out = self._predict_fn(
+            element["dense"],
+            [rows[g.name] for g in self.groups],
+            [element[f"inverse/{g.name}"] for g in self.groups],
+            [dense[n] for n in self.var_names],
+        )
+        return np.asarray(out)
