@@ -715,9 +715,10 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
 ) -> None:
     """ECRM: the workers train on while a lost PS's replacement starts
     (``core.ecrm.degraded``): their shards stay leased and more are handed out. Once the
-    replacement is up, every shard leased through the loss is checked against the PS ledgers when it is done: the lost PS
-    may have applied one of its batches without its parity holders hearing of it. (The PS are
-    fakes here: the ECRM set-up and the ledger read are recorded, not made.)"""
+    replacement is up, every shard leased through the loss is checked against the PS ledgers
+    when it is done: the lost PS may have applied one of its batches without its parity
+    holders hearing of it. (The PS are fakes here: the ECRM set-up and the ledger read are
+    recorded, not made.)"""
     config = CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
     job = make_job(num_ps=3, checkpoint=config)
     rebuilt: list[int] = []
