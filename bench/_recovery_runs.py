@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import read_npz, write_npz
-from airflow_rover.core.checkpoint_policy import (
+from airflow_rover.core.cpr import CprSaveSchedule, PlsTracker, SsuTracker
+from airflow_rover.core.policies import (
     CheckpointCosts,
     CheckpointPlan,
     CheckpointPolicyConfig,
     plan_checkpoints,
 )
-from airflow_rover.core.cpr import CprSaveSchedule, PlsTracker, SsuTracker
 from bench._recovery_ckpt import CheckpointStore
 from bench._recovery_cluster import BATCH_SIZE, SEED, Cluster, DenseNet, Workload
 from bench._recovery_ecrm import EcrmHooks, Verdict

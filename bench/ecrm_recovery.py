@@ -67,8 +67,8 @@ from typing import Any
 
 import psutil
 
-from airflow_rover.core.checkpoint_policy import EcrmOptions
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.policies import EcrmOptions
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook

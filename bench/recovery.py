@@ -48,7 +48,7 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from airflow_rover.core.checkpoint_policy import (
+from airflow_rover.core.policies import (
     cpr_interval,
     full_overhead,
     optimal_full_interval,

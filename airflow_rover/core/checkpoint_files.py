@@ -37,6 +37,15 @@ _PLACEHOLDER = b"0" * _HEX
 CHUNK = 8 << 20
 QUEUE_FILE = "queue.json"
 RECORD_KEY = "checkpoint"
+CHECKPOINT_PREFIX = "ckpt-"
+
+
+def checkpoint_number(name: str) -> int | None:
+    """``ckpt-000012`` -> 12; None for anything else."""
+    digits = name[len(CHECKPOINT_PREFIX) :]
+    if not name.startswith(CHECKPOINT_PREFIX) or not digits.isdigit():
+        return None
+    return int(digits)
 
 
 class CorruptCheckpoint(ValueError):

@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_policy import expected_pls
+from airflow_rover.core.policies import expected_pls
 
 _U32_MAX = np.uint64(np.iinfo(np.uint32).max)
 

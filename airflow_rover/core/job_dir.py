@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_rover.core.checkpoint_files import fsync_path, verify_checkpoint
+from airflow_rover.core.checkpoint_files import (
+    CHECKPOINT_PREFIX,
+    checkpoint_number,
+    fsync_path,
+    verify_checkpoint,
+)
 from airflow_rover.core.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -33,7 +38,6 @@ ENV_FLASH_DIR = "ROVER_FLASH_DIR"
 ENV_BIND_HOST = "ROVER_BIND_HOST"
 ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
 ENV_PS_PORT = "ROVER_PS_PORT"
-CHECKPOINT_PREFIX = "ckpt-"
 STANDBY_PREFIX = "ps-standby-"  # node ids of spare PS processes (recovery.standby_ps)
 
 
@@ -177,14 +181,6 @@ class JobDir:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
-
-
-def checkpoint_number(name: str) -> int | None:
-    """``ckpt-000012`` -> 12; None for anything else."""
-    digits = name[len(CHECKPOINT_PREFIX) :]
-    if not name.startswith(CHECKPOINT_PREFIX) or not digits.isdigit():
-        return None
-    return int(digits)
 
 
 def flash_dir_for(checkpoints: Path) -> Path:

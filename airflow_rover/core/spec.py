@@ -18,7 +18,7 @@ from pydantic import (
     model_validator,
 )
 
-from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
+from airflow_rover.core.policies import CheckpointPolicyConfig
 
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
 OPTIMIZERS = ("sgd", "adagrad", "adam")

@@ -46,7 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
-from airflow_rover.core.checkpoint_policy import FailureHistory
+from airflow_rover.core.policies import FailureHistory
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.warm_start import (
     DEFAULT_K,

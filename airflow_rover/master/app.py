@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, FastAPI, HTTPException, Query, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from airflow_rover.core.plans import PlanRecord
-from airflow_rover.master.service import MAX_LAYOUT_WAIT_S, JobMaster
+from airflow_rover.master.job import JobMaster
+from airflow_rover.master.ps_set import MAX_WAIT_S
 from airflow_rover.rpc import master_api
 
 P = master_api.API_PREFIX
 BearerCredentials = Annotated[
     HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
 ]
+T = TypeVar("T")
 
 
 def create_app(master: JobMaster, token: str) -> FastAPI:
@@ -36,51 +38,56 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    app.include_router(_node_routes(master), prefix=P)
+    app.include_router(_job_routes(master), prefix=P)
+    return app
 
-    def _known(fn: Any, *args: Any) -> Any:
-        try:
-            return fn(*args)
-        except KeyError as exc:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
-    @app.get(f"{P}/status")
-    def get_status() -> dict[str, Any]:
-        return master.status()
+def _known(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)``; an unknown node or plan (KeyError) is a 404."""
+    try:
+        return fn(*args)
+    except KeyError as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from exc
 
-    @app.get(f"{P}/cluster")
+
+def _node_routes(master: JobMaster) -> APIRouter:
+    """What the job's nodes call: the PS set, readiness, progress, shards, the evaluation."""
+    router = APIRouter()
+
+    @router.get("/cluster")
     def get_cluster(
         after: Annotated[int | None, Query(ge=0)] = None,
-        wait_s: Annotated[float, Query(ge=0, le=MAX_LAYOUT_WAIT_S)] = 0.0,
+        wait_s: Annotated[float, Query(ge=0, le=MAX_WAIT_S)] = 0.0,
     ) -> master_api.ClusterInfo:
-        """With ``after``: waits up to ``wait_s`` for a PS layout past that version."""
+        """With ``after``: waits up to ``wait_s`` for a PS set past that version."""
         try:
             return master.cluster(after, wait_s)
         except LookupError as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
 
-    @app.post(f"{P}/nodes/{{node_id}}/ready")
+    @router.post("/nodes/{node_id}/ready")
     def node_ready(node_id: str, body: master_api.NodeReady) -> dict[str, bool]:
         _known(master.node_ready, node_id, body)
         return {"ok": True}
 
-    @app.post(f"{P}/nodes/{{node_id}}/heartbeat")
+    @router.post("/nodes/{node_id}/heartbeat")
     def heartbeat(node_id: str, body: master_api.Heartbeat) -> dict[str, bool]:
         return {"stop": _known(master.heartbeat, node_id, body)}
 
-    @app.post(f"{P}/shards/lease")
+    @router.post("/shards/lease")
     def lease(body: master_api.LeaseRequest) -> master_api.LeaseReply:
-        reply: master_api.LeaseReply = _known(master.lease, body.node_id, body.ps_set_version)
-        return reply
+        return _known(master.lease, body.node_id, body.ps_set_version)
 
-    @app.post(f"{P}/shards/{{shard_id}}/done")
+    @router.post("/shards/{shard_id}/done")
     def shard_done(shard_id: int, body: master_api.ShardDone) -> master_api.ShardDoneReply:
         return master_api.ShardDoneReply(accepted=master.shard_done(shard_id, body))
 
-    @app.post(f"{P}/nodes/{{node_id}}/release")
+    @router.post("/nodes/{node_id}/release")
     def release(node_id: str) -> dict[str, int]:
         return {"released": _known(master.release_shards, node_id)}
 
-    @app.post(f"{P}/evaluation")
+    @router.post("/evaluation")
     def evaluation(body: master_api.EvalReport) -> dict[str, bool]:
         try:
             _known(master.report_evaluation, body)
@@ -88,25 +95,36 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from exc
         return {"ok": True}
 
-    @app.get(f"{P}/plans")
-    def get_plans() -> list[dict[str, Any]]:
-        return master.status()["plans"]
+    return router
 
-    @app.post(f"{P}/plans")
+
+def _job_routes(master: JobMaster) -> APIRouter:
+    """What Airflow and people call: the status, plans, stop."""
+    router = APIRouter()
+
+    @router.get("/status")
+    def get_status() -> dict[str, Any]:
+        return master.status()
+
+    @router.get("/plans")
+    def get_plans() -> list[dict[str, Any]]:
+        plans: list[dict[str, Any]] = master.status()["plans"]
+        return plans
+
+    @router.post("/plans")
     def request_plan(body: master_api.PlanRequest) -> dict[str, Any]:
         try:
             return master.request_plan(body).to_json()
         except ValueError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
 
-    @app.post(f"{P}/plans/{{plan_id}}/apply")
+    @router.post("/plans/{plan_id}/apply")
     def apply_plan(plan_id: int) -> dict[str, Any]:
-        record: PlanRecord = _known(master.apply_plan, plan_id)
-        return record.to_json()
+        return _known(master.apply_plan, plan_id).to_json()
 
-    @app.post(f"{P}/stop")
+    @router.post("/stop")
     def stop(body: master_api.StopRequest) -> dict[str, str]:
         master.request_stop(body.reason)
         return {"state": master.status()["state"]}
 
-    return app
+    return router

@@ -23,8 +23,8 @@ import uvicorn
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.master.app import create_app
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
-from airflow_rover.master.service import JobMaster
 
 log = logging.getLogger("airflow_rover.master")
 TICK_S = 0.2

@@ -19,12 +19,11 @@ from airflow.sdk import BaseOperator, Context, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
-from airflow_rover.core.checkpoint_policy import (
+from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.policies import (
     CheckpointPolicyConfig,
-    CheckpointPolicyError,
     mtbf_from_history,
 )
-from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import (
     ClusterBudget,
     FeatureConfig,
@@ -84,12 +83,7 @@ RESULT_KEYS = (
 def _checkpoint_config(policy: Any, options: Any) -> CheckpointPolicyConfig:
     """The validated checkpoint policy; errors name the option and what it accepts."""
     config = CheckpointPolicyConfig.from_task_params(policy, options)
-    if config.policy == "ecrm" and config.ecrm.codec != "sum":
-        raise CheckpointPolicyError(
-            f"ecrm.codec={config.ecrm.codec!r}: the runtime serves a lost PS's rows by decoding "
-            "them while it is rebuilt, which only the summation code tolerates while updates "
-            "are in flight; accepted: sum"
-        )
+    config.build().check_runtime()
     return config
 
 

@@ -15,10 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import read_npz_parts
-from airflow_rover.core.ecrm import ParityPlacement
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
@@ -26,8 +23,8 @@ from airflow_rover.core.job_dir import (
     STANDBY_PREFIX,
     JobDir,
     NodeContext,
-    checkpoint_number,
 )
+from airflow_rover.core.node_job import node_job
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -37,10 +34,16 @@ log = logging.getLogger("airflow_rover.ps")
 
 
 def restore(
-    new_ps: Callable[[], ParameterServer], layout: JobDir, node_id: str, index: int
+    new_ps: Callable[[], ParameterServer],
+    layout: JobDir,
+    node_id: str,
+    index: int,
+    after_checkpoint: Callable[[ParameterServer, Path], None] | None = None,
 ) -> ParameterServer:
     """A PS with its partition loaded from the newest verified checkpoint, or from its snapshot
-    in shared memory where ``choose_restore`` says so (the checkpoint if that fails)."""
+    in shared memory where ``choose_restore`` says so (the checkpoint if that fails);
+    ``after_checkpoint``: the policy's additions to a restore from the checkpoint itself
+    (not from a newer snapshot)."""
     flash = FlashCheckpointer.for_job(layout.checkpoints, index)
     choice = choose_restore(layout, index)
     ps = None
@@ -72,35 +75,10 @@ def restore(
         ps = new_ps()
         if choice.checkpoint is not None:
             restore_checkpoint(ps, choice.checkpoint, node_id)
-    if choice.checkpoint is not None and not from_newer_slot:
-        apply_partial_saves(ps, layout, choice.checkpoint, node_id)
+    if choice.checkpoint is not None and not from_newer_slot and after_checkpoint is not None:
+        after_checkpoint(ps, choice.checkpoint)
     ps.flash = flash
     return ps
-
-
-def apply_partial_saves(
-    ps: ParameterServer, layout: JobDir, checkpoint: Path, node_id: str
-) -> None:
-    """CPR-MFU/SSU: the rows saved after ``checkpoint`` (most-used or sampled ones, fresher
-    than the checkpoint) replace theirs, oldest save first; a damaged one is skipped."""
-    number = checkpoint_number(checkpoint.name)
-    if number is None:
-        return
-    parts = [d / f"ps-{ps.index}.npz" for d in layout.partial_dirs(number)]
-    applied = 0
-    for part, arrays in read_npz_parts([p for p in parts if p.exists()]):
-        if isinstance(arrays, Exception):
-            log.warning("%s: partial save %s skipped: %s", node_id, part.parent.name, arrays)
-            continue
-        for name, table in ps.tables.items():
-            prefix = f"table/{name}/"
-            rows = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-            if rows and rows["ids"].size:
-                mine = partition_of(name, rows["ids"].astype(np.int64), ps.num_ps) == ps.index
-                table.absorb({k: v[mine] for k, v in rows.items()})
-                applied += int(mine.sum())
-    if applied:
-        log.info("%s: %d rows from partial saves after %s", node_id, applied, checkpoint.name)
 
 
 def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> None:
@@ -132,16 +110,13 @@ STANDBY_POLL_S = 0.005
 
 def wait_as_standby(ctx: NodeContext) -> str:
     """A spare PS (``recovery.standby_ps``): imports done, wait until the launcher says which
-    lost PS this process is, then log to that PS's log. Under ECRM the parity placement is
-    worked out meanwhile, so a rebuild starts without it."""
+    lost PS this process is, then log to that PS's log. Meanwhile the policy works out what a
+    replacement needs (ECRM: the parity placement, so a rebuild starts without it)."""
     # numpy (2.4) imports numpy.ma on the first np.unique: ~80 ms under the import lock, which
     # had stalled the first pulls a replacement served
     np.unique(np.arange(2))
     spec = ctx.layout.read_spec()
-    if spec.checkpoint.policy == "ecrm":
-        groups = EmbeddingPlacement.from_features(spec.resolved_features).groups
-        vocab = {g.name: g.vocab_size for g in groups}
-        ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab).warm()
+    spec.checkpoint.build().on_standby_ps(node_job(spec, ctx.layout))
     assignment = ctx.layout.standby_assignment(ctx.node_id)
     log.info("%s: a spare PS, waiting to take over a lost one", ctx.node_id)
     while not assignment.exists():
@@ -190,24 +165,20 @@ def main(argv: list[str] | None = None) -> None:
             spec.training.seed,
         )
 
-    rebuild = spec.checkpoint.policy == "ecrm" and ctx.layout.ecrm_rebuild_marker(index).exists()
-    if rebuild:  # the rebuild needs where every row's parity is: worked out while starting
-        groups = EmbeddingPlacement.from_features(spec.resolved_features).groups
-        vocab = {g.name: g.vocab_size for g in groups}
-        placement = ParityPlacement(spec.plan.num_ps, spec.checkpoint.ecrm.k, vocab)
-        threading.Thread(target=placement.warm, name="ecrm-placement", daemon=True).start()
-    if index < spec.plan.num_ps and not rebuild:
-        ps = restore(new_ps, ctx.layout, ctx.node_id, index)
+    policy, job = spec.checkpoint.build(), node_job(spec, ctx.layout)
+
+    def after_checkpoint(ps: ParameterServer, checkpoint: Path) -> None:
+        policy.after_restore(ps, job, checkpoint)
+
+    if index < spec.plan.num_ps and not policy.ps_starts_empty(job, index):
+        ps = restore(new_ps, ctx.layout, ctx.node_id, index, after_checkpoint)
     else:  # joining a resize: empty until the others hand over its rows (``reshard``); or
         # replacing a lost PS under ECRM: empty until rebuilt from parity (``ps.ecrm``)
         ps = new_ps()
         ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
         for orphan in orphan_slots(ctx.layout.flash_dir, index):
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
-    cpr = spec.checkpoint.cpr
-    if spec.checkpoint.policy == "cpr" and cpr.variant == "ssu":
-        for table in ps.tables.values():
-            table.enable_ssu(cpr.r, cpr.ssu_sample_period, spec.training.seed + index)
+    policy.setup_ps(ps, job)
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
     server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
     stop = threading.Event()

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from airflow_rover.core.ecrm.degraded import EcrmReads
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import NodeContext
+from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import open_dataset
@@ -40,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     master = MasterClient(ctx.master_addr, ctx.token)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
-    model = _ps_model(spec, args.role, cluster, ctx.token, optimizer)
+    model = _ps_model(spec, ctx, args.role, cluster, optimizer)
     if args.role == "worker":
         model.warm_up()
     master.ready(ctx.node_id)
@@ -61,22 +60,23 @@ def _configure_tensorflow() -> None:
 
 
 def _ps_model(
-    spec: JobSpec, role: str, cluster: ClusterInfo, token: str, optimizer: Optimizer
+    spec: JobSpec, ctx: NodeContext, role: str, cluster: ClusterInfo, optimizer: Optimizer
 ) -> PSModel:
-    """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS."""
+    """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS;
+    a worker reads a lost PS's rows itself where the checkpoint policy can (ECRM)."""
     import keras
 
     from airflow_rover.worker.models import load_factory
     from airflow_rover.worker.ps_model import PSModel
 
     features = spec.resolved_features
-    ecrm = None
-    if spec.checkpoint.policy == "ecrm" and role == "worker":
-        # a lost PS's rows are decoded here until its replacement is up (``core.ecrm.degraded``)
-        groups = EmbeddingPlacement.from_features(features).groups
-        ecrm = EcrmReads(spec.checkpoint.ecrm.k, {g.name: g.vocab_size for g in groups}, optimizer)
-        threading.Thread(target=ecrm.warm, args=(len(cluster.ps),), daemon=True).start()
-    ps = PSClient(cluster.ps, token, ecrm=ecrm)
+    reads = None
+    if role == "worker":
+        policy = spec.checkpoint.build()
+        reads = policy.degraded_reads(node_job(spec, ctx.layout), optimizer)
+    if reads is not None:  # worked out now, so a lost PS's first decoded read does not wait
+        threading.Thread(target=reads.warm, args=(len(cluster.ps),), daemon=True).start()
+    ps = PSClient(cluster.ps, ctx.token, ecrm=reads)
     keras.utils.set_random_seed(spec.training.seed)
     return PSModel(
         load_factory(spec.model)(features),

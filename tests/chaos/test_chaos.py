@@ -75,7 +75,7 @@ def failure_free(data: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     try:
         status = wait_for_end(layout)
     finally:
-        launcher.stop_job_master(layout)
+        launcher.stop_master(layout)
     assert status["state"] == "succeeded", status.get("message")
     return status["result"]
 
@@ -139,7 +139,7 @@ def test_job_survives_random_kills_with_every_batch_trained_once(
         assert status["state"] == "succeeded", status.get("message")
         assert_no_nodes_left(layout)
     finally:
-        launcher.stop_job_master(layout)
+        launcher.stop_master(layout)
     result = status["result"]
     summary = {
         "seed": seed,

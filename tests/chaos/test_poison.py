@@ -45,7 +45,7 @@ def test_a_poison_shard_is_quarantined_and_reported(tmp_path: Path) -> None:
     try:
         status = wait_for_end(layout, 240.0)
     finally:
-        launcher.stop_job_master(layout)
+        launcher.stop_master(layout)
     assert status["state"] == "succeeded", status.get("message")
     assert "quarantined" in status["message"]
     result = status["result"]

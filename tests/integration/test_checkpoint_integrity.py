@@ -36,8 +36,8 @@ from airflow_rover.core.states import JobState
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.local import LocalNodeLauncher
 from airflow_rover.master.app import create_app
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import Role
-from airflow_rover.master.service import JobMaster
 from airflow_rover.rpc.ps_client import PSClient
 
 pytestmark = [pytest.mark.slow]

@@ -40,7 +40,7 @@ from airflow_rover.launchers.kubernetes.backend import KubernetesBackend
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
 from airflow_rover.launchers.kubernetes.nodes import KubernetesNodeLauncher
 from airflow_rover.master.app import create_app
-from airflow_rover.master.service import JobMaster
+from airflow_rover.master.job import JobMaster
 from airflow_rover.rpc.master_api import NodeReady
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from airflow_rover.core.checkpoint_policy import (
+from airflow_rover.core.policies import (
     CheckpointCosts,
     CheckpointPolicyConfig,
     CheckpointPolicyError,

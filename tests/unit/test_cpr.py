@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 
-from airflow_rover.core.checkpoint_policy import expected_pls, full_overhead, partial_overhead
 from airflow_rover.core.cpr import (
     CprSaveSchedule,
     MfuTracker,
@@ -19,6 +18,7 @@ from airflow_rover.core.cpr import (
     simulate_pls,
     top_rows,
 )
+from airflow_rover.core.policies import expected_pls, full_overhead, partial_overhead
 
 
 def test_pls_tracker_follows_eq3_by_hand():

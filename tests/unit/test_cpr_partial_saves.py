@@ -12,7 +12,7 @@ from test_ps import ADAGRAD, LAYOUT, SEED
 
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.ps.__main__ import apply_partial_saves
+from airflow_rover.core.policies.cpr import apply_partial_saves
 from airflow_rover.ps.server import ParameterServer
 
 GROUP = "dim4"

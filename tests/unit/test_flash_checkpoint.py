@@ -42,8 +42,8 @@ from airflow_rover.core.states import JobState
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
-from airflow_rover.master.service import JobMaster
 from airflow_rover.ps import flash as flash_module
 from airflow_rover.ps.__main__ import restore
 from airflow_rover.ps.flash import FlashCheckpointer, ShmSlot, choose_restore
@@ -610,7 +610,7 @@ def test_a_part_that_fails_to_persist_abandons_the_checkpoint(
     gate = Gate(monkeypatch)
     gate.fail = "disk full"
     gate.open()
-    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.service"):
+    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.job"):
         assert rig.master.checkpoint() is None
     assert "checkpoint ckpt-000002 abandoned: ps-0 could not persist its part" in caplog.text
     assert "disk full" in caplog.text
@@ -628,7 +628,7 @@ def test_a_ps_relaunched_without_its_snapshot_abandons_the_checkpoint(
     rig.master.step()
     assert rig.master.checkpointer.pending is not None
     rig.start_ps(1)  # ps-1 came back as a new process that never took this snapshot
-    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.service"):
+    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.job"):
         rig.master.step()
     assert rig.master.checkpointer.pending is None
     assert "abandoned: ps-1 no longer has its snapshot (relaunched)" in caplog.text
@@ -681,7 +681,7 @@ def test_waiting_for_a_commit_gives_up_at_once_when_a_ps_is_gone(
     assert rig.master.checkpointer.pending is not None
     rig.close()  # the PS go away mid-persist
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.service"):
+    with caplog.at_level(logging.WARNING, logger="airflow_rover.master.job"):
         assert rig.master.checkpoint() is None
     assert time.monotonic() - started < 30
     assert "checkpoint ckpt-000001 abandoned: no answer" in caplog.text

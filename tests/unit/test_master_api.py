@@ -21,10 +21,10 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
@@ -32,8 +32,8 @@ from airflow_rover.launchers.base import write_job
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
-from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -682,7 +682,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     job.master.step()  # the fake PS has no readable ledger: nobody trains until it has one
     assert job.status()["state"] == "recovering"
     assert job.launcher.started.count(("worker-0", "worker")) == 1
-    job.master._reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
+    job.master.dispatch.reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
     job.master.step()
     status = job.status()
     assert status["state"] == "running", status["message"]
@@ -724,9 +724,9 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     rebuilt: list[int] = []
 
     def ecrm_ready() -> bool:
-        job.master._ecrm_live = True
-        rebuilt.extend(sorted(job.master._ecrm_pending))
-        job.master._ecrm_pending.clear()
+        job.master.policy._live = True
+        rebuilt.extend(sorted(job.master.policy._pending))
+        job.master.policy._pending.clear()
         return True
 
     reconciled: list[list[int]] = []
@@ -736,8 +736,8 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
             reconciled.append(sorted(s.shard_id for s in shards))
         return True
 
-    monkeypatch.setattr(job.master, "_ecrm_ready", ecrm_ready)
-    monkeypatch.setattr(job.master, "_reconcile", reconcile)
+    monkeypatch.setattr(job.master.policy, "prepare_ps", lambda master: ecrm_ready())
+    monkeypatch.setattr(job.master.dispatch, "reconcile", reconcile)
     job.master.step()
     for i in range(3):
         job.post(f"/nodes/ps-{i}/ready", {"address": f"127.0.0.1:{i + 1}"})
@@ -817,8 +817,8 @@ def test_under_ecrm_the_api_answers_while_the_master_waits_on_the_ps(
         checked.append(sorted(s.shard_id for s in shards))
         reconcile(shards, applied)
 
-    monkeypatch.setattr(job.master, "_ps_client", SlowPS)
-    monkeypatch.setattr(job.master, "_applied_everywhere", applied_everywhere)
+    monkeypatch.setattr(job.master._ps, "client", SlowPS)
+    monkeypatch.setattr(job.master, "applied_everywhere", applied_everywhere)
     monkeypatch.setattr(job.master.queue, "reconcile", recorded)
     job.master.step()
     for i in range(3):
@@ -854,7 +854,7 @@ def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) 
     waiter.join(0.2)
     assert waiter.is_alive()  # held: no new layout yet
     job.post("/nodes/ps-0/ready", {"address": "127.0.0.1:2"})
-    job.master._reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
+    job.master.dispatch.reconcile = lambda shards: True  # type: ignore[method-assign]  # ledger read
     job.master.step()
     waiter.join(30)  # woken by the new layout, long before its 60 s ran out
     assert not waiter.is_alive()
@@ -862,8 +862,8 @@ def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) 
 
     reply = job.get("/cluster", params={"after": 0, "wait_s": 5})  # already past: at once
     assert reply["ps_set_version"] == 1
-    job.master._layout_waits = threading.BoundedSemaphore(1)
-    assert job.master._layout_waits.acquire(blocking=False)  # the one waiting slot is taken
+    job.master.ps_set._waits = threading.BoundedSemaphore(1)
+    assert job.master.ps_set._waits.acquire(blocking=False)  # the one waiting slot is taken
     started = time.monotonic()
     assert job.get("/cluster", params={"after": 1, "wait_s": 5})["ps_set_version"] == 1
     assert time.monotonic() - started < 5  # answered without waiting
@@ -1120,9 +1120,9 @@ def test_a_costlier_checkpoint_policy_than_the_measured_costs_call_for_is_said_o
     config = CheckpointPolicyConfig.parse({"policy": "ecrm", "mtbf_s": 3600, "ecrm": {"k": 2}})
     job = make_job(num_ps=3, checkpoint=config)
     times = CheckpointTimes(pause_s=0.002, durable_s=0.05, bytes=1 << 20)
-    with caplog.at_level("WARNING", logger="airflow_rover.master.service"):
+    with caplog.at_level("WARNING", logger="airflow_rover.master.job"):
         for n in (1, 2):
-            job.master._checkpoint_committed(job.layout.checkpoint_dir(n), times)
+            job.master.checkpointing.committed(job.layout.checkpoint_dir(n), times)
     advice = job.status()["recovery"]["checkpoint_policy_advice"]
     assert advice.startswith("checkpoint_policy='ecrm' is expected to cost")
     assert "recommended: full" in advice
@@ -1135,7 +1135,9 @@ def test_a_rebuild_marker_left_by_a_former_master_is_cleared(make_job, tmp_path:
     marker = JobDir(tmp_path / "job").ecrm_rebuild_marker(1)
     marker.parent.mkdir(parents=True)
     marker.touch()
-    make_job()
+    make_job(
+        num_ps=3, checkpoint=CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
+    )
     assert not marker.exists()
 
 

@@ -17,17 +17,17 @@ import grpc
 import numpy as np
 import pytest
 
-from airflow_rover.core.checkpoint_policy import CheckpointPolicyConfig
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import JobState
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.checkpointer import CheckpointTimes
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
-from airflow_rover.master.service import JobMaster
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -332,13 +332,13 @@ def test_partial_saves_are_dropped_once_cpr_falls_back_to_full(
     rig = make_rig(job_spec().model_copy(update={"checkpoint": cpr}))
     rig.run()
     first = rig.master.checkpoint()
-    assert first is not None and rig.master.policy == "cpr"  # a save of ms against 60 s
+    assert first is not None and rig.master.policy.name == "cpr"  # a save of ms against 60 s
     partial = rig.layout.partial_dir(1, 1)
     partial.mkdir(parents=True)
     (partial / "ps-0.npz").write_bytes(b"rows past ckpt-1")
     # A save of 30 s against a failure a minute: CPR's interval (12 s) costs 250%, full 50%.
-    rig.master._checkpoint_committed(first, CheckpointTimes(30.0, 30.0, 1))
-    assert rig.master.policy == "full"
+    rig.master.checkpointing.committed(first, CheckpointTimes(30.0, 30.0, 1))
+    assert rig.master.policy.name == "full"
     assert rig.layout.partial_dirs() == []
 
 
@@ -473,7 +473,7 @@ def test_ps_restored_from_a_checkpoint_reopens_a_shard_it_lost(
     rig.master.step()
 
     assert rig.master.state == JobState.RUNNING
-    assert rig.master.ps_set_version == 1  # the waiting workers reconnect
+    assert rig.master.ps_set.version == 1  # the waiting workers reconnect
     queue = rig.master.queue
     assert queue.is_todo(1) and not queue.is_done(1)
     again = rig.lease("worker-0")
@@ -503,7 +503,7 @@ def test_cpr_lost_updates_stay_in_the_pls_of_a_job_resumed_from_a_checkpoint(
     rig.start_ps(0, restore_from=first)
     rig.master.step()
     assert rig.master.state == JobState.RUNNING
-    assert (rig.master.lost_batches, rig.master.lost_samples) == (PER_SHARD, SHARD_SIZE)
+    assert (rig.master.lost.batches, rig.master.lost.samples) == (PER_SHARD, SHARD_SIZE)
     pls = rig.master.pls
     assert pls > 0
     second = rig.master.checkpoint()  # shard 1 forgiven: done, its updates lost
@@ -512,7 +512,7 @@ def test_cpr_lost_updates_stay_in_the_pls_of_a_job_resumed_from_a_checkpoint(
 
     resumed = make_rig(spec)
     assert resumed.master.resumed_from == str(second)
-    assert (resumed.master.lost_batches, resumed.master.lost_samples) == (PER_SHARD, SHARD_SIZE)
+    assert (resumed.master.lost.batches, resumed.master.lost.samples) == (PER_SHARD, SHARD_SIZE)
     resumed.master.step()
     for index in (0, 1):
         resumed.start_ps(index, restore_from=second)

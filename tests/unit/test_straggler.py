@@ -12,8 +12,8 @@ from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
-from airflow_rover.master.service import JobMaster
 from airflow_rover.rpc import master_api
 
 SHARD, BATCH = 1024, 64  # 16 batches per shard

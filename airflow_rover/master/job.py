@@ -1,0 +1,389 @@
+"""The job master: the state its rooms share, the API's operations, and the supervisor's tick.
+
+Each concern lives in a room of its own, which this class wires together: shard dispatch
+(``dispatch``), node exits and restarts (``recovery``), applying plans (``resize``), checkpoints
+and the policy in effect (``checkpointing``), the end of the job (``wrap_up``), proposals
+(``autoscaling``). The API's handlers and the supervisor thread share one lock; every room's
+method runs under it. The master is also the policy's ``MasterPort``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.policies import CheckpointPolicy, MasterPort, PsCalls
+from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan
+from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
+from airflow_rover.core.throughput import JobShape
+from airflow_rover.master.autoscaler import Autoscaler, Profiler
+from airflow_rover.master.autoscaling import Autoscaling
+from airflow_rover.master.checkpointer import Checkpointer
+from airflow_rover.master.checkpointing import Checkpoints, checkpoint_mirror
+from airflow_rover.master.dispatch import ShardDispatch
+from airflow_rover.master.node_launcher import Capability, NodeLauncher
+from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.ps_access import PsAccess
+from airflow_rover.master.ps_set import PsSet
+from airflow_rover.master.recovery import NodeRecovery
+from airflow_rover.master.resize import PlanExecutor
+from airflow_rover.master.resume import starting_point
+from airflow_rover.master.status import StateMirror, Throughput
+from airflow_rover.master.wrap_up import WrapUp
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.ps_client import PSClient
+
+log = logging.getLogger(__name__)
+
+
+class JobMaster:
+    def __init__(
+        self,
+        job_dir: JobDir,
+        spec: JobSpec,
+        launcher: NodeLauncher,
+        token: str,
+        master_restarts: int = 0,
+        wake: threading.Event | None = None,
+    ) -> None:
+        """``wake``: set when the supervisor should tick now, not at its next tick (a node is
+        ready: a relaunched PS, say, that the workers wait for)."""
+        self.wake = wake or threading.Event()
+        self.job_dir, self.spec, self.token = job_dir, spec, token
+        self.state, self.message = JobState.PENDING, "starting parameter servers"
+        self.started_at = time.time()
+        self.finished_at: float | None = None
+        self.train_started_at: float | None = None
+        self.samples_resumed = 0  # samples whose batches every PS had applied at the start
+        self._lock = threading.RLock()
+        self.nodes, self.ps_set = NodeSet(launcher), PsSet(self._lock)
+        self._ps = PsAccess(lambda: self.cluster().ps, token)
+        mirror = checkpoint_mirror(spec)
+        start = starting_point(job_dir, spec, mirror)
+        self.queue, self.resumed_from, self.lost = start.queue, start.resumed_from, start.lost
+        self.dispatch = ShardDispatch(self)
+        self.dispatch.reconcile_pending = start.checkpoint is not None  # ask the PS ledgers
+        self.checkpointing = Checkpoints(self, mirror, start.checkpoint_number)
+        self.policy: CheckpointPolicy = self.checkpointing.requested
+        self.policy.on_master_start(self, resumed=start.checkpoint is not None)
+        self.recovery = NodeRecovery(self, master_restarts)
+        self.plans = PlanExecutor(self)
+        self.wrap_up = WrapUp(self)
+        self.autoscaler = Autoscaler(spec.autoscale, JobShape.of(spec), launcher.capacity_cpu)
+        profiles = launcher.can(Capability.PROFILE)
+        self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
+        self.autoscaling = Autoscaling(spec.autoscale, self.autoscaler, self.profiler)
+        self.throughput, self._mirror = Throughput(), StateMirror(job_dir)
+        self.port: MasterPort = self
+
+    # -- the API (request handlers) --------------------------------------------------------------
+    def cluster(self, after: int | None = None, wait_s: float = 0.0) -> master_api.ClusterInfo:
+        """The PS addresses and the PS set's version. With ``after``: first wait, up to
+        ``wait_s``, for a version past it, so that a worker waiting out a lost PS hears of its
+        replacement at once rather than at its next poll (a few requests at a time)."""
+        waits = after is not None and wait_s > 0 and self.ps_set.may_wait()
+        try:
+            with self._lock:
+                if waits:
+                    self.ps_set.wait_past(after or 0, wait_s)
+                ps = [n.address if n else None for n in self.nodes.ps(self.spec.plan.num_ps)]
+                if any(a is None for a in ps):
+                    raise LookupError("parameter servers are not all ready yet")
+                return master_api.ClusterInfo(
+                    job_id=self.spec.job_id,
+                    ps=[a for a in ps if a],
+                    ps_set_version=self.ps_set.version,
+                )
+        finally:
+            if waits:
+                self.ps_set.done_waiting()
+
+    def node_ready(self, node_id: str, body: master_api.NodeReady) -> None:
+        with self._lock:
+            node = self.nodes.known(node_id)
+            node.state, node.address, node.last_seen = NodeState.RUNNING, body.address, time.time()
+            self.recovery.node_ready(node)
+            if node.role == "worker" and self.train_started_at is None:
+                self.train_started_at = node.last_seen  # the training clock: first worker ready
+            log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
+        self.wake.set()
+
+    def heartbeat(self, node_id: str, body: master_api.Heartbeat) -> bool:
+        """Record a node's progress; returns True when the node should stop."""
+        with self._lock:
+            node = self.nodes.known(node_id)
+            node.steps, node.samples, node.step_time_ms = (
+                body.steps,
+                body.samples,
+                body.step_time_ms,
+            )
+            node.last_seen = time.time()
+            self.queue.renew(node_id, time.time(), self.spec.training.shard_lease_s)
+            self.record_samples()
+            return self.state in TERMINAL_STATES
+
+    def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
+        with self._lock:
+            return self.dispatch.lease(node_id, ps_set_version)
+
+    def shard_done(self, shard_id: int, body: master_api.ShardDone) -> bool:
+        with self._lock:
+            return self.dispatch.done(shard_id, body.node_id)
+
+    def release_shards(self, node_id: str) -> int:
+        with self._lock:
+            return self.dispatch.give_back(node_id)
+
+    def report_evaluation(self, body: master_api.EvalReport) -> None:
+        """Accept the held-out score only from the evaluator node, only while evaluating."""
+        with self._lock:
+            node = self.nodes.known(body.node_id)
+            if node.role != "evaluator" or self.state != JobState.EVALUATING:
+                raise PermissionError(
+                    f"{body.node_id} may not report an evaluation while the job is {self.state}"
+                )
+            self.wrap_up.evaluation = {
+                "auc": body.auc,
+                "logloss": body.logloss,
+                "samples": body.samples,
+            }
+            log.info("held-out evaluation: %s", self.wrap_up.evaluation)
+
+    def request_plan(self, body: master_api.PlanRequest) -> PlanRecord:
+        """Propose the requested counts as a plan (the trigger applies it)."""
+        with self._lock:
+            if self.state in TERMINAL_STATES:
+                raise ValueError(f"the job is {self.state}: nothing to resize")
+            counts = {"num_workers": body.num_workers, "num_ps": body.num_ps}
+            plan = self.spec.plan.model_copy(
+                update={k: v for k, v in counts.items() if v is not None}
+            )
+            record = self.autoscaler.request(time.time(), self.spec.plan, plan, body.reason)
+            self.mirror_state(force=True)
+            return record
+
+    def apply_plan(self, plan_id: int) -> PlanRecord:
+        """Apply a proposed plan (``resize.PlanExecutor``); applying twice is a no-op."""
+        with self._lock:
+            record = next((p for p in self.autoscaler.plans if p.id == plan_id), None)
+            if record is None:
+                raise KeyError(f"no plan {plan_id}")
+            return self.plans.apply(record)
+
+    def request_stop(self, reason: str) -> None:
+        with self._lock:
+            if self.state not in TERMINAL_STATES:
+                self.finish(JobState.STOPPED, reason)
+
+    def fail(self, message: str) -> None:
+        with self._lock:
+            if self.state not in TERMINAL_STATES:
+                self.finish(JobState.FAILED, message)
+
+    def checkpoint(self) -> Any:
+        """Take a checkpoint and wait until it is committed (``Checkpointer.checkpoint``)."""
+        return self.checkpointer.checkpoint()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            done, total = self.queue.done_samples, self.queue.total_samples
+            return {
+                "job_id": self.spec.job_id,
+                "state": str(self.state),
+                "message": self.message,
+                "progress": {
+                    "samples_done": done,
+                    "samples_total": total,
+                    "fraction": round(done / total, 6),
+                    "shards": self.queue.counts(),
+                },
+                "throughput": round(self.throughput.rate(), 1),
+                "plan": self.spec.plan.model_dump(),
+                "nodes": self.nodes.to_dicts(),
+                "evaluation": self.wrap_up.evaluation,
+                "started_at": self.started_at,
+                "finished_at": self.finished_at,
+                "duration_s": round((self.finished_at or time.time()) - self.started_at, 3),
+                "recovery": self.recovery_summary(),
+                "plans": [p.to_json() for p in self.autoscaler.plans],
+                "profile": self.autoscaler.report(self.profiler),
+                "result": self.wrap_up.result,
+            }
+
+    def recovery_summary(self) -> dict[str, Any]:
+        return {
+            **self.recovery.summary(),
+            "resumed_from": self.resumed_from,
+            "quarantined": self.queue.quarantined_shards(),
+            **self.checkpointing.report(),
+            "lost_batches": self.lost.batches,
+            "lost_samples": self.lost.samples,
+            "pls": round(self.pls, 6),
+        }
+
+    # -- the supervisor's tick -------------------------------------------------------------------
+    def step(self) -> None:
+        """One supervision tick: react to exited nodes, start training once every PS is up,
+        train, end."""
+        with self._lock:
+            if self.state in TERMINAL_STATES:
+                return
+            if self.state == JobState.PENDING and not self.nodes:
+                for i in range(self.spec.plan.num_ps):
+                    self.nodes.start(f"ps-{i}", "ps")
+            self.recovery.check_exits()
+            if self.state in TERMINAL_STATES:
+                return
+            if self.state in (JobState.PENDING, JobState.RECOVERING):
+                if self.nodes.all_ps_ready(self.spec.plan.num_ps):
+                    self._start_training()
+            elif self.state == JobState.RUNNING:
+                self._train()
+            elif self.state == JobState.EVALUATING and self.wrap_up.evaluation_over():
+                self.wrap_up.complete()
+            self.mirror_state()
+
+    def _start_training(self) -> None:
+        """Every PS is up: resume the shards from their ledgers, start the workers."""
+        if not self.policy.prepare_ps(self):
+            return  # a PS could not be reached (or the job ended meanwhile): next tick
+        recovered = self.state == JobState.RECOVERING
+        if self.dispatch.reconcile_pending:
+            if recovered and not self.policy.on_ps_restored(self):
+                return  # the PS ledgers are needed first: next tick
+            if not self.dispatch.reconcile_all():
+                return  # the PS ledgers are needed before anyone trains: next tick
+            self.dispatch.reconcile_pending = False
+            if self.state == JobState.PENDING:  # resuming from a checkpoint
+                self.samples_resumed = self.dispatch.applied_samples()
+        for i in range(self.spec.plan.num_workers):
+            worker = self.nodes.get(f"worker-{i}")
+            if worker is None or worker.exit_code is not None:
+                self.nodes.start(f"worker-{i}", "worker")
+        if recovered:  # the workers that waited it out reconnect to the relaunched PS
+            self.policy.on_recovered(self)
+            self.ps_set.next()
+        self.state, self.message = JobState.RUNNING, "training"
+        self.mirror_state(force=True)
+
+    def _train(self) -> None:
+        """A tick while the workers train: plans, leases, checkpoints and the end of it."""
+        self.policy.poll(self)
+        if self.state in TERMINAL_STATES:
+            return
+        self.plans.advance()
+        self.recovery.keep_standby()
+        self.dispatch.tick()
+        if self.dispatch.training_done and not self.wrap_up.started and not self.policy.busy:
+            self.wrap_up.training_over()
+        if self.queue.finished:
+            if self.wrap_up.ready_without_evaluation():
+                self.wrap_up.complete()
+        elif self.policy.busy:
+            pass  # no checkpoint or plan until the policy has recovered the lost PS
+        elif self.plans.resize is None:
+            self.checkpointer.tick()
+            self.policy.save(self)
+            self.autoscaling.tick(self.nodes, self.spec.plan, self.queue)
+        elif self.checkpointer.pending is not None:
+            self.checkpointer.tick()  # only moves the one in flight on: none starts
+
+    def finish(self, state: JobState, message: str) -> None:
+        self.state, self.message, self.finished_at = state, message, time.time()
+        log.info("job %s: %s", state, message)
+        self.mirror_state(force=True)
+
+    def mirror_state(self, force: bool = False) -> None:
+        if self._mirror.due(force):
+            self._mirror.write(self.status())
+
+    def shutdown_nodes(self) -> None:
+        self.nodes.launcher.stop_all()
+        with self._lock:
+            for node in self.nodes:
+                if node.state in (NodeState.STARTING, NodeState.RUNNING):
+                    node.state = NodeState.STOPPED
+            self.mirror_state(force=True)
+
+    # -- for the rooms and the policy (``core.policies.MasterPort``) ------------------------------
+    def set_plan(self, plan: ResourcePlan) -> None:
+        self.spec = self.spec.model_copy(update={"plan": plan})
+        self.job_dir.write_spec(self.spec)  # a relaunched master keeps the plan
+
+    def lost_ps(self) -> None:
+        self.wrap_up.training_resumed()  # the restore may send training back: wrap up again
+
+    @property
+    def holding_leases(self) -> bool:
+        return self.plans.draining
+
+    @contextlib.contextmanager
+    def unlocked(self) -> Iterator[None]:
+        """Let the API in while this tick waits on the PS, when the workers train through a
+        PS loss: a held lock stalls every lease and report (~0.3 s at a loss, measured).
+        ``step`` holds the lock once; what it read before may have moved when this returns."""
+        if not self.policy.trains_through_loss(self.state):
+            yield
+            return
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+    def ps_calls(self) -> contextlib.AbstractContextManager[PsCalls]:
+        return self._ps.calls()
+
+    def ps_client(self) -> PSClient:
+        return self._ps.client()
+
+    def ps_addresses(self) -> list[str]:
+        return self.cluster().ps
+
+    def ps_incarnations(self) -> list[int]:
+        return self.nodes.ps_incarnations(self.spec.plan.num_ps)
+
+    def applied_everywhere(self, purpose: str) -> set[int] | None:
+        return self._ps.applied_everywhere(purpose)
+
+    def ps_recovery_seconds(self) -> list[float]:
+        events = self.recovery.recoveries
+        return [e["seconds"] for e in events if e["role"] == "ps" and e["seconds"]]
+
+    def recheck_when_done(self, shard_ids: set[int]) -> None:
+        self.dispatch.recheck.update(shard_ids)
+
+    def record_samples(self) -> None:
+        self.throughput.record(self.nodes)
+
+    @property
+    def num_ps(self) -> int:
+        return self.spec.plan.num_ps
+
+    @property
+    def checkpointer(self) -> Checkpointer:
+        return self.checkpointing.checkpointer
+
+    @property
+    def checkpoint_number(self) -> int:
+        return self.checkpointer.number
+
+    checkpoints = checkpoint_number  # the number of the last committed checkpoint (0: none)
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        return self.checkpointer.interval_s
+
+    @property
+    def features(self) -> FeatureConfig:
+        return self.spec.resolved_features
+
+    @property
+    def pls(self) -> float:
+        return self.lost.pls(self.queue.total_samples, self.spec.plan.num_ps)

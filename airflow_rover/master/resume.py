@@ -1,0 +1,60 @@
+"""Where a new master starts from: a fresh shard queue, or the one of the newest verified
+checkpoint (a retry, a relaunched master), fetched from ``checkpoint_uri`` when the job
+directory has none (a retry on another machine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from airflow_rover.core.checkpoint_files import checkpoint_number
+from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.policies import LostUpdates
+from airflow_rover.core.shards import ShardQueue
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.data.reader import open_dataset
+from airflow_rover.storage import CheckpointMirror, restore_latest_checkpoint
+
+LOST_UPDATES_KEY = "partial_recovery"  # in queue.json: the lost updates at the snapshot
+
+
+@dataclass
+class StartingPoint:
+    """The queue a master starts with and the checkpoint it comes from (None: a fresh job)."""
+
+    queue: ShardQueue
+    checkpoint: Path | None
+    resumed_from: str | None  # the checkpoint whose queue it is
+    lost: LostUpdates
+
+    @property
+    def checkpoint_number(self) -> int:
+        return 0 if self.checkpoint is None else checkpoint_number(self.checkpoint.name) or 0
+
+
+def starting_point(
+    job_dir: JobDir, spec: JobSpec, mirror: CheckpointMirror | None
+) -> StartingPoint:
+    """The queue of the newest verified checkpoint (its shards all released to resume from
+    the PS ledgers), else a fresh one. Updates partial recovery forgave before that checkpoint
+    are lost in the model it holds (its ledgers count them as applied): they stay lost."""
+    fresh = fresh_queue(spec)
+    checkpoint = job_dir.latest_checkpoint()
+    if checkpoint is None and mirror is not None:  # e.g. a retry on another machine
+        fetched = restore_latest_checkpoint(mirror.store, job_dir.checkpoints)
+        if fetched is not None:
+            job_dir.commit_checkpoint(fetched)
+            checkpoint = job_dir.latest_checkpoint()
+    if checkpoint is None or not (checkpoint / "queue.json").exists():
+        return StartingPoint(fresh, checkpoint, None, LostUpdates())
+    saved = job_dir.read_json(checkpoint / "queue.json") or {}
+    queue = ShardQueue.from_dict(saved)
+    queue.release_all()
+    lost = LostUpdates.from_dict(saved.get(LOST_UPDATES_KEY))
+    return StartingPoint(queue, checkpoint, str(checkpoint), lost)
+
+
+def fresh_queue(spec: JobSpec) -> ShardQueue:
+    t, r = spec.training, spec.recovery
+    num_samples = open_dataset(spec.train_data).num_samples
+    return ShardQueue(num_samples, t.shard_size, t.epochs, t.batch_size, r.max_shard_failures)

@@ -1,0 +1,178 @@
+"""The end of a job: once every shard is done, a final checkpoint (a failure from there on
+retrains nothing), the held-out evaluation, then the model saved from the PS and the result
+that the task pushes to XCom."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.job_dir import JobDir, atomic_write_json
+from airflow_rover.core.ledger import batch_accounting
+from airflow_rover.core.shards import ShardQueue
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import JobState
+from airflow_rover.master.checkpointing import Checkpoints
+from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.resize import PlanExecutor
+from airflow_rover.rpc.ps_client import PSClient
+
+
+class EndingJob(Protocol):
+    """What the end of a job uses of it (``master.job.JobMaster``)."""
+
+    state: JobState
+    message: str
+
+    @property
+    def spec(self) -> JobSpec: ...
+
+    @property
+    def job_dir(self) -> JobDir: ...
+
+    @property
+    def queue(self) -> ShardQueue: ...
+
+    @property
+    def nodes(self) -> NodeSet: ...
+
+    @property
+    def checkpointing(self) -> Checkpoints: ...
+
+    @property
+    def plans(self) -> PlanExecutor: ...
+
+    @property
+    def train_started_at(self) -> float | None: ...
+
+    @property
+    def samples_resumed(self) -> int: ...
+
+    def ps_client(self) -> PSClient: ...
+
+    def record_samples(self) -> None: ...
+
+    def recovery_summary(self) -> dict[str, Any]: ...
+
+    def finish(self, state: JobState, message: str) -> None: ...
+
+    def mirror_state(self, force: bool = False) -> None: ...
+
+
+class WrapUp:
+    """Ends training and the job (called with the job's lock held)."""
+
+    def __init__(self, job: EndingJob) -> None:
+        self.job = job
+        self.started = False  # training done: final checkpoint taken, evaluation started
+        self.train_finished_at: float | None = None
+        self.evaluation: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+
+    def training_over(self) -> None:
+        """Every shard is done: cancel a PS resize, take the final checkpoint, score the
+        held-out split."""
+        job = self.job
+        self.started = True  # until a PS restore sends training back
+        job.plans.cancel("training ended before the PS resize")
+        self.train_finished_at = time.time()
+        job.record_samples()
+        if job.spec.recovery.checkpoint_interval_s > 0:
+            job.checkpointing.checkpointer.checkpoint()  # a failure from here on retrains nothing
+        if job.spec.eval_data:
+            job.state = JobState.EVALUATING
+            self.evaluation = None  # a PS restore may have sent training back
+            job.message = "scoring the held-out split"
+            job.nodes.start("evaluator", "evaluator")
+            job.mirror_state(force=True)
+
+    def training_resumed(self) -> None:
+        """A PS restore may send training back: wrap up again once it is over."""
+        self.started = False
+
+    def ready_without_evaluation(self) -> bool:
+        """Trained, no held-out split to score, the last checkpoint durable."""
+        job = self.job
+        return self.started and job.state == JobState.RUNNING and job.checkpointing.durable()
+
+    def evaluation_over(self) -> bool:
+        """The evaluator reported and exited, and the last checkpoint is durable."""
+        evaluator = self.job.nodes.get("evaluator")
+        if self.evaluation is None or evaluator is None or evaluator.exit_code is None:
+            return False
+        return self.job.checkpointing.durable()
+
+    def complete(self) -> None:
+        """Save the model from the PS, write the result, and mark the job succeeded."""
+        job = self.job
+        client = job.ps_client()
+        try:
+            rows = client.save(job.job_dir.model_dir)
+            ledgers = client.ledgers()
+        finally:
+            client.close()
+        self._write_model_card()
+        self.result = self._result(rows, ledgers)
+        job.finish(JobState.SUCCEEDED, self._message())
+
+    def _write_model_card(self) -> None:
+        spec = self.job.spec
+        features = spec.resolved_features
+        atomic_write_json(
+            self.job.job_dir.model_dir / "model.json",
+            {
+                "job_id": spec.job_id,
+                "model": spec.model,
+                "features": features.model_dump(),
+                "embedding_groups": [
+                    {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}
+                    for g in EmbeddingPlacement.from_features(features).groups
+                ],
+                "num_ps": spec.plan.num_ps,
+                "partitions": [f"ps-{i}.npz" for i in range(spec.plan.num_ps)],
+            },
+        )
+
+    def _result(self, rows: int, ledgers: list[tuple[set[int], int]]) -> dict[str, Any]:
+        job, evaluation = self.job, self.evaluation
+        now = time.time()
+        train_s = (self.train_finished_at or now) - (job.train_started_at or now)
+        samples = job.queue.done_samples
+        this_run = samples - job.samples_resumed
+        result = {
+            "samples_trained": samples,
+            "samples_resumed": job.samples_resumed,
+            "samples_trained_this_run": this_run,
+            "train_seconds": round(train_s, 3),
+            "samples_per_second": round(this_run / train_s, 1) if train_s > 0 else 0.0,
+            "auc": evaluation["auc"] if evaluation else None,
+            "logloss": evaluation["logloss"] if evaluation else None,
+            "eval_samples": evaluation["samples"] if evaluation else 0,
+            "embedding_rows": rows,
+            "model_dir": str(job.job_dir.model_dir),
+            "plan": job.spec.plan.model_dump(),
+            "accounting": {
+                **job.queue.accounting(),
+                "batches": batch_accounting(job.queue.expected_keys(), ledgers),
+            },
+            "recovery": job.recovery_summary(),
+        }
+        mirror = job.checkpointing.mirror
+        if mirror is not None and mirror.last is not None:
+            result["durable_checkpoint"] = mirror.last.summary()
+        return result
+
+    def _message(self) -> str:
+        job = self.job
+        message = f"trained {job.queue.done_samples} samples"
+        quarantined = job.queue.quarantined_shards()
+        if quarantined:
+            message += (
+                f"; {len(quarantined)} shard(s) quarantined after repeated worker deaths and not "
+                f"trained: {[(q['shard_id'], q['start'], q['end']) for q in quarantined]}"
+            )
+        mirror = job.checkpointing.mirror
+        if mirror is not None and (not mirror.flush(timeout=0) or mirror.last_error):
+            message += f"; the last checkpoint was not copied to {job.spec.checkpoint_uri}"
+        return message
