@@ -31,11 +31,11 @@ import numpy as np
 import tensorflow as tf
 
 from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlacement
+from airflow_rover.core.hashing import INIT_SCALE
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
 from airflow_rover.data.reader import Batch, open_dataset
-from airflow_rover.ps.tables import INIT_SCALE
 from airflow_rover.worker import models
 
 # The reference model's dense-features input key ("dense" in older versions of models.py).

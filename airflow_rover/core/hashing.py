@@ -64,6 +64,9 @@ def owner_of(name: str, num_ps: int) -> int:
     return int(jump_hash(splitmix64(np.array([name_salt(name)])), num_ps)[0])
 
 
+INIT_SCALE = 0.05  # embedding rows start uniform in [-INIT_SCALE, INIT_SCALE)
+
+
 def initial_rows(table: str, ids: np.ndarray, dim: int, seed: int, scale: float) -> np.ndarray:
     """Seeded initial embedding rows, uniform in [-scale, scale), as float32 (len(ids), dim)."""
     base = splitmix64(ids.astype(np.uint64) ^ name_salt(table) ^ np.uint64(seed & (2**64 - 1)))

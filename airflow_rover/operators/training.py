@@ -36,7 +36,9 @@ from airflow_rover.core.spec import (
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
+from airflow_rover.data.preflight import PreflightError, preflight
 from airflow_rover.history.records import record_from_status
+from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.launchers.backends import BACKENDS, backend_named
@@ -56,10 +58,8 @@ from airflow_rover.operators._validation import (
     parse_param,
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
-from airflow_rover.preflight import PreflightError, preflight
-from airflow_rover.storage import StorageError, latest_remote_checkpoint, open_store
+from airflow_rover.storage import StorageError, latest_remote_checkpoint
 from airflow_rover.storage.base import parse_checkpoint_uri
-from airflow_rover.storage.s3 import aws_settings
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
 RESULT_KEYS = (
@@ -408,7 +408,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 "service account access to the bucket (e.g. IRSA) and leave aws_conn_id unset"
             )
         try:
-            return aws_settings(self.aws_conn_id).to_env()
+            return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
@@ -418,7 +418,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         deleted. So the newest one there must be this job's (or none)."""
         assert spec.checkpoint_uri is not None
         try:
-            store = open_store(spec.checkpoint_uri, self.aws_conn_id or None)
+            store = CheckpointStoreHook(self.aws_conn_id).get_store(spec.checkpoint_uri)
             latest = latest_remote_checkpoint(store)
             raw = store.read_bytes(f"{latest.name}/queue.json") if latest else None
         except (ValueError, StorageError) as exc:

@@ -15,10 +15,8 @@ from contextlib import AbstractContextManager
 import numpy as np
 
 from airflow_rover.core.cpr import SsuTracker, top_rows
-from airflow_rover.core.hashing import initial_rows
+from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.training_optimizers import Optimizer
-
-INIT_SCALE = 0.05
 
 
 class EmbeddingTable:

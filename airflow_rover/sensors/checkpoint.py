@@ -14,10 +14,10 @@ from typing import Any
 from airflow.sdk import BaseSensorOperator, Context, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout, AirflowSkipException
 
+from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.operators._validation import has_template
 from airflow_rover.storage.base import parse_checkpoint_uri
-from airflow_rover.storage.stores import open_store
 from airflow_rover.triggers.checkpoint import (
     CheckpointTrigger,
     check_checkpoint,
@@ -109,7 +109,7 @@ class CheckpointSensor(BaseSensorOperator):
 
     def _check(self) -> dict[str, Any] | None:
         """Look once (the same decision as the trigger): an event, or None to keep waiting."""
-        store = open_store(self._store_uri(), self.aws_conn_id)
+        store = CheckpointStoreHook(self.aws_conn_id).get_store(self._store_uri())
         job = ElasticJobHook(self.job_dir).get_status() if self.job_dir else None
         return check_checkpoint(store, self._min_samples(), job)
 

@@ -1,6 +1,6 @@
 """Durable checkpoint storage: a local directory or S3, chosen by URI.
 
-``open_store("s3://bucket/prefix", aws_conn_id="aws_default")`` (or ``file:///path``, or a plain
+``open_store("s3://bucket/prefix", settings)`` (or ``file:///path``, or a plain
 path) gives a ``CheckpointStore``; ``upload_checkpoint`` publishes a committed local checkpoint
 there (parts, then ``queue.json``, then ``LATEST``), ``latest_remote_checkpoint`` finds the
 newest one that verifies, ``download_checkpoint`` / ``restore_latest_checkpoint`` bring one
@@ -29,7 +29,7 @@ from airflow_rover.storage.checkpoints import (
 )
 from airflow_rover.storage.local import LocalStore
 from airflow_rover.storage.s3 import AwsSettings, S3Store, aws_settings_from_connection
-from airflow_rover.storage.stores import async_open_store, open_store, store_for
+from airflow_rover.storage.stores import open_store, store_for
 
 __all__ = [
     "ACCEPTED_URIS",
@@ -44,7 +44,6 @@ __all__ = [
     "StorageError",
     "StoreLocation",
     "StoredCheckpoint",
-    "async_open_store",
     "aws_settings_from_connection",
     "checkpoint_samples",
     "download_checkpoint",

@@ -127,24 +127,6 @@ def aws_settings_from_connection(conn: Any) -> AwsSettings:
     )
 
 
-def aws_settings(aws_conn_id: str | None) -> AwsSettings:
-    """The settings of connection ``aws_conn_id`` (boto3's default chain for None)."""
-    if not aws_conn_id:
-        return AwsSettings()
-    from airflow.sdk import BaseHook
-
-    return aws_settings_from_connection(BaseHook.get_connection(aws_conn_id))
-
-
-async def async_aws_settings(aws_conn_id: str | None) -> AwsSettings:
-    """``aws_settings`` for triggers: the connection is read without blocking the event loop."""
-    if not aws_conn_id:
-        return AwsSettings()
-    from airflow.sdk import BaseHook
-
-    return aws_settings_from_connection(await BaseHook.aget_connection(aws_conn_id))
-
-
 def transfer_config(
     multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
     multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,

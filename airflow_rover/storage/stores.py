@@ -1,5 +1,6 @@
 """Open the checkpoint store a URI names: ``file:///path`` (or a plain path) or
-``s3://bucket/prefix`` with an Airflow AWS connection (or boto3's default chain)."""
+``s3://bucket/prefix`` with the given credentials (or boto3's default chain). The Airflow side
+reads them from an AWS connection (``hooks.checkpoint_store``)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,6 @@ from airflow_rover.storage.s3 import (
     DEFAULT_MULTIPART_THRESHOLD,
     AwsSettings,
     S3Store,
-    async_aws_settings,
-    aws_settings,
     transfer_config,
 )
 
@@ -33,24 +32,8 @@ def store_for(
     return S3Store(location.bucket, location.prefix, settings, transfer)
 
 
-def open_store(
-    uri: str,
-    aws_conn_id: str | None = None,
-    multipart_threshold: int = DEFAULT_MULTIPART_THRESHOLD,
-    multipart_chunksize: int = DEFAULT_MULTIPART_CHUNKSIZE,
-    max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
-) -> CheckpointStore:
-    """The store ``uri`` names; for ``s3://`` the credentials of the Airflow connection
-    ``aws_conn_id`` (None: boto3's default chain). A bad URI raises a ValueError naming
-    ``checkpoint_uri`` and the accepted forms."""
-    location = parse_checkpoint_uri(uri)
-    settings = aws_settings(aws_conn_id) if location.scheme == "s3" else None
-    return store_for(location, settings, multipart_threshold, multipart_chunksize, max_concurrency)
-
-
-async def async_open_store(uri: str, aws_conn_id: str | None = None) -> CheckpointStore:
-    """``open_store`` for triggers: the connection is read without blocking the event loop
-    (the store's own calls block: run them with ``asyncio.to_thread``)."""
-    location = parse_checkpoint_uri(uri)
-    settings = await async_aws_settings(aws_conn_id) if location.scheme == "s3" else None
-    return store_for(location, settings)
+def open_store(uri: str, settings: AwsSettings | None = None) -> CheckpointStore:
+    """The store ``uri`` names; for ``s3://`` with ``settings`` (None: boto3's default chain,
+    the environment's credentials). A bad URI raises a ValueError naming ``checkpoint_uri``
+    and the accepted forms."""
+    return store_for(parse_checkpoint_uri(uri), settings)

@@ -20,10 +20,10 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.states import TERMINAL_STATES
+from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.storage.base import CheckpointStore
 from airflow_rover.storage.checkpoints import latest_remote_checkpoint
-from airflow_rover.storage.stores import async_open_store
 
 # A job that ended may still be uploading its last checkpoint to a remote store: wait this
 # long after its ``finished_at`` before calling the milestone missed.
@@ -126,7 +126,7 @@ class CheckpointTrigger(BaseTrigger):
         grace = UPLOAD_GRACE_S if self.checkpoint_uri else 0.0  # a job dir's commit is local
         try:
             uri = checkpoint_store_uri(self.job_dir, self.checkpoint_uri)
-            store = await async_open_store(uri, self.aws_conn_id)
+            store = await CheckpointStoreHook(self.aws_conn_id).async_get_store(uri)
             hook = ElasticJobHook(self.job_dir) if self.job_dir else None
             while True:
                 job = await hook.async_get_status() if hook is not None else None

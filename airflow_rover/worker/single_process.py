@@ -15,13 +15,12 @@ import numpy as np
 import tensorflow as tf
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.hashing import initial_rows
+from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TrainingConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.ps.tables import INIT_SCALE
 from airflow_rover.worker.models import DENSE_INPUT, ModelFactory, load_factory
 
 EVAL_BATCH = 8192

@@ -36,9 +36,10 @@ from moto_server import (
 
 from airflow_rover.core.checkpoint_files import read_manifest
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
+from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.sensors.checkpoint import CheckpointSensor
-from airflow_rover.storage import LocalStore, open_store, upload_checkpoint
+from airflow_rover.storage import LocalStore, upload_checkpoint
 from airflow_rover.triggers.checkpoint import CheckpointTrigger, check_checkpoint
 
 EVENT_KEYS = {"status", "job_id", "message", "checkpoint"}
@@ -235,7 +236,7 @@ def test_waits_for_a_checkpoint_in_s3(
     monkeypatch.setenv("AIRFLOW_CONN_ROVER_S3", connection_env(s3_endpoint))
     bucket = new_bucket(s3_endpoint)
     uri = f"s3://{bucket}/jobs/7"
-    store = open_store(uri, aws_conn_id="rover_s3")
+    store = CheckpointStoreHook("rover_s3").get_store(uri)
     layout = JobDir(tmp_path / "job")
     upload_checkpoint(commit_checkpoint(layout, 1, 2, pss), store)
 

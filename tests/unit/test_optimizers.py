@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from airflow_rover.core.hashing import initial_rows
+from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.training_optimizers import (
     ADAGRAD_INITIAL_ACCUMULATOR,
     ADAM_BETA_1,
@@ -17,7 +17,7 @@ from airflow_rover.core.training_optimizers import (
     EPSILON,
     Optimizer,
 )
-from airflow_rover.ps.tables import INIT_SCALE, DenseStore, EmbeddingTable
+from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 
 # Adam's bias correction runs in float32 as in Keras (0.999 rounds to 0.99900001), about 6e-6
 # relative per step against float64; a smaller Adam rate keeps 6 steps well inside 1e-6.

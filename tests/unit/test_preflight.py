@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig
+from airflow_rover.data.preflight import PreflightError, preflight
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.preflight import PreflightError, preflight
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.hashing import initial_rows, owner_of, partition_of
+from airflow_rover.core.hashing import INIT_SCALE, initial_rows, owner_of, partition_of
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON, Optimizer
 from airflow_rover.ps.server import ParameterServer, start_server
-from airflow_rover.ps.tables import INIT_SCALE, DenseStore, EmbeddingTable
+from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.ps_client import PSClient
 

@@ -33,6 +33,7 @@ from moto_server import (
 from airflow_rover.core.checkpoint_files import CorruptCheckpoint, read_manifest
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.storage import (
     LATEST,
@@ -394,7 +395,7 @@ def test_credentials_come_from_an_airflow_connection_and_never_show(
     monkeypatch.setenv("AIRFLOW_CONN_ROVER_S3", connection_env(s3_endpoint))
     bucket = new_bucket(s3_endpoint)
     with caplog.at_level(logging.DEBUG, "airflow_rover"):
-        store = open_store(f"s3://{bucket}/p", aws_conn_id="rover_s3")
+        store = CheckpointStoreHook("rover_s3").get_store(f"s3://{bucket}/p")
         stored = upload_checkpoint(commit_checkpoint(job, 1, 1, pss), store)
     assert stored.uri == f"s3://{bucket}/p/ckpt-000001"
     assert isinstance(store, S3Store) and store.settings.endpoint_url == s3_endpoint
@@ -408,7 +409,7 @@ def test_a_process_without_connections_gets_the_settings_through_its_environment
     """The job's master cannot read Airflow connections: the task hands it the connection's
     settings as boto3's environment, and the master opens the store with no connection."""
     monkeypatch.setenv("AIRFLOW_CONN_ROVER_S3", connection_env(s3_endpoint))
-    conn_store = open_store("s3://bucket/x", aws_conn_id="rover_s3")
+    conn_store = CheckpointStoreHook("rover_s3").get_store("s3://bucket/x")
     assert isinstance(conn_store, S3Store)
     env = conn_store.settings.to_env()
     assert env == {
