@@ -18,8 +18,8 @@ from typing import Any
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
-from airflow_rover.core.policies import CheckpointPolicy, MasterPort, PsCalls
-from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan
+from airflow_rover.core.policies import CheckpointPolicy, MasterPort
+from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
@@ -29,12 +29,13 @@ from airflow_rover.master.checkpointing import Checkpoints, checkpoint_mirror
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.node_launcher import Capability, NodeLauncher
 from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.policy_port import PolicyPort
 from airflow_rover.master.ps_access import PsAccess
 from airflow_rover.master.ps_set import PsSet
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.master.resume import starting_point
-from airflow_rover.master.status import StateMirror, Throughput
+from airflow_rover.master.status import StateMirror, Throughput, job_status, recovery_summary
 from airflow_rover.master.wrap_up import WrapUp
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -63,15 +64,16 @@ class JobMaster:
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
         self._lock = threading.RLock()
         self.nodes, self.ps_set = NodeSet(launcher), PsSet(self._lock)
-        self._ps = PsAccess(lambda: self.cluster().ps, token)
+        self.ps = PsAccess(lambda: self.cluster().ps, token)
         mirror = checkpoint_mirror(spec)
         start = starting_point(job_dir, spec, mirror)
         self.queue, self.resumed_from, self.lost = start.queue, start.resumed_from, start.lost
         self.dispatch = ShardDispatch(self)
+        self.port: MasterPort = PolicyPort(self)
         self.dispatch.reconcile_pending = start.checkpoint is not None  # ask the PS ledgers
         self.checkpointing = Checkpoints(self, mirror, start.checkpoint_number)
         self.policy: CheckpointPolicy = self.checkpointing.requested
-        self.policy.on_master_start(self, resumed=start.checkpoint is not None)
+        self.policy.on_master_start(self.port, resumed=start.checkpoint is not None)
         self.recovery = NodeRecovery(self, master_restarts)
         self.plans = PlanExecutor(self)
         self.wrap_up = WrapUp(self)
@@ -80,7 +82,6 @@ class JobMaster:
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
         self.autoscaling = Autoscaling(spec.autoscale, self.autoscaler, self.profiler)
         self.throughput, self._mirror = Throughput(), StateMirror(job_dir)
-        self.port: MasterPort = self
 
     # -- the API (request handlers) --------------------------------------------------------------
     def cluster(self, after: int | None = None, wait_s: float = 0.0) -> master_api.ClusterInfo:
@@ -192,40 +193,10 @@ class JobMaster:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
-            done, total = self.queue.done_samples, self.queue.total_samples
-            return {
-                "job_id": self.spec.job_id,
-                "state": str(self.state),
-                "message": self.message,
-                "progress": {
-                    "samples_done": done,
-                    "samples_total": total,
-                    "fraction": round(done / total, 6),
-                    "shards": self.queue.counts(),
-                },
-                "throughput": round(self.throughput.rate(), 1),
-                "plan": self.spec.plan.model_dump(),
-                "nodes": self.nodes.to_dicts(),
-                "evaluation": self.wrap_up.evaluation,
-                "started_at": self.started_at,
-                "finished_at": self.finished_at,
-                "duration_s": round((self.finished_at or time.time()) - self.started_at, 3),
-                "recovery": self.recovery_summary(),
-                "plans": [p.to_json() for p in self.autoscaler.plans],
-                "profile": self.autoscaler.report(self.profiler),
-                "result": self.wrap_up.result,
-            }
+            return job_status(self)
 
     def recovery_summary(self) -> dict[str, Any]:
-        return {
-            **self.recovery.summary(),
-            "resumed_from": self.resumed_from,
-            "quarantined": self.queue.quarantined_shards(),
-            **self.checkpointing.report(),
-            "lost_batches": self.lost.batches,
-            "lost_samples": self.lost.samples,
-            "pls": round(self.pls, 6),
-        }
+        return recovery_summary(self)
 
     # -- the supervisor's tick -------------------------------------------------------------------
     def step(self) -> None:
@@ -251,11 +222,11 @@ class JobMaster:
 
     def _start_training(self) -> None:
         """Every PS is up: resume the shards from their ledgers, start the workers."""
-        if not self.policy.prepare_ps(self):
+        if not self.policy.prepare_ps(self.port):
             return  # a PS could not be reached (or the job ended meanwhile): next tick
         recovered = self.state == JobState.RECOVERING
         if self.dispatch.reconcile_pending:
-            if recovered and not self.policy.on_ps_restored(self):
+            if recovered and not self.policy.on_ps_restored(self.port):
                 return  # the PS ledgers are needed first: next tick
             if not self.dispatch.reconcile_all():
                 return  # the PS ledgers are needed before anyone trains: next tick
@@ -267,14 +238,14 @@ class JobMaster:
             if worker is None or worker.exit_code is not None:
                 self.nodes.start(f"worker-{i}", "worker")
         if recovered:  # the workers that waited it out reconnect to the relaunched PS
-            self.policy.on_recovered(self)
+            self.policy.on_recovered(self.port)
             self.ps_set.next()
         self.state, self.message = JobState.RUNNING, "training"
         self.mirror_state(force=True)
 
     def _train(self) -> None:
         """A tick while the workers train: plans, leases, checkpoints and the end of it."""
-        self.policy.poll(self)
+        self.policy.poll(self.port)
         if self.state in TERMINAL_STATES:
             return
         self.plans.advance()
@@ -289,7 +260,7 @@ class JobMaster:
             pass  # no checkpoint or plan until the policy has recovered the lost PS
         elif self.plans.resize is None:
             self.checkpointer.tick()
-            self.policy.save(self)
+            self.policy.save(self.port)
             self.autoscaling.tick(self.nodes, self.spec.plan, self.queue)
         elif self.checkpointer.pending is not None:
             self.checkpointer.tick()  # only moves the one in flight on: none starts
@@ -337,52 +308,27 @@ class JobMaster:
         finally:
             self._lock.acquire()
 
-    def ps_calls(self) -> contextlib.AbstractContextManager[PsCalls]:
-        return self._ps.calls()
-
     def ps_client(self) -> PSClient:
-        return self._ps.client()
-
-    def ps_addresses(self) -> list[str]:
-        return self.cluster().ps
-
-    def ps_incarnations(self) -> list[int]:
-        return self.nodes.ps_incarnations(self.spec.plan.num_ps)
+        return self.ps.client()
 
     def applied_everywhere(self, purpose: str) -> set[int] | None:
-        return self._ps.applied_everywhere(purpose)
+        return self.ps.applied_everywhere(purpose)
 
     def ps_recovery_seconds(self) -> list[float]:
         events = self.recovery.recoveries
         return [e["seconds"] for e in events if e["role"] == "ps" and e["seconds"]]
 
-    def recheck_when_done(self, shard_ids: set[int]) -> None:
-        self.dispatch.recheck.update(shard_ids)
-
     def record_samples(self) -> None:
         self.throughput.record(self.nodes)
-
-    @property
-    def num_ps(self) -> int:
-        return self.spec.plan.num_ps
 
     @property
     def checkpointer(self) -> Checkpointer:
         return self.checkpointing.checkpointer
 
     @property
-    def checkpoint_number(self) -> int:
+    def checkpoints(self) -> int:
+        """The number of the last committed checkpoint (0: none)."""
         return self.checkpointer.number
-
-    checkpoints = checkpoint_number  # the number of the last committed checkpoint (0: none)
-
-    @property
-    def checkpoint_interval_s(self) -> float:
-        return self.checkpointer.interval_s
-
-    @property
-    def features(self) -> FeatureConfig:
-        return self.spec.resolved_features
 
     @property
     def pls(self) -> float:

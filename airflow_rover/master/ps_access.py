@@ -22,6 +22,10 @@ class PsAccess:
         self._addresses = addresses
         self._token = token
 
+    def addresses(self) -> list[str]:
+        """Every PS's address; LookupError while they are not all up."""
+        return self._addresses()
+
     def client(self) -> PSClient:
         """A client of every PS (close it); LookupError while they are not all up."""
         return PSClient(self._addresses(), self._token)

@@ -6,10 +6,18 @@ from __future__ import annotations
 import collections
 import os
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
+from airflow_rover.core.policies import LostUpdates
+from airflow_rover.core.shards import ShardQueue
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import JobState
+from airflow_rover.master.autoscaler import Autoscaler, Profiler
+from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.recovery import NodeRecovery
+from airflow_rover.master.wrap_up import WrapUp
 
 THROUGHPUT_WINDOW_S = 10.0
 STATE_MIRROR_INTERVAL_S = 2.0
@@ -55,3 +63,95 @@ class StateMirror:
     def write(self, status: dict[str, Any]) -> None:
         atomic_write_json(self.job_dir.state_file, status)
         self._last = time.time()
+
+
+class ReportingJob(Protocol):
+    """What the status reads of the job (``master.job.JobMaster``)."""
+
+    @property
+    def spec(self) -> JobSpec: ...
+
+    @property
+    def state(self) -> JobState: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def queue(self) -> ShardQueue: ...
+
+    @property
+    def nodes(self) -> NodeSet: ...
+
+    @property
+    def throughput(self) -> Throughput: ...
+
+    @property
+    def wrap_up(self) -> WrapUp: ...
+
+    @property
+    def started_at(self) -> float: ...
+
+    @property
+    def finished_at(self) -> float | None: ...
+
+    @property
+    def autoscaler(self) -> Autoscaler: ...
+
+    @property
+    def profiler(self) -> Profiler: ...
+
+    @property
+    def recovery(self) -> NodeRecovery: ...
+
+    @property
+    def checkpointing(self) -> Checkpoints: ...
+
+    @property
+    def resumed_from(self) -> str | None: ...
+
+    @property
+    def lost(self) -> LostUpdates: ...
+
+    @property
+    def pls(self) -> float: ...
+
+
+def job_status(job: ReportingJob) -> dict[str, Any]:
+    """The job's status: its state, progress, nodes, plans, profile and result."""
+    done, total = job.queue.done_samples, job.queue.total_samples
+    return {
+        "job_id": job.spec.job_id,
+        "state": str(job.state),
+        "message": job.message,
+        "progress": {
+            "samples_done": done,
+            "samples_total": total,
+            "fraction": round(done / total, 6),
+            "shards": job.queue.counts(),
+        },
+        "throughput": round(job.throughput.rate(), 1),
+        "plan": job.spec.plan.model_dump(),
+        "nodes": job.nodes.to_dicts(),
+        "evaluation": job.wrap_up.evaluation,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+        "duration_s": round((job.finished_at or time.time()) - job.started_at, 3),
+        "recovery": recovery_summary(job),
+        "plans": [p.to_json() for p in job.autoscaler.plans],
+        "profile": job.autoscaler.report(job.profiler),
+        "result": job.wrap_up.result,
+    }
+
+
+def recovery_summary(job: ReportingJob) -> dict[str, Any]:
+    """What the job recovered from, how its checkpoints went, what it lost."""
+    return {
+        **job.recovery.summary(),
+        "resumed_from": job.resumed_from,
+        "quarantined": job.queue.quarantined_shards(),
+        **job.checkpointing.report(),
+        "lost_batches": job.lost.batches,
+        "lost_samples": job.lost.samples,
+        "pls": round(job.pls, 6),
+    }

@@ -510,7 +510,7 @@ class Rig:
         self.layout = JobDir(root)
         self.spec = write_job(self.layout, self.spec)
         self.master = JobMaster(self.layout, self.spec, FakeLauncher(), TOKEN)
-        self.embedding = EmbeddingPlacement.from_features(self.master.features)
+        self.embedding = EmbeddingPlacement.from_features(self.master.spec.resolved_features)
         self.ps: dict[int, ParameterServer] = {}
         self.servers: list[grpc.Server] = []
 

@@ -817,7 +817,7 @@ def test_under_ecrm_the_api_answers_while_the_master_waits_on_the_ps(
         checked.append(sorted(s.shard_id for s in shards))
         reconcile(shards, applied)
 
-    monkeypatch.setattr(job.master._ps, "client", SlowPS)
+    monkeypatch.setattr(job.master.ps, "client", SlowPS)
     monkeypatch.setattr(job.master, "applied_everywhere", applied_everywhere)
     monkeypatch.setattr(job.master.queue, "reconcile", recorded)
     job.master.step()
@@ -913,7 +913,7 @@ def test_a_worker_gives_its_shards_back_and_they_resume_from_the_ps_ledger(make_
     its shards back once it is connected again: each resumes at its first batch a PS lacks."""
     job = make_job()
     job.master.step()
-    layout = EmbeddingPlacement.from_features(job.master.features)
+    layout = EmbeddingPlacement.from_features(job.master.spec.resolved_features)
     ps = ParameterServer(0, 1, layout, Optimizer("adagrad", 0.05), 0)
     server, port = start_server(ps, TOKEN, threads=2)
     client = PSClient([f"127.0.0.1:{port}"], TOKEN)
@@ -943,7 +943,11 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     job = make_job(with_eval=with_eval)
     job.master.step()
     ps = ParameterServer(
-        0, 1, EmbeddingPlacement.from_features(job.master.features), Optimizer("adagrad", 0.05), 0
+        0,
+        1,
+        EmbeddingPlacement.from_features(job.master.spec.resolved_features),
+        Optimizer("adagrad", 0.05),
+        0,
     )
     server, port = start_server(ps, TOKEN, threads=2)
     try:
@@ -954,7 +958,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         # pushes one keyed gradient per batch of every shard it trains.
         cluster = job.get("/cluster")
         client = PSClient(cluster["ps"], TOKEN)
-        group = EmbeddingPlacement.from_features(job.master.features).groups[0]
+        group = EmbeddingPlacement.from_features(job.master.spec.resolved_features).groups[0]
         ids = {group.name: np.arange(10, dtype=np.int64)}
         grads = {group.name: np.full((10, group.dim), 0.01, np.float32)}
         client.pull(ids, dense=False)

@@ -75,7 +75,7 @@ class Rig:
         self.spec = spec
         self.launcher = FakeLauncher()
         self.master = JobMaster(layout, spec, self.launcher, TOKEN)
-        self.embedding = EmbeddingPlacement.from_features(self.master.features)
+        self.embedding = EmbeddingPlacement.from_features(self.master.spec.resolved_features)
         self.ps: dict[int, ParameterServer] = {}
         self.servers: list[grpc.Server] = []
 

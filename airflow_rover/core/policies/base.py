@@ -88,7 +88,8 @@ class JobFiles(Protocol):
 class MasterPort(Protocol):
     """What a policy may read and do in the job's master. Hooks run under the master's lock."""
 
-    state: JobState
+    @property
+    def state(self) -> JobState: ...
 
     @property
     def job_dir(self) -> JobFiles: ...
