@@ -214,14 +214,10 @@ def atomic_write_json(path: Path, data: Any) -> None:
 class NodeContext:
     """What a PS, worker or evaluator process is told by its launcher, through the environment."""
 
-    job_dir: Path
+    job_dir: JobDir
     node_id: str
     master_addr: str
     token: str
-
-    @property
-    def layout(self) -> JobDir:
-        return JobDir(self.job_dir)
 
     @classmethod
     def from_env(cls) -> NodeContext:
@@ -233,7 +229,7 @@ class NodeContext:
         if missing:
             raise RuntimeError(f"node started without its environment: {missing} unset")
         return cls(
-            job_dir=Path(os.environ[ENV_JOB_DIR]),
+            job_dir=JobDir(Path(os.environ[ENV_JOB_DIR])),
             node_id=os.environ[ENV_NODE_ID],
             master_addr=os.environ[ENV_MASTER_ADDR],
             token=Path(os.environ[ENV_TOKEN_FILE]).read_text().strip(),

@@ -16,20 +16,20 @@ UNREACHABLE = "unreachable"  # the master runs but did not answer: transient, po
 
 
 def resolve_status(
-    layout: JobDir, api_status: dict[str, Any] | None, master_alive: bool
+    job_dir: JobDir, api_status: dict[str, Any] | None, master_alive: bool
 ) -> dict[str, Any]:
     """The job's status: the master's answer, else its last mirrored state, else a verdict."""
     if api_status is not None:
         return api_status
-    mirrored = layout.read_json(layout.state_file)
+    mirrored = job_dir.read_json(job_dir.state_file)
     if mirrored and mirrored.get("state") in TERMINAL_STATES:
         return mirrored
     if master_alive:
         return {**(mirrored or {}), "state": UNREACHABLE, "message": "master did not answer"}
-    if mirrored is None and not layout.master_info():
-        return {"state": ABSENT, "message": f"no job in {layout.root}"}
+    if mirrored is None and not job_dir.master_info():
+        return {"state": ABSENT, "message": f"no job in {job_dir.root}"}
     return {
         **(mirrored or {}),
         "state": str(JobState.FAILED),
-        "message": f"master process died before the job finished; see {layout.log_file('master')}",
+        "message": f"master process died before the job finished; see {job_dir.log_file('master')}",
     }

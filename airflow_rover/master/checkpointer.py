@@ -57,14 +57,14 @@ class Checkpointer:
 
     def __init__(
         self,
-        layout: JobDir,
+        job_dir: JobDir,
         interval_s: float,
         ps_client: Callable[[], PSClient],
         queue_state: Callable[[], dict[str, Any]],
         number: int = 0,
         on_commit: Callable[[Path, CheckpointTimes], None] | None = None,
     ) -> None:
-        self.layout = layout
+        self.job_dir = job_dir
         self.interval_s = interval_s
         self._ps_client = ps_client
         self._queue_state = queue_state
@@ -86,7 +86,7 @@ class Checkpointer:
 
     def start_soon(self) -> None:
         """Make the next tick start a checkpoint (when checkpoints are on): after a PS resize,
-        so that a restore rarely needs a checkpoint of the old layout."""
+        so that a restore rarely needs a checkpoint of the old job_dir."""
         self._last_started = -float("inf")
 
     def checkpoint(self) -> Path | None:
@@ -110,10 +110,10 @@ class Checkpointer:
         """Snapshot every PS into its shared memory (training waits only for that copy) and
         keep the queue as it is now; the parts are persisted in the background."""
         self._last_started = time.time()
-        dirs = self.layout.checkpoint_dirs()
+        dirs = self.job_dir.checkpoint_dirs()
         newest = checkpoint_number(dirs[-1].name) if dirs else None
         number = max(self.number, newest or 0) + 1  # never reuse an abandoned one's name
-        directory = self.layout.checkpoint_dir(number)
+        directory = self.job_dir.checkpoint_dir(number)
         queue = self._queue_state()
         started = time.time()
         try:
@@ -177,11 +177,11 @@ class Checkpointer:
         keep this one and the one before it."""
         directory = pending.directory
         atomic_write_json(directory / "queue.json", checkpoint_record(pending.queue, parts))
-        self.layout.commit_checkpoint(directory)
+        self.job_dir.commit_checkpoint(directory)
         self.pending = None
         previous = self.number
         self.number = pending.number
-        for old in self.layout.checkpoint_dirs():
+        for old in self.job_dir.checkpoint_dirs():
             number = checkpoint_number(old.name) or 0
             if number < pending.number and number != previous:
                 shutil.rmtree(old, ignore_errors=True)

@@ -35,7 +35,7 @@ log = logging.getLogger("airflow_rover.ps")
 
 def restore(
     new_ps: Callable[[], ParameterServer],
-    layout: JobDir,
+    job_dir: JobDir,
     node_id: str,
     index: int,
     after_checkpoint: Callable[[ParameterServer, Path], None] | None = None,
@@ -44,8 +44,8 @@ def restore(
     in shared memory where ``choose_restore`` says so (the checkpoint if that fails);
     ``after_checkpoint``: the policy's additions to a restore from the checkpoint itself
     (not from a newer snapshot)."""
-    flash = FlashCheckpointer.for_job(layout.checkpoints, index)
-    choice = choose_restore(layout, index)
+    flash = FlashCheckpointer.for_job(job_dir.checkpoints, index)
+    choice = choose_restore(job_dir, index)
     ps = None
     from_newer_slot = False  # partial saves after the checkpoint are older than that snapshot
     if choice.slot is not None and choice.slot_meta is not None:
@@ -115,15 +115,15 @@ def wait_as_standby(ctx: NodeContext) -> str:
     # numpy (2.4) imports numpy.ma on the first np.unique: ~80 ms under the import lock, which
     # had stalled the first pulls a replacement served
     np.unique(np.arange(2))
-    spec = ctx.layout.read_spec()
-    spec.checkpoint.build().on_standby_ps(node_job(spec, ctx.layout))
-    assignment = ctx.layout.standby_assignment(ctx.node_id)
+    spec = ctx.job_dir.read_spec()
+    spec.checkpoint.build().on_standby_ps(node_job(spec, ctx.job_dir))
+    assignment = ctx.job_dir.standby_assignment(ctx.node_id)
     log.info("%s: a spare PS, waiting to take over a lost one", ctx.node_id)
     while not assignment.exists():
         time.sleep(STANDBY_POLL_S)
     node_id = assignment.read_text().strip()
     assignment.unlink()
-    with open(ctx.layout.log_file(node_id), "ab") as log_file:
+    with open(ctx.job_dir.log_file(node_id), "ab") as log_file:
         for stream in (sys.stdout, sys.stderr):
             stream.flush()
             os.dup2(log_file.fileno(), stream.fileno())
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
     master = MasterClient(ctx.master_addr, ctx.token)  # ~30 ms: a spare has it made already
     if ctx.node_id.startswith(STANDBY_PREFIX):
         ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
-    spec = ctx.layout.read_spec()
+    spec = ctx.job_dir.read_spec()
     index = int(ctx.node_id.rsplit("-", 1)[1])
 
     def new_ps() -> ParameterServer:
@@ -165,18 +165,18 @@ def main(argv: list[str] | None = None) -> None:
             spec.training.seed,
         )
 
-    policy, job = spec.checkpoint.build(), node_job(spec, ctx.layout)
+    policy, job = spec.checkpoint.build(), node_job(spec, ctx.job_dir)
 
     def after_checkpoint(ps: ParameterServer, checkpoint: Path) -> None:
         policy.after_restore(ps, job, checkpoint)
 
     if index < spec.plan.num_ps and not policy.ps_starts_empty(job, index):
-        ps = restore(new_ps, ctx.layout, ctx.node_id, index, after_checkpoint)
+        ps = restore(new_ps, ctx.job_dir, ctx.node_id, index, after_checkpoint)
     else:  # joining a resize: empty until the others hand over its rows (``reshard``); or
         # replacing a lost PS under ECRM: empty until rebuilt from parity (``ps.ecrm``)
         ps = new_ps()
-        ps.flash = FlashCheckpointer.for_job(ctx.layout.checkpoints, index)
-        for orphan in orphan_slots(ctx.layout.flash_dir, index):
+        ps.flash = FlashCheckpointer.for_job(ctx.job_dir.checkpoints, index)
+        for orphan in orphan_slots(ctx.job_dir.flash_dir, index):
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
     policy.setup_ps(ps, job)
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")

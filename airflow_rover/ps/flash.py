@@ -381,7 +381,7 @@ class RestoreChoice:
     newer: bool = False  # the slot holds a snapshot newer than ``checkpoint`` (case b)
 
 
-def choose_restore(layout: JobDir, index: int) -> RestoreChoice:
+def choose_restore(job_dir: JobDir, index: int) -> RestoreChoice:
     """Where a (re)starting PS takes its partition from.
 
     The durable checkpoint is the one every process agrees on (``latest_checkpoint``). The
@@ -391,8 +391,8 @@ def choose_restore(layout: JobDir, index: int) -> RestoreChoice:
     died, the other PS and the master's queue are live, and the ledgers reconcile them
     (``docs/fault-tolerance.md``). A new master resumes its queue from the durable checkpoint,
     so (b) never applies to it."""
-    chosen = layout.latest_checkpoint()
-    orphans = orphan_slots(layout.flash_dir, index)
+    chosen = job_dir.latest_checkpoint()
+    orphans = orphan_slots(job_dir.flash_dir, index)
     meta = orphans[0].read_meta() if orphans else None
     if meta is None:
         return RestoreChoice(chosen, None, None, "no snapshot in shared memory", orphans)
@@ -409,7 +409,7 @@ def choose_restore(layout: JobDir, index: int) -> RestoreChoice:
             return RestoreChoice(chosen, slot, meta, why, orphans)
     target = Path(str(meta.get("target", "")))
     number = checkpoint_number(target.parent.name)
-    current = layout.master_info().get("pid")
+    current = job_dir.master_info().get("pid")
     committed = checkpoint_number(chosen.name) or 0 if chosen is not None else 0
     newer = number is not None and number > committed
     if newer and current is not None and meta.get("owner") == current:

@@ -290,10 +290,10 @@ class ParameterServer(Partition):
     """The job token, for the calls this PS makes to the others (a resize's row hand-over)."""
 
     def reshard(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Go from this job's PS count to ``num_ps`` (``addresses``: the new layout's PS, in
+        """Go from this job's PS count to ``num_ps`` (``addresses``: the new PS set, in
         order): every row and dense variable whose owner changes (``core.hashing``: only those
         travel) is removed here and handed to its new owner's ``Absorb`` with this PS's batch
-        ledger (a new PS adopts it). Called on every PS of both layouts while no worker trains;
+        ledger (a new PS adopts it). Called on every PS of both sets while no worker trains;
         the rows are copied out under the locks and sent after them, so two PS handing rows to
         each other cannot deadlock."""
         num_ps = int(req["num_ps"][0])
@@ -334,7 +334,7 @@ class ParameterServer(Partition):
 
     def absorb(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
-        an empty ledger (new in this layout) adopts the sender's: every PS has applied the
+        an empty ledger (new in this PS set) adopts the sender's: every PS has applied the
         same batches once the workers have paused."""
         with self.applying():
             for name, table in self.tables.items():

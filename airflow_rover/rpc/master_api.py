@@ -33,7 +33,7 @@ class Heartbeat(_Body):
 
 class LeaseRequest(_Body):
     node_id: str = Field(min_length=1, max_length=100)
-    # The PS layout the trainer uses: no shard for a trainer of an older one (it has not yet
+    # The PS set the trainer uses: no shard for a trainer of an older one (it has not yet
     # noticed a PS relaunch or resize; what it would train could not land).
     ps_set_version: int | None = None
 
@@ -53,7 +53,7 @@ class LeaseReply(_Body):
     status: Literal["ok", "wait", "done"]
     shard: ShardOut | None = None
     ps_set_version: int = Field(default=0, ge=0)
-    """The PS layout to train against: a worker that holds an older one (the PS were resized)
+    """The PS set to train against: a worker that holds an older one (the PS were resized)
     reads the new PS list from ``/cluster`` before its next step."""
 
 

@@ -50,8 +50,8 @@ class MasterClient:
                     raise
                 time.sleep(0.05)
 
-    def next_layout(self, after: int, wait_s: float) -> master_api.ClusterInfo:
-        """The cluster once its PS layout is past ``after``, or as it stands after ``wait_s``
+    def next_ps_set(self, after: int, wait_s: float) -> master_api.ClusterInfo:
+        """The cluster once its PS set is past ``after``, or as it stands after ``wait_s``
         (the master holds the request meanwhile); 409 while the PS are not all up."""
         params = {"after": after, "wait_s": wait_s}
         return master_api.ClusterInfo.model_validate(
@@ -74,7 +74,7 @@ class MasterClient:
         return bool(reply["accepted"])
 
     def release_shards(self, node_id: str) -> int:
-        """Give back the shards this worker holds (it switched PS layout mid-shard); the
+        """Give back the shards this worker holds (it switched PS set mid-shard); the
         master resumes each from the PS ledgers. Returns how many there were."""
         return int(self._request("POST", f"/nodes/{node_id}/release")["released"])
 

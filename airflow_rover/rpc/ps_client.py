@@ -357,7 +357,7 @@ class PSClient:
                 self.lost.hold(requests[i])
 
     def reshard(self, addresses: list[str]) -> list[dict[str, np.ndarray]]:
-        """Every PS of this client (the old and the new layout's together) hands the rows and
+        """Every PS of this client (the old and the new PS set's together) hands the rows and
         dense variables it no longer owns under ``addresses`` to their new owners."""
         request = {
             "num_ps": np.array([len(addresses)], dtype=np.int64),

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
 
     _configure_tensorflow()
-    spec = ctx.layout.read_spec()
+    spec = ctx.job_dir.read_spec()
     master = MasterClient(ctx.master_addr, ctx.token)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
@@ -73,7 +73,7 @@ def _ps_model(
     reads = None
     if role == "worker":
         policy = spec.checkpoint.build()
-        reads = policy.degraded_reads(node_job(spec, ctx.layout), optimizer)
+        reads = policy.degraded_reads(node_job(spec, ctx.job_dir), optimizer)
     if reads is not None:  # worked out now, so a lost PS's first decoded read does not wait
         threading.Thread(target=reads.warm, args=(len(cluster.ps),), daemon=True).start()
     ps = PSClient(cluster.ps, ctx.token, ecrm=reads)

@@ -30,7 +30,7 @@ def wait_for_relaunch(
     deadline = time.monotonic() + RELAUNCH_WAIT_S
     while not stop.is_set() and time.monotonic() < deadline:
         try:
-            cluster = master.next_layout(ps_set_version, RELAUNCH_WAIT_REQUEST_S)
+            cluster = master.next_ps_set(ps_set_version, RELAUNCH_WAIT_REQUEST_S)
         except httpx.HTTPStatusError:
             cluster = None  # the PS are not all up yet
         if cluster is not None and cluster.ps_set_version > ps_set_version:

@@ -185,20 +185,20 @@ class KubernetesJob(_Strict):
     kubernetes_conn_id: str | None = None
 
     @staticmethod
-    def path(layout: JobDir) -> Path:
-        return layout.root / KUBERNETES_FILE
+    def path(job_dir: JobDir) -> Path:
+        return job_dir.root / KUBERNETES_FILE
 
     @classmethod
-    def read(cls, layout: JobDir) -> KubernetesJob | None:
+    def read(cls, job_dir: JobDir) -> KubernetesJob | None:
         """The job's Kubernetes settings; None for a job that does not run on Kubernetes."""
         try:
-            text = cls.path(layout).read_text()
+            text = cls.path(job_dir).read_text()
         except FileNotFoundError:
             return None
         return cls.model_validate_json(text)
 
-    def write(self, layout: JobDir) -> None:
-        atomic_write_text(self.path(layout), self.model_dump_json(indent=2, by_alias=True))
+    def write(self, job_dir: JobDir) -> None:
+        atomic_write_text(self.path(job_dir), self.model_dump_json(indent=2, by_alias=True))
 
 
 # -- the operator's parameter ----------------------------------------------------------------
