@@ -120,7 +120,7 @@ class RunResult:
     running: float = 0.0  # ECRM: the busiest PS's parity work, share of the step time
     serial_running: float = 0.0  # ECRM: all PS's parity work (as this process does it)
     overhead: float = 0.0  # share of the failure-free training time
-    model_overhead: float = 0.0  # the formula (core.checkpoint_policy) at the measured costs
+    model_overhead: float = 0.0  # the formula (core.policies) at the measured costs
     pls: float = 0.0
     saves: int = 0
     retrained_steps: int = 0
@@ -168,7 +168,7 @@ def run_baseline(work: Workload, net: DenseNet, num_ps: int, root: Path) -> Base
 
 
 def plan_for(policy: str, base: Baseline) -> CheckpointPlan:
-    """What ``core.checkpoint_policy`` schedules for ``policy`` at the measured costs."""
+    """What ``core.policies`` schedules for ``policy`` at the measured costs."""
     costs = base.costs()
     mtbf = costs.mtbf_s
     if policy in ("full", "partial"):
@@ -287,7 +287,7 @@ def run_ecrm(
 ) -> RunResult:
     """ECRM with ``k`` rows per parity: parity kept up to date on every push, each failure
     rebuilt from parity in a background thread while training goes on, plus the backup
-    checkpoint ``core.checkpoint_policy`` schedules for it."""
+    checkpoint ``core.policies`` schedules for it."""
     started = time.perf_counter()
     cluster = Cluster(work, base.num_ps, net)
     hooks = EcrmHooks(cluster, k, rows_per_lock)

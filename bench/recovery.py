@@ -10,7 +10,7 @@ rows: 8 PS (a failure clears 12.5% of the rows), 4 PS (25%) and 2 PS (50%). Poli
   (``T_save = sqrt(2*O_save*T_fail)``) and the samples since are trained again;
 - partial (naive): only the failed PS reloads its last save, at full recovery's interval;
 - cpr-vanilla: the same with the interval from the PLS target 0.1 (``T_save = 2*PLS*N*T_fail``),
-  CPR's benefit check deciding (``core.checkpoint_policy.plan_checkpoints``);
+  CPR's benefit check deciding (``core.policies.plan_checkpoints``);
 - cpr-mfu / cpr-ssu: r = 0.125 of each PS's rows every ``r*T_save`` (most-used rows by the PS's
   access counters / an ``SsuTracker`` list), restored by replaying the saves (``core.cpr``);
 - ecrm k=2 / k=4: parity of k rows on other PS, kept current by difference propagation; a
