@@ -117,11 +117,11 @@ class PlanExecutor:
             return record
         counts = {"num_workers": current.num_workers, "num_ps": current.num_ps}
         if plan.model_copy(update=counts) != current:
-            why = self._resize_nodes(plan)
-            if why.startswith("declined"):
-                record.decline(why)
+            resized, note = self._resize_nodes(plan)
+            if not resized:
+                record.decline(note)
             else:
-                record.mark_applied(time.time(), why)
+                record.mark_applied(time.time(), note)
                 job.autoscaler.applied(time.time())
                 job.mirror_state(force=True)
             return record
@@ -141,19 +141,20 @@ class PlanExecutor:
         job.mirror_state(force=True)
         return record
 
-    def _resize_nodes(self, plan: ResourcePlan) -> str:
+    def _resize_nodes(self, plan: ResourcePlan) -> tuple[bool, str]:
         """New node sizes (a hot PS's bigger node, bigger workers): each running node of the
         role is resized in place where the launcher and cluster can, else replaced (its exit
-        is then a relaunch at the new size, not a failure). Returns the plan's note."""
+        is then a relaunch at the new size, not a failure). Returns whether it was applied,
+        and the plan's note."""
         job = self.job
         current = job.spec.plan
         if not job.nodes.launcher.can(Capability.RESIZE):
-            return (
+            return False, (
                 "declined: node sizes are fixed on this launcher (local nodes share one "
                 "machine); worker and PS counts change"
             )
         if (plan.num_ps, plan.num_workers) != (current.num_ps, current.num_workers):
-            return "declined: change node sizes and node counts in separate plans"
+            return False, "declined: change node sizes and node counts in separate plans"
         sizes, before = node_sizes(plan), node_sizes(current)
         changed = {role for role in sizes if sizes[role] != before[role]}
         done: dict[str, list[str]] = {"in-place": [], "replace": []}
@@ -163,7 +164,10 @@ class PlanExecutor:
                 node.replacing = how == "replace"
                 done[how].append(node.node_id)
         job.set_plan(plan)
-        return f"resized in place: {done['in-place']}; replaced (relaunched): {done['replace']}"
+        return (
+            True,
+            f"resized in place: {done['in-place']}; replaced (relaunched): {done['replace']}",
+        )
 
     def set_workers(self, plan: ResourcePlan) -> None:
         """Start or stop workers to ``plan.num_workers`` and make ``plan`` the job's plan. A
