@@ -6,7 +6,6 @@ it runs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -20,10 +19,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.policies import (
-    CheckpointPolicyConfig,
-    mtbf_from_history,
-)
+from airflow_rover.core.policies import mtbf_from_history
 from airflow_rover.core.spec import (
     ClusterBudget,
     FeatureConfig,
@@ -31,7 +27,6 @@ from airflow_rover.core.spec import (
     RecoveryConfig,
     ResourcePlan,
     TrainingConfig,
-    check_model_ref,
 )
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
@@ -41,63 +36,37 @@ from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
-from airflow_rover.launchers.backends import BACKENDS, backend_named
+from airflow_rover.launchers.backends import backend_named
 from airflow_rover.launchers.base import JobBackend
 from airflow_rover.launchers.kubernetes.config import (
     KubernetesConfig,
     KubernetesJob,
-    check_static_config,
     check_visible,
     parse_config,
 )
 from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
-from airflow_rover.operators._validation import (
-    check_static_entries,
-    describe,
-    has_template,
-    parse_param,
+from airflow_rover.operators._validation import describe
+from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
+from airflow_rover.operators.job_result import event_status_of, job_result
+from airflow_rover.operators.training_params import (
+    as_param_dict,
+    check_checkpoint_uri,
+    check_job_args,
+    check_launcher,
+    check_polling,
+    check_static_checkpoint,
+    check_static_model,
+    check_static_specs,
+    checkpoint_config,
+    cluster_budget_of,
+    dict_or_as_is,
+    kubernetes_param,
+    static_cluster_budget,
+    static_features,
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.storage import StorageError, latest_remote_checkpoint
-from airflow_rover.storage.base import parse_checkpoint_uri
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
-
-RESULT_KEYS = (
-    "samples_trained",
-    "samples_resumed",
-    "samples_trained_this_run",
-    "train_seconds",
-    "samples_per_second",
-    "auc",
-    "logloss",
-    "eval_samples",
-    "embedding_rows",
-    "model_dir",
-    "plan",
-    "accounting",
-    "recovery",
-    "durable_checkpoint",
-)
-
-
-def _checkpoint_config(policy: Any, options: Any) -> CheckpointPolicyConfig:
-    """The validated checkpoint policy; errors name the option and what it accepts."""
-    config = CheckpointPolicyConfig.from_task_params(policy, options)
-    config.build().check_runtime()
-    return config
-
-
-def default_jobs_root() -> Path:
-    """Where jobs live unless ``output_dir`` is given: ``$AIRFLOW_HOME/rover/jobs``."""
-    home = os.environ.get("AIRFLOW_HOME", str(Path.home() / "airflow"))
-    return Path(home) / "rover" / "jobs"
-
-
-def job_id_for(dag_id: str, task_id: str, run_id: str, map_index: int = -1) -> str:
-    """A DNS-safe job id, unique per (dag, task, run, map index), stable across tries."""
-    key = f"{dag_id}/{task_id}/{run_id}/{map_index}"
-    readable = re.sub(r"[^a-z0-9.-]+", "-", f"{dag_id}.{task_id}".lower()).strip("-.")[:48]
-    return f"{readable or 'job'}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
 
 
 class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
@@ -207,84 +176,41 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         owner = f"{type(self).__name__}(task_id={self.task_id!r})"
-        if not isinstance(warm_start, bool):
-            raise ValueError(f"{owner}: warm_start must be True or False, got {warm_start!r}")
-        if not isinstance(train_data, str) or not train_data:
-            raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
-        if launcher not in BACKENDS:
-            raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(BACKENDS)}")
-        if launcher == "kubernetes" and kubernetes is None:
-            raise ValueError(
-                f"{owner}: launcher='kubernetes' needs kubernetes={{'image': ..., "
-                "'job_volume_claim': ...}"
-            )
-        if kubernetes is not None:  # checked even when unused: one switch flips the backend
-            check_static_config(owner, kubernetes)
-        if kubernetes_conn_id is not None and not isinstance(kubernetes_conn_id, str):
-            raise ValueError(
-                f"{owner}: kubernetes_conn_id must be a connection id, got {kubernetes_conn_id!r}"
-            )
-        if not isinstance(poll_interval, int | float) or poll_interval <= 0:
-            raise ValueError(f"{owner}: poll_interval must be > 0 seconds, got {poll_interval!r}")
-        if not isinstance(max_runtime, timedelta) or max_runtime <= timedelta(0):
-            raise ValueError(f"{owner}: max_runtime must be a positive timedelta")
+        check_job_args(owner, warm_start, train_data)
+        check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
+        check_polling(owner, poll_interval, max_runtime)
+        check_checkpoint_uri(owner, checkpoint_uri)
         self.train_data = train_data
         self.eval_data = eval_data
         self.output_dir = output_dir
         self.model = model
-        self.plan = plan.model_dump() if isinstance(plan, ResourcePlan) else (plan or {})
-        self.training = (
-            training.model_dump() if isinstance(training, TrainingConfig) else (training or {})
-        )
-        self.recovery = (
-            recovery.model_dump() if isinstance(recovery, RecoveryConfig) else (recovery or {})
-        )
+        self.plan: dict[str, Any] | str = as_param_dict(plan, ResourcePlan)
+        self.training: dict[str, Any] = as_param_dict(training, TrainingConfig)
+        self.recovery: dict[str, Any] = as_param_dict(recovery, RecoveryConfig)
         self.checkpoint_policy = checkpoint_policy
         self.checkpoint_options = checkpoint_options or {}
         self.checkpoint_uri = checkpoint_uri
         self.aws_conn_id = aws_conn_id
-        if checkpoint_uri is not None and not has_template(checkpoint_uri):
-            try:
-                parse_checkpoint_uri(checkpoint_uri)
-            except ValueError as exc:
-                raise ValueError(f"{owner}: {exc}") from None
-        self.features = (
-            parse_param(owner, "features", FeatureConfig, features) if features else None
-        )
+        self.features = static_features(owner, features)
         self.embedding_dim = embedding_dim
         self.launcher = launcher
         self.poll_interval = float(poll_interval)
         self.max_runtime = max_runtime
         self.warm_start = warm_start
         self.history_conn_id = history_conn_id
-        self.cluster_budget = _static_cluster_budget(owner, cluster_budget)
-        self.kubernetes = (
-            kubernetes.model_dump(mode="json", by_alias=True)
-            if isinstance(kubernetes, KubernetesConfig)
-            else kubernetes
-        )
+        self.cluster_budget = static_cluster_budget(owner, cluster_budget)
+        self.kubernetes = kubernetes_param(kubernetes)
         self.kubernetes_conn_id = kubernetes_conn_id
         self._launched_job_dir: str | None = None
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
-        if not (isinstance(self.plan, str) and has_template(self.plan)):  # e.g. an XCom pull
-            check_static_entries(owner, "plan", ResourcePlan, self.plan)
-        check_static_entries(owner, "training", TrainingConfig, self.training)
-        check_static_entries(owner, "recovery", RecoveryConfig, self.recovery)
-        if not has_template(checkpoint_policy) and not has_template(self.checkpoint_options):
-            try:
-                _checkpoint_config(checkpoint_policy, self.checkpoint_options)
-            except ValueError as exc:
-                raise ValueError(f"{owner}: {exc}") from None
-        if not has_template(model):
-            try:
-                check_model_ref(model)
-            except ValueError as exc:
-                raise ValueError(f"{owner}: {exc}") from None
+        check_static_specs(owner, self.plan, self.training, self.recovery)
+        check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
+        check_static_model(owner, model)
 
     # -- building the job --------------------------------------------------------------------
     def _spec_or_raise(self, job_id: str, train_data: str, eval_data: str | None) -> JobSpec:
         try:
-            checkpoint = _checkpoint_config(
+            checkpoint = checkpoint_config(
                 self.checkpoint_policy, rendered_dict(self.checkpoint_options, "checkpoint_options")
             )
             spec = JobSpec.model_validate(  # one validation: errors say plan.x / recovery.y
@@ -295,7 +221,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                     "model": self.model,
                     "features": self.features,
                     "embedding_dim": self.embedding_dim,
-                    "plan": _as_dict(self.plan),
+                    "plan": dict_or_as_is(self.plan),
                     "training": self.training,
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
@@ -349,7 +275,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             return None
         owner = f"{type(self).__name__}(task_id={self.task_id!r})"
         try:
-            config = parse_config(owner, _as_dict(self.kubernetes, "kubernetes"))
+            config = parse_config(owner, dict_or_as_is(self.kubernetes, "kubernetes"))
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from None
         return KubernetesJob(config=config, kubernetes_conn_id=self.kubernetes_conn_id or None)
@@ -463,7 +389,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def get_job_result(self, external_id: Any, context: Context) -> dict[str, Any]:
         job = self.hook_for(external_id).get_status()
-        return self.execute_complete(context, job_event(_status_of(job), job))
+        return self.execute_complete(context, job_event(event_status_of(job), job))
 
     # -- resuming ----------------------------------------------------------------------------
     def execute_complete(
@@ -536,12 +462,12 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         second ``execute_complete`` replaces the record. A history failure is only logged."""
         try:
             ti = context["ti"]
-            layout = self.hook_for(self.job_dir(context)).job_dir
-            spec = layout.read_spec()
+            job_dir = self.hook_for(self.job_dir(context)).job_dir
+            spec = job_dir.read_spec()
             record = record_from_status(
                 job,
                 spec,
-                features=_resolved_features(layout, spec),
+                features=_resolved_features(job_dir, spec),
                 dag_id=ti.dag_id,
                 task_id=ti.task_id,
                 run_id=ti.run_id,
@@ -555,58 +481,13 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             )
 
 
-def cluster_budget_of(owner: str, value: Any) -> ClusterBudget:
-    """``value`` as a ``ClusterBudget`` that limits something (cpu, memory_mb or both)."""
-    budget = parse_param(owner, "cluster_budget", ClusterBudget, value)
-    if budget.cpu is None and budget.memory_mb is None:
-        raise ValueError(f"{owner}: cluster_budget needs a limit: cpu, memory_mb or both")
-    return budget
-
-
-def _static_cluster_budget(owner: str, value: Any) -> dict[str, Any] | str | None:
-    """``cluster_budget`` checked at parse time as far as it is not a template."""
-    if value is None:
-        return None
-    if isinstance(value, str) and has_template(value):  # one template: judged once rendered
-        return value
-    if isinstance(value, dict) and has_template(value):
-        check_static_entries(owner, "cluster_budget", ClusterBudget, value)
-        return value
-    budget = cluster_budget_of(owner, value)
-    return value if isinstance(value, dict) else budget.model_dump(mode="json")
-
-
-def _as_dict(value: Any, param: str = "plan") -> Any:
-    """A rendered dict parameter (``plan``, ``kubernetes``) as a dict; anything else as is
-    (validation names it)."""
-    try:
-        return rendered_dict(value, param)
-    except ValueError:
-        return value
-
-
-def _resolved_features(layout: JobDir, spec: JobSpec) -> FeatureConfig | None:
+def _resolved_features(job_dir: JobDir, spec: JobSpec) -> FeatureConfig | None:
     """The feature config the job trained with: the spec's, else the saved model's, else the
     default one derived from the dataset; None if none can be read."""
     if spec.features is not None:
         return spec.features
-    saved = (layout.read_json(layout.model_dir / "model.json") or {}).get("features")
+    saved = (job_dir.read_json(job_dir.model_dir / "model.json") or {}).get("features")
     try:
         return FeatureConfig.model_validate(saved) if saved else resolve_features(spec)
     except (OSError, ValueError):
         return None
-
-
-def _status_of(job: dict[str, Any]) -> str:
-    return "success" if job.get("state") == JobState.SUCCEEDED else str(job.get("state"))
-
-
-def job_result(job: dict[str, Any]) -> dict[str, Any]:
-    """The XCom value of every successful path: the job's metrics, never its token."""
-    result = job.get("result") or {}
-    return {
-        "job_id": job.get("job_id"),
-        "state": job.get("state"),
-        "duration_s": job.get("duration_s"),
-        **{key: result.get(key) for key in RESULT_KEYS},
-    }

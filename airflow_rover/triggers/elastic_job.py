@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_rover.core.cluster_budget import running_job, ttl_for
+from airflow_rover.core.cluster_budget import RunningJob, Verdict, running_job, ttl_for
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
 from airflow_rover.core.spec import ClusterBudget
@@ -211,17 +211,37 @@ class ElasticJobTrigger(BaseTrigger):
             return
         verdict = decision.verdicts.get(row.job_id)
         if verdict is None or not verdict.allowed:
-            if self._waiting != proposal.id:  # once per proposal, not on every poll
-                self.log.info(
-                    "Plan %s (%s: %s): waiting for the cluster budget %r: %s",
-                    proposal.id,
-                    proposal.rule,
-                    proposal.reason,
-                    budget.name,
-                    verdict.reason if verdict else "not decided",
-                )
-            self._waiting = proposal.id
+            self._report_waiting(proposal, budget, verdict)
             return
+        await self._apply_selected(hook, registry, row, budget, verdict)
+
+    def _report_waiting(
+        self, proposal: PlanRecord, budget: ClusterBudget, verdict: Verdict | None
+    ) -> None:
+        """Log a proposal the arbiter did not select, once per proposal (not on every poll)."""
+        if self._waiting != proposal.id:
+            self.log.info(
+                "Plan %s (%s: %s): waiting for the cluster budget %r: %s",
+                proposal.id,
+                proposal.rule,
+                proposal.reason,
+                budget.name,
+                verdict.reason if verdict else "not decided",
+            )
+        self._waiting = proposal.id
+
+    async def _apply_selected(
+        self,
+        hook: ElasticJobHook,
+        registry: RunningJobRegistry,
+        row: RunningJob,
+        budget: ClusterBudget,
+        verdict: Verdict,
+    ) -> None:
+        """Apply the proposal the arbiter selected; one the master did not apply gives its
+        reservation back at once."""
+        assert row.proposal is not None  # a verdict is only given on a pending proposal
+        proposal = row.proposal
         record = await hook.async_apply_plan(proposal.id)
         self.log.info(
             "Plan %s (%s: %s): %s%s [cluster budget %r: %s]",
@@ -233,7 +253,7 @@ class ElasticJobTrigger(BaseTrigger):
             budget.name,
             verdict.reason,
         )
-        if record.state != PlanState.APPLIED:  # give the reservation back at once
+        if record.state != PlanState.APPLIED:
             try:
                 await asyncio.to_thread(registry.register, replace(row, proposal=None))
             except Exception as exc:

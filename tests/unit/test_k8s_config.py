@@ -21,7 +21,8 @@ from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.backend import KubernetesBackend
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, KubernetesJob
 from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
-from airflow_rover.operators.training import ElasticTrainingOperator, default_jobs_root
+from airflow_rover.operators.job_identity import default_jobs_root
+from airflow_rover.operators.training import ElasticTrainingOperator
 
 SETTINGS: dict[str, Any] = {
     "image": "registry.example.com/airflow-rover:0.1.0",

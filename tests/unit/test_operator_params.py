@@ -15,11 +15,8 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rover.core.spec import RecoveryConfig, ResourcePlan, TrainingConfig
-from airflow_rover.operators.training import (
-    ElasticTrainingOperator,
-    default_jobs_root,
-    job_id_for,
-)
+from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
+from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,41 @@
+"""What a training task returns: the ended job's metrics as its XCom value, and the trigger
+event status of a job status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_rover.core.states import JobState
+
+RESULT_KEYS = (
+    "samples_trained",
+    "samples_resumed",
+    "samples_trained_this_run",
+    "train_seconds",
+    "samples_per_second",
+    "auc",
+    "logloss",
+    "eval_samples",
+    "embedding_rows",
+    "model_dir",
+    "plan",
+    "accounting",
+    "recovery",
+    "durable_checkpoint",
+)
+
+
+def event_status_of(job: dict[str, Any]) -> str:
+    """The trigger event's ``status`` for a job status: ``success`` or the job's state."""
+    return "success" if job.get("state") == JobState.SUCCEEDED else str(job.get("state"))
+
+
+def job_result(job: dict[str, Any]) -> dict[str, Any]:
+    """The XCom value of every successful path: the job's metrics, never its token."""
+    result = job.get("result") or {}
+    return {
+        "job_id": job.get("job_id"),
+        "state": job.get("state"),
+        "duration_s": job.get("duration_s"),
+        **{key: result.get(key) for key in RESULT_KEYS},
+    }

@@ -1,0 +1,151 @@
+"""The ``ElasticTrainingOperator``'s arguments checked when the DAG is parsed, as far as they
+are not templates, and the helpers that validate the templated ones again once rendered.
+Every error names the operator and the argument."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+
+from airflow_rover.core.policies import CheckpointPolicyConfig
+from airflow_rover.core.spec import (
+    ClusterBudget,
+    FeatureConfig,
+    RecoveryConfig,
+    ResourcePlan,
+    TrainingConfig,
+    check_model_ref,
+)
+from airflow_rover.launchers.backends import BACKENDS
+from airflow_rover.launchers.kubernetes.config import KubernetesConfig, check_static_config
+from airflow_rover.operators._validation import check_static_entries, has_template, parse_param
+from airflow_rover.operators.warm_start import rendered_dict
+from airflow_rover.storage.base import parse_checkpoint_uri
+
+
+def check_job_args(owner: str, warm_start: Any, train_data: Any) -> None:
+    """``warm_start`` is a bool and ``train_data`` a non-empty path."""
+    if not isinstance(warm_start, bool):
+        raise ValueError(f"{owner}: warm_start must be True or False, got {warm_start!r}")
+    if not isinstance(train_data, str) or not train_data:
+        raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
+
+
+def check_launcher(owner: str, launcher: Any, kubernetes: Any, kubernetes_conn_id: Any) -> None:
+    """A known launcher, with the Kubernetes settings it needs; those settings are checked
+    even when unused, so that ``launcher`` alone switches a DAG's backend."""
+    if launcher not in BACKENDS:
+        raise ValueError(f"{owner}: launcher={launcher!r}; accepted: {list(BACKENDS)}")
+    if launcher == "kubernetes" and kubernetes is None:
+        raise ValueError(
+            f"{owner}: launcher='kubernetes' needs kubernetes={{'image': ..., "
+            "'job_volume_claim': ...}"
+        )
+    if kubernetes is not None:
+        check_static_config(owner, kubernetes)
+    if kubernetes_conn_id is not None and not isinstance(kubernetes_conn_id, str):
+        raise ValueError(
+            f"{owner}: kubernetes_conn_id must be a connection id, got {kubernetes_conn_id!r}"
+        )
+
+
+def check_polling(owner: str, poll_interval: Any, max_runtime: Any) -> None:
+    """A positive poll interval in seconds and a positive ``max_runtime``."""
+    if not isinstance(poll_interval, int | float) or poll_interval <= 0:
+        raise ValueError(f"{owner}: poll_interval must be > 0 seconds, got {poll_interval!r}")
+    if not isinstance(max_runtime, timedelta) or max_runtime <= timedelta(0):
+        raise ValueError(f"{owner}: max_runtime must be a positive timedelta")
+
+
+def check_checkpoint_uri(owner: str, checkpoint_uri: str | None) -> None:
+    """A literal ``checkpoint_uri`` names a store the job can write to."""
+    if checkpoint_uri is not None and not has_template(checkpoint_uri):
+        try:
+            parse_checkpoint_uri(checkpoint_uri)
+        except ValueError as exc:
+            raise ValueError(f"{owner}: {exc}") from None
+
+
+def check_static_specs(owner: str, plan: Any, training: Any, recovery: Any) -> None:
+    """The literal entries of ``plan``, ``training`` and ``recovery``; templates are validated
+    once rendered."""
+    if not (isinstance(plan, str) and has_template(plan)):  # e.g. an XCom pull
+        check_static_entries(owner, "plan", ResourcePlan, plan)
+    check_static_entries(owner, "training", TrainingConfig, training)
+    check_static_entries(owner, "recovery", RecoveryConfig, recovery)
+
+
+def check_static_checkpoint(owner: str, policy: Any, options: Any) -> None:
+    """The checkpoint policy and its options, unless either is a template."""
+    if not has_template(policy) and not has_template(options):
+        try:
+            checkpoint_config(policy, options)
+        except ValueError as exc:
+            raise ValueError(f"{owner}: {exc}") from None
+
+
+def check_static_model(owner: str, model: Any) -> None:
+    """The model reference, unless it is a template."""
+    if not has_template(model):
+        try:
+            check_model_ref(model)
+        except ValueError as exc:
+            raise ValueError(f"{owner}: {exc}") from None
+
+
+def as_param_dict(value: Any, model: type[BaseModel]) -> Any:
+    """A ``model`` instance as its dict, an empty value as ``{}``, anything else as is."""
+    return value.model_dump() if isinstance(value, model) else (value or {})
+
+
+def static_features(owner: str, features: Any) -> FeatureConfig | None:
+    """The validated ``features``; None for the default tables."""
+    return parse_param(owner, "features", FeatureConfig, features) if features else None
+
+
+def kubernetes_param(
+    kubernetes: dict[str, Any] | KubernetesConfig | str | None,
+) -> dict[str, Any] | str | None:
+    """``kubernetes`` as the dict (or template) it is rendered from."""
+    if isinstance(kubernetes, KubernetesConfig):
+        return kubernetes.model_dump(mode="json", by_alias=True)
+    return kubernetes
+
+
+def checkpoint_config(policy: Any, options: Any) -> CheckpointPolicyConfig:
+    """The validated checkpoint policy; errors name the option and what it accepts."""
+    config = CheckpointPolicyConfig.from_task_params(policy, options)
+    config.build().check_runtime()
+    return config
+
+
+def cluster_budget_of(owner: str, value: Any) -> ClusterBudget:
+    """``value`` as a ``ClusterBudget`` that limits something (cpu, memory_mb or both)."""
+    budget = parse_param(owner, "cluster_budget", ClusterBudget, value)
+    if budget.cpu is None and budget.memory_mb is None:
+        raise ValueError(f"{owner}: cluster_budget needs a limit: cpu, memory_mb or both")
+    return budget
+
+
+def static_cluster_budget(owner: str, value: Any) -> dict[str, Any] | str | None:
+    """``cluster_budget`` checked at parse time as far as it is not a template."""
+    if value is None:
+        return None
+    if isinstance(value, str) and has_template(value):  # one template: judged once rendered
+        return value
+    if isinstance(value, dict) and has_template(value):
+        check_static_entries(owner, "cluster_budget", ClusterBudget, value)
+        return value
+    budget = cluster_budget_of(owner, value)
+    return value if isinstance(value, dict) else budget.model_dump(mode="json")
+
+
+def dict_or_as_is(value: Any, param: str = "plan") -> Any:
+    """A rendered dict parameter (``plan``, ``kubernetes``) as a dict; anything else as is
+    (validation names it)."""
+    try:
+        return rendered_dict(value, param)
+    except ValueError:
+        return value
