@@ -175,7 +175,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        owner = self._owner
         check_job_args(owner, warm_start, train_data)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
@@ -207,6 +207,11 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
         check_static_model(owner, model)
 
+    @property
+    def _owner(self) -> str:
+        """How error messages name this task."""
+        return f"{type(self).__name__}(task_id={self.task_id!r})"
+
     # -- building the job --------------------------------------------------------------------
     def _spec_or_raise(self, job_id: str, train_data: str, eval_data: str | None) -> JobSpec:
         try:
@@ -231,9 +236,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             checkpoint.check_cluster(spec.plan.num_ps)
             return spec
         except ValidationError as exc:
-            raise ValueError(
-                f"{type(self).__name__}(task_id={self.task_id!r}): {describe(exc)}"
-            ) from None
+            raise ValueError(f"{self._owner}: {describe(exc)}") from None
 
     def job_dir(self, context: Context) -> Path:
         if self.output_dir:
@@ -260,7 +263,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         without retries."""
         if self.cluster_budget is None:
             return None
-        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        owner = self._owner
         try:
             budget = cluster_budget_of(owner, rendered_dict(self.cluster_budget, "cluster_budget"))
         except ValueError as exc:
@@ -273,7 +276,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         value fails the task without retries."""
         if self.launcher != "kubernetes":
             return None
-        owner = f"{type(self).__name__}(task_id={self.task_id!r})"
+        owner = self._owner
         try:
             config = parse_config(owner, dict_or_as_is(self.kubernetes, "kubernetes"))
         except ValueError as exc:
@@ -307,7 +310,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 "eval_data": spec.eval_data,
             }
             try:
-                check_visible(f"{type(self).__name__}(task_id={self.task_id!r})", k8s.config, paths)
+                check_visible(self._owner, k8s.config, paths)
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
         env = self._storage_env(spec, k8s is not None)
