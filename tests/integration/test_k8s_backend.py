@@ -485,7 +485,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         assert master.autoscaler.plans[-1].state == "applied"
         assert "in place: ['ps-0']" in master.autoscaler.plans[-1].note
         assert hook.job_dir.read_spec().plan.ps_cpu == 2 * spec.plan.ps_cpu
-        assert master.restarts == 0
+        assert master.recovery.restarts == 0
         master.request_stop("test over")
         master.shutdown_nodes()
     assert v1.list_namespaced_pod(NS, label_selector=NAMES.nodes_selector()).items == []
