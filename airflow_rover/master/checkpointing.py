@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import (
     POLICIES,
     CheckpointCosts,
@@ -19,9 +18,9 @@ from airflow_rover.core.policies import (
     MasterPort,
     judge_choice,
 )
-from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.resume import LOST_UPDATES_KEY
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.storage import CheckpointMirror, open_store
@@ -31,13 +30,9 @@ log = logging.getLogger(__name__)
 MIRROR_FLUSH_TIMEOUT_S = 600.0
 
 
-class CheckpointingJob(Protocol):
-    """What the checkpoints use of the job (``master.job.JobMaster``)."""
+class CheckpointingJob(JobCore, Protocol):
+    """What the checkpoints use of the job beyond its core."""
 
-    spec: JobSpec
-    job_dir: JobDir
-    queue: ShardQueue
-    message: str
     policy: CheckpointPolicy
     lost: LostUpdates
     port: MasterPort
@@ -46,8 +41,6 @@ class CheckpointingJob(Protocol):
 
     def ps_recovery_seconds(self) -> list[float]:
         """How long each lost PS took to be back (restores, measured)."""
-
-    def mirror_state(self, force: bool = False) -> None: ...
 
 
 def checkpoint_mirror(spec: JobSpec) -> CheckpointMirror | None:

@@ -10,10 +10,9 @@ import time
 from typing import Literal, Protocol
 
 from airflow_rover.core.policies import CheckpointPolicy
-from airflow_rover.core.shards import Shard, ShardQueue
-from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.shards import Shard
 from airflow_rover.core.states import TERMINAL_STATES, JobState
-from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.ps_set import PsSet
 from airflow_rover.rpc import master_api
 
@@ -22,13 +21,9 @@ log = logging.getLogger(__name__)
 STRAGGLER_RATIO = 0.5
 
 
-class DispatchingJob(Protocol):
-    """What dispatch uses of the job (``master.job.JobMaster``)."""
+class DispatchingJob(JobCore, Protocol):
+    """What dispatch uses of the job beyond its core."""
 
-    spec: JobSpec
-    queue: ShardQueue
-    nodes: NodeSet
-    state: JobState
     policy: CheckpointPolicy
     ps_set: PsSet
 

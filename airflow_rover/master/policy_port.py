@@ -9,43 +9,22 @@ from typing import Protocol
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import LostUpdates, PsCalls
 from airflow_rover.core.shards import ShardQueue
-from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointer import Checkpointer
 from airflow_rover.master.dispatch import ShardDispatch
-from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.ps_access import PsAccess
 
 
-class PortedJob(Protocol):
-    """What the port reads of the job (``master.job.JobMaster``)."""
+class PortedJob(JobCore, Protocol):
+    """What the port reads of the job beyond its core."""
 
-    @property
-    def job_dir(self) -> JobDir: ...
-
-    @property
-    def spec(self) -> JobSpec: ...
-
-    @property
-    def queue(self) -> ShardQueue: ...
-
-    @property
-    def state(self) -> JobState: ...
-
-    @property
-    def lost(self) -> LostUpdates: ...
-
-    @property
-    def nodes(self) -> NodeSet: ...
-
-    @property
-    def dispatch(self) -> ShardDispatch: ...
+    lost: LostUpdates
+    dispatch: ShardDispatch
+    ps: PsAccess
 
     @property
     def checkpointer(self) -> Checkpointer: ...
-
-    @property
-    def ps(self) -> PsAccess: ...
 
     def unlocked(self) -> contextlib.AbstractContextManager[None]: ...
 

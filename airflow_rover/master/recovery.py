@@ -10,38 +10,27 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
-from airflow_rover.core.shards import Shard, ShardQueue
-from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.shards import Shard
 from airflow_rover.core.states import JobState, NodeState
 from airflow_rover.master.dispatch import ShardDispatch
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability
-from airflow_rover.master.nodes import NodeInfo, NodeSet
+from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.rpc.master_api import EXIT_PS_LOST
 
 log = logging.getLogger(__name__)
 
 
-class RecoveringJob(Protocol):
-    """What recovery uses of the job (``master.job.JobMaster``)."""
+class RecoveringJob(JobCore, Protocol):
+    """What recovery uses of the job beyond its core."""
 
-    spec: JobSpec
-    job_dir: JobDir
-    queue: ShardQueue
-    nodes: NodeSet
-    state: JobState
-    message: str
     policy: CheckpointPolicy
     dispatch: ShardDispatch
     port: MasterPort
 
-    def finish(self, state: JobState, message: str) -> None: ...
-
     def lost_ps(self) -> None:
         """A PS is lost: the end of training is to be judged again once it is back."""
-
-    def mirror_state(self, force: bool = False) -> None: ...
 
 
 def _event(node: str, role: str, cause: str, detected_at: float) -> dict[str, Any]:

@@ -10,65 +10,35 @@ from typing import Protocol
 
 import grpc
 
-from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.policies import CheckpointPolicy
-from airflow_rover.core.shards import ShardQueue
-from airflow_rover.core.spec import JobSpec, ResourcePlan
+from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.states import JobState, NodeState
 from airflow_rover.master.autoscaler import Autoscaler
 from airflow_rover.master.checkpointer import Checkpointer
 from airflow_rover.master.dispatch import ShardDispatch
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability, Role
-from airflow_rover.master.nodes import NodeSet
 from airflow_rover.master.ps_set import PsSet
 from airflow_rover.rpc.ps_client import PSClient
 
 log = logging.getLogger(__name__)
 
 
-class ResizingJob(Protocol):
-    """What applying plans uses of the job (``master.job.JobMaster``)."""
+class ResizingJob(JobCore, Protocol):
+    """What applying plans uses of the job beyond its core."""
 
-    state: JobState
-    message: str
-
-    @property
-    def spec(self) -> JobSpec: ...
-
-    @property
-    def job_dir(self) -> JobDir: ...
-
-    @property
-    def queue(self) -> ShardQueue: ...
-
-    @property
-    def nodes(self) -> NodeSet: ...
-
-    @property
-    def policy(self) -> CheckpointPolicy: ...
-
-    @property
-    def dispatch(self) -> ShardDispatch: ...
-
-    @property
-    def autoscaler(self) -> Autoscaler: ...
+    policy: CheckpointPolicy
+    dispatch: ShardDispatch
+    autoscaler: Autoscaler
+    ps_set: PsSet
+    token: str
 
     @property
     def checkpointer(self) -> Checkpointer: ...
 
-    @property
-    def ps_set(self) -> PsSet: ...
-
-    @property
-    def token(self) -> str: ...
-
     def set_plan(self, plan: ResourcePlan) -> None:
         """Make ``plan`` the job's (a relaunched master keeps it)."""
-
-    def finish(self, state: JobState, message: str) -> None: ...
-
-    def mirror_state(self, force: bool = False) -> None: ...
 
 
 @dataclass

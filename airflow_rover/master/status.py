@@ -10,11 +10,9 @@ from typing import Any, Protocol
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.policies import LostUpdates
-from airflow_rover.core.shards import ShardQueue
-from airflow_rover.core.spec import JobSpec
-from airflow_rover.core.states import JobState
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointing import Checkpoints
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.nodes import NodeSet
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.wrap_up import WrapUp
@@ -65,53 +63,19 @@ class StateMirror:
         self._last = time.time()
 
 
-class ReportingJob(Protocol):
-    """What the status reads of the job (``master.job.JobMaster``)."""
+class ReportingJob(JobCore, Protocol):
+    """What the status reads of the job beyond its core."""
 
-    @property
-    def spec(self) -> JobSpec: ...
-
-    @property
-    def state(self) -> JobState: ...
-
-    @property
-    def message(self) -> str: ...
-
-    @property
-    def queue(self) -> ShardQueue: ...
-
-    @property
-    def nodes(self) -> NodeSet: ...
-
-    @property
-    def throughput(self) -> Throughput: ...
-
-    @property
-    def wrap_up(self) -> WrapUp: ...
-
-    @property
-    def started_at(self) -> float: ...
-
-    @property
-    def finished_at(self) -> float | None: ...
-
-    @property
-    def autoscaler(self) -> Autoscaler: ...
-
-    @property
-    def profiler(self) -> Profiler: ...
-
-    @property
-    def recovery(self) -> NodeRecovery: ...
-
-    @property
-    def checkpointing(self) -> Checkpoints: ...
-
-    @property
-    def resumed_from(self) -> str | None: ...
-
-    @property
-    def lost(self) -> LostUpdates: ...
+    throughput: Throughput
+    wrap_up: WrapUp
+    started_at: float
+    finished_at: float | None
+    autoscaler: Autoscaler
+    profiler: Profiler
+    recovery: NodeRecovery
+    checkpointing: Checkpoints
+    resumed_from: str | None
+    lost: LostUpdates
 
     @property
     def pls(self) -> float: ...

@@ -8,56 +8,28 @@ import time
 from typing import Any, Protocol
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.job_dir import JobDir, atomic_write_json
+from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.ledger import batch_accounting
-from airflow_rover.core.shards import ShardQueue
-from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointing import Checkpoints
-from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.rpc.ps_client import PSClient
 
 
-class EndingJob(Protocol):
-    """What the end of a job uses of it (``master.job.JobMaster``)."""
+class EndingJob(JobCore, Protocol):
+    """What the end of a job uses of it beyond its core."""
 
-    state: JobState
-    message: str
-
-    @property
-    def spec(self) -> JobSpec: ...
-
-    @property
-    def job_dir(self) -> JobDir: ...
-
-    @property
-    def queue(self) -> ShardQueue: ...
-
-    @property
-    def nodes(self) -> NodeSet: ...
-
-    @property
-    def checkpointing(self) -> Checkpoints: ...
-
-    @property
-    def plans(self) -> PlanExecutor: ...
-
-    @property
-    def train_started_at(self) -> float | None: ...
-
-    @property
-    def samples_resumed(self) -> int: ...
+    checkpointing: Checkpoints
+    plans: PlanExecutor
+    train_started_at: float | None
+    samples_resumed: int
 
     def ps_client(self) -> PSClient: ...
 
     def record_samples(self) -> None: ...
 
     def recovery_summary(self) -> dict[str, Any]: ...
-
-    def finish(self, state: JobState, message: str) -> None: ...
-
-    def mirror_state(self, force: bool = False) -> None: ...
 
 
 class WrapUp:
