@@ -20,7 +20,6 @@ from airflow_rover.core.job_dir import JobDir, atomic_write_text
 KUBERNETES_FILE = "kubernetes.json"
 
 # The master process reads these (set in its pod's environment).
-ENV_LAUNCHER = "ROVER_LAUNCHER"
 ENV_MASTER_HOST = "ROVER_MASTER_HOST"
 ENV_MASTER_PORT = "ROVER_MASTER_PORT"
 ENV_MASTER_ADVERTISE = "ROVER_MASTER_ADVERTISE"

@@ -29,7 +29,6 @@ from airflow_rover.core.job_dir import (
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.base import KEEPER_MODULE, ROLE_MODULES
 from airflow_rover.launchers.kubernetes.config import (
-    ENV_LAUNCHER,
     ENV_MASTER_ADVERTISE,
     ENV_MASTER_HOST,
     ENV_MASTER_PORT,
@@ -268,7 +267,6 @@ def master_pod(cfg: KubernetesConfig, names: JobNames, job_dir: PurePosixPath) -
             *_env(
                 cfg,
                 {
-                    ENV_LAUNCHER: "kubernetes",
                     ENV_MASTER_HOST: "0.0.0.0",
                     ENV_MASTER_PORT: str(cfg.master_port),
                     ENV_MASTER_ADVERTISE: names.master_address(cfg.master_port),
