@@ -223,9 +223,24 @@ def checkpoint_record(queue: dict[str, Any], parts: dict[str, PartDigest]) -> di
     }
 
 
+def check_part_name(name: object) -> str:
+    """A part's name as a manifest may list it: one plain file name in the checkpoint's
+    directory (``ps-0.npz``), never a path that could lead out of it."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or name.startswith(".")
+        or any(c in name for c in ("/", "\\", "\0"))
+    ):
+        raise CorruptCheckpoint(f"{QUEUE_FILE}: {name!r} is not a part name (a plain file name)")
+    return name
+
+
 def read_manifest(directory: Path) -> dict[str, PartDigest]:
     """The parts a committed checkpoint lists (``queue.json`` checked against its own
-    digest); raises ``CorruptCheckpoint``. A checkpoint from before checksums lists none."""
+    digest); raises ``CorruptCheckpoint``. A ``queue.json`` without that record is refused:
+    checksums cannot be switched off by deleting it."""
     try:
         data = json.loads((directory / QUEUE_FILE).read_text())
     except FileNotFoundError:
@@ -236,12 +251,15 @@ def read_manifest(directory: Path) -> dict[str, PartDigest]:
         raise CorruptCheckpoint(f"{QUEUE_FILE} is not an object")
     record = data.pop(RECORD_KEY, None)
     if record is None:
-        return {}
+        raise CorruptCheckpoint(f"{QUEUE_FILE} has no checksum record ({RECORD_KEY!r})")
     try:
         parts = record["parts"]
         if _record_digest(data, parts) != record["sha256"]:
             raise CorruptCheckpoint(f"{QUEUE_FILE}: checksum mismatch")
-        return {n: PartDigest(str(p["sha256"]), int(p["bytes"])) for n, p in parts.items()}
+        return {
+            check_part_name(n): PartDigest(str(p["sha256"]), int(p["bytes"]))
+            for n, p in parts.items()
+        }
     except (KeyError, TypeError, AttributeError, ValueError) as exc:
         if isinstance(exc, CorruptCheckpoint):
             raise
@@ -269,7 +287,7 @@ def verify_checkpoint(directory: Path) -> str | None:
     except CorruptCheckpoint as exc:
         return str(exc)
     if not parts:
-        return None  # written before checksums: nothing to check against
+        return f"{QUEUE_FILE} lists no part"
     with ThreadPoolExecutor(max_workers=max(1, min(len(parts), os.cpu_count() or 1))) as pool:
         futures = [pool.submit(_check_part, directory, n, d) for n, d in sorted(parts.items())]
         for future in futures:

@@ -32,10 +32,28 @@ class JobLaunchError(RuntimeError):
     """The master did not come up; the message says where its log is."""
 
 
+class JobDirInUse(ValueError):
+    """The job directory is another job's: a run that reused it would resume that job's
+    checkpoint (or overwrite its model). A retry cannot fix it."""
+
+
+def check_job_dir(job_dir: JobDir, spec: JobSpec) -> None:
+    """Raise ``JobDirInUse`` if ``job_dir`` holds another job (its ``job.json``): checked
+    before anything of an earlier try is stopped or written."""
+    owner = (job_dir.read_json(job_dir.spec_file) or {}).get("job_id")
+    if owner is not None and owner != spec.job_id:
+        raise JobDirInUse(
+            f"{job_dir.root} is the directory of job {owner!r}, not of {spec.job_id!r}: a job "
+            "resumes only its own checkpoints; give each run its own output_dir (e.g. "
+            "'/models/ctr/{{ ds }}')"
+        )
+
+
 def write_job(job_dir: JobDir, spec: JobSpec) -> JobSpec:
     """Make ``job_dir`` the home of ``spec``'s job: the spec with its features resolved from
     the dataset (every process reads them from here, so they agree), the job's token, and no
     master or state file of an earlier try. Returns the spec as written."""
+    check_job_dir(job_dir, spec)
     job_dir.root.mkdir(parents=True, exist_ok=True)
     for stale in (job_dir.master_file, job_dir.state_file):
         stale.unlink(missing_ok=True)

@@ -40,6 +40,7 @@ from airflow_rover.launchers.base import (
     ROLE_MODULES,
     JobBackend,
     JobLaunchError,
+    check_job_dir,
     write_job,
 )
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
@@ -233,6 +234,7 @@ class LocalBackend(JobBackend):
         """Write the job's files and start a fresh master (stopping a stale one first), with
         ``env`` added to its environment (secrets never go to the job's files); returns once
         the master listens."""
+        check_job_dir(job_dir, spec)
         self.stop_master(job_dir)
         write_job(job_dir, spec)
         pid = self.launch_master(job_dir, env)

@@ -13,7 +13,7 @@ from airflow_rover.core.policies import LostUpdates
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.reader import open_dataset
-from airflow_rover.storage import CheckpointMirror, restore_latest_checkpoint
+from airflow_rover.storage import CheckpointMirror, check_owner, restore_latest_checkpoint
 
 LOST_UPDATES_KEY = "partial_recovery"  # in queue.json: the lost updates at the snapshot
 
@@ -37,17 +37,21 @@ def starting_point(
 ) -> StartingPoint:
     """The queue of the newest verified checkpoint (its shards all released to resume from
     the PS ledgers), else a fresh one. Updates partial recovery forgave before that checkpoint
-    are lost in the model it holds (its ledgers count them as applied): they stay lost."""
+    are lost in the model it holds (its ledgers count them as applied): they stay lost.
+    A checkpoint of another job raises ``storage.ForeignCheckpoint``: a job resumes only its
+    own (a directory or store shared by two runs would otherwise finish one with the
+    other's model)."""
     fresh = fresh_queue(spec)
     checkpoint = job_dir.latest_checkpoint()
     if checkpoint is None and mirror is not None:  # e.g. a retry on another machine
-        fetched = restore_latest_checkpoint(mirror.store, job_dir.checkpoints)
+        fetched = restore_latest_checkpoint(mirror.store, job_dir.checkpoints, spec.job_id)
         if fetched is not None:
             job_dir.commit_checkpoint(fetched)
             checkpoint = job_dir.latest_checkpoint()
     if checkpoint is None or not (checkpoint / "queue.json").exists():
         return StartingPoint(fresh, checkpoint, None, LostUpdates())
     saved = job_dir.read_json(checkpoint / "queue.json") or {}
+    check_owner(saved, spec.job_id, str(checkpoint))
     queue = ShardQueue.from_dict(saved)
     queue.release_all()
     lost = LostUpdates.from_dict(saved.get(LOST_UPDATES_KEY))

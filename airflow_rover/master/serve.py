@@ -21,10 +21,12 @@ from typing import Any
 import uvicorn
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
-from airflow_rover.core.states import TERMINAL_STATES
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.master.app import create_app
 from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
+from airflow_rover.storage import ForeignCheckpoint
 
 log = logging.getLogger("airflow_rover.master")
 TICK_S = 0.2
@@ -88,6 +90,13 @@ def _bind(endpoint: MasterEndpoint) -> tuple[socket.socket, str]:
     return sock, endpoint.advertise or address
 
 
+def refuse(job_dir: JobDir, spec: JobSpec, message: str) -> None:
+    """The job cannot start: its final state says why (the keeper does not relaunch it)."""
+    now = time.time()
+    state = {"job_id": spec.job_id, "state": str(JobState.FAILED), "message": message}
+    atomic_write_json(job_dir.state_file, {**state, "started_at": now, "finished_at": now})
+
+
 def serve(
     job_dir: JobDir,
     endpoint: MasterEndpoint,
@@ -100,7 +109,14 @@ def serve(
     spec = job_dir.read_spec()
     sock, address = _bind(endpoint)
     wake = threading.Event()  # a node process ended (local nodes only: pods are polled)
-    master = JobMaster(job_dir, spec, launcher_for(address, wake), endpoint.token, restarts, wake)
+    try:
+        master = JobMaster(
+            job_dir, spec, launcher_for(address, wake), endpoint.token, restarts, wake
+        )
+    except ForeignCheckpoint as exc:  # ends the job: a relaunch would refuse it again
+        log.error("job %s refused: %s", spec.job_id, exc)
+        refuse(job_dir, spec, str(exc))
+        return
     server = _MasterServer(
         uvicorn.Config(create_app(master, endpoint.token), log_level="warning", access_log=False)
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -37,7 +36,7 @@ from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.launchers.backends import backend_named
-from airflow_rover.launchers.base import JobBackend
+from airflow_rover.launchers.base import JobBackend, JobDirInUse
 from airflow_rover.launchers.kubernetes.config import (
     KubernetesConfig,
     KubernetesJob,
@@ -46,7 +45,7 @@ from airflow_rover.launchers.kubernetes.config import (
 )
 from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
 from airflow_rover.operators._validation import describe
-from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
+from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
 from airflow_rover.operators.job_result import event_status_of, job_result
 from airflow_rover.operators.training_params import (
     as_param_dict,
@@ -242,12 +241,11 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         if self.output_dir:
             return Path(self.output_dir)
         ti = context["ti"]
-        run = re.sub(r"[^A-Za-z0-9._-]+", "_", ti.run_id)
         index = ti.map_index if ti.map_index is not None else -1
         task = self.task_id if index < 0 else f"{self.task_id}.{index}"
         k8s = self.kubernetes_job()  # on Kubernetes: on the volume the pods mount
         root = Path(k8s.config.job_volume_mount_path) / "jobs" if k8s else default_jobs_root()
-        return root / ti.dag_id / run / task
+        return root / path_segment(ti.dag_id) / path_segment(ti.run_id) / path_segment(task)
 
     def build_spec(self, context: Context) -> JobSpec:
         ti = context["ti"]
@@ -317,7 +315,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         self._launched_job_dir = str(job_dir)
         try:
             self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
-        except KubernetesPermissionError as exc:  # RBAC is fixed by an admin, not a retry
+        except (KubernetesPermissionError, JobDirInUse) as exc:  # a retry cannot fix them
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
         return str(job_dir)
@@ -352,11 +350,12 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             raw = store.read_bytes(f"{latest.name}/queue.json") if latest else None
         except (ValueError, StorageError) as exc:
             raise AirflowFailException(f"{self.task_id}: checkpoint_uri: {exc}") from None
-        owner = json.loads(raw).get("job_id", spec.job_id) if raw else spec.job_id
+        owner = json.loads(raw).get("job_id") if raw else spec.job_id
         if owner != spec.job_id:
+            whose = f"job {owner!r}" if owner else "no job (their queue.json names none)"
             raise AirflowFailException(
                 f"{self.task_id}: checkpoint_uri={spec.checkpoint_uri!r} holds checkpoints of "
-                f"job {owner!r}, not of {spec.job_id!r}: give each run its own prefix, e.g. "
+                f"{whose}, not of {spec.job_id!r}: give each run its own prefix, e.g. "
                 "'s3://bucket/ctr/{{ ds }}'"
             )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
@@ -115,11 +115,14 @@ def parse_checkpoint_uri(uri: str, param: str = "checkpoint_uri") -> StoreLocati
 
 
 def check_key(key: str) -> str:
-    """A key relative to the root, without ``..`` or empty segments (no escaping the root)."""
-    parts = PurePosixPath(key).parts
-    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"invalid store key {key!r}: a relative path without '.' or '..'")
-    return "/".join(parts)
+    """A key relative to the root, without empty, ``.`` or ``..`` segments (no escaping the
+    root; ``a//b`` is refused, not read as ``a/b``)."""
+    segments = key.split("/")
+    if not key or "\0" in key or any(s in ("", ".", "..") for s in segments):
+        raise ValueError(
+            f"invalid store key {key!r}: a relative path without empty, '.' or '..' segments"
+        )
+    return key
 
 
 def checkpoint_names(names: Collection[str]) -> list[str]:

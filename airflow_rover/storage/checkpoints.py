@@ -260,11 +260,15 @@ def _prune(store: CheckpointStore, number: int, keep: int) -> None:
 
 
 # -- download ----------------------------------------------------------------------------------
-def download_checkpoint(store: CheckpointStore, name: str, local_dir: Path | str) -> Path:
+def download_checkpoint(
+    store: CheckpointStore, name: str, local_dir: Path | str, job_id: str | None = None
+) -> Path:
     """Copy stored checkpoint ``name`` into ``local_dir/name`` and verify every part's
     checksum before it appears there (it is assembled in a hidden sibling, then renamed).
     Returns the directory. Raises ``CorruptCheckpoint`` (the message says which part and
     why) when it is incomplete or does not verify; ``local_dir`` is then left as it was.
+    Only the parts the manifest lists are read, each to a plain file of that directory.
+    With ``job_id``: a checkpoint of another job (or of none) raises ``ForeignCheckpoint``.
 
     ``local_dir`` may be a job's ``checkpoints/`` folder; naming the checkpoint in its
     ``LATEST`` (``JobDir.commit_checkpoint``) is the caller's decision."""
@@ -277,25 +281,24 @@ def download_checkpoint(store: CheckpointStore, name: str, local_dir: Path | str
     if raw is None:
         raise CorruptCheckpoint(f"{where}: {QUEUE_FILE} missing (never committed)")
     try:
-        parts, _, _ = _manifest(raw)
+        parts, data, _ = _manifest(raw)
         listing = store.list_objects(name)
         _check_listing(name, parts, listing)
     except CorruptCheckpoint as exc:
         raise CorruptCheckpoint(f"{where}: {exc}") from None
+    if job_id is not None:
+        check_owner(data, job_id, where)
     here = target / QUEUE_FILE
     if here.is_file() and here.read_bytes() == raw and verify_checkpoint(target) is None:
         return target  # already here, whole
-    prefix = f"{name}/"
-    files = sorted(parts) or sorted(
-        k[len(prefix) :] for k in listing if k.startswith(prefix) and k != prefix + QUEUE_FILE
-    )
+    files = sorted(parts)
     tmp = local_dir / f".{name}.download-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
         (tmp / QUEUE_FILE).write_bytes(raw)
         for f in files:
-            store.get_file(f"{name}/{f}", tmp / f)
+            store.get_file(f"{name}/{f}", _inside(tmp, f))
         reason = verify_checkpoint(tmp)
         if reason is not None:
             raise CorruptCheckpoint(f"{where}: {reason}")
@@ -312,16 +315,46 @@ def download_checkpoint(store: CheckpointStore, name: str, local_dir: Path | str
     return target
 
 
-def restore_latest_checkpoint(store: CheckpointStore, local_dir: Path | str) -> Path | None:
-    """Download the newest published checkpoint that verifies into ``local_dir``; one that
-    does not (a part missing, truncated, or failing its checksum) is skipped with the reason
-    logged, for the one before it. None when no stored checkpoint verifies."""
+def restore_latest_checkpoint(
+    store: CheckpointStore, local_dir: Path | str, job_id: str
+) -> Path | None:
+    """Download the newest published checkpoint of job ``job_id`` that verifies into
+    ``local_dir``; one that does not (a part missing, truncated, or failing its checksum) is
+    skipped with the reason logged, for the one before it. None when no stored checkpoint
+    verifies; ``ForeignCheckpoint`` when one of another job does (the store is another
+    job's: nothing of it is resumed)."""
     for name in candidates(store):
         try:
-            return download_checkpoint(store, name, local_dir)
+            return download_checkpoint(store, name, local_dir, job_id)
+        except ForeignCheckpoint:
+            raise
         except CorruptCheckpoint as exc:
             log.warning("checkpoint %s skipped: %s", name, exc)
     return None
+
+
+class ForeignCheckpoint(StorageError):
+    """A checkpoint that is not the job's own: resuming it would train another job's model
+    (or skip training, its queue being done)."""
+
+
+def check_owner(queue: dict[str, Any], job_id: str, where: str) -> None:
+    """Raise ``ForeignCheckpoint`` unless the checkpoint's ``queue.json`` names ``job_id``."""
+    owner = queue.get("job_id")
+    if owner != job_id:
+        whose = f"job {owner!r}" if owner else "no job (its queue.json names none)"
+        raise ForeignCheckpoint(
+            f"{where} is a checkpoint of {whose}, not of job {job_id!r}: a job resumes only "
+            "its own; give each run its own output_dir and checkpoint_uri (e.g. with {{ ds }})"
+        )
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused unless it stays a file of ``directory``."""
+    path = (directory / name).resolve()
+    if path.parent != directory.resolve():
+        raise CorruptCheckpoint(f"{name!r}: not a file of {directory}")
+    return path
 
 
 # -- in the background -------------------------------------------------------------------------

@@ -203,7 +203,9 @@ def test_cpr_checkpoints_are_in_the_bucket_and_restorable(
         region_name="us-east-1",
     )  # fmt: skip
     store = store_for(parse_checkpoint_uri(f"s3://{BUCKET}/{PREFIX}"), settings)
-    restored = restore_latest_checkpoint(store, tmp_path / "checkpoints")
+    restored = restore_latest_checkpoint(
+        store, tmp_path / "checkpoints", runs["cpr"]["result"]["job_id"]
+    )
     assert restored is not None and restored.name == name
     assert verify_checkpoint(restored) is None
     assert SECRET_KEY not in runs["cpr"]["log"] and SECRET_KEY not in json.dumps(runs["cpr"])

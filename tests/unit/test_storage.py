@@ -291,9 +291,9 @@ def test_a_downloaded_checkpoint_is_one_the_job_resumes_from(
     store: CheckpointStore, job: JobDir, pss: list[ParameterServer], tmp_path: Path
 ) -> None:
     """Restored into a new job directory, ``JobDir.latest_checkpoint`` takes it."""
-    upload_checkpoint(commit_checkpoint(job, 3, 5, pss), store)
+    upload_checkpoint(commit_checkpoint(job, 3, 5, pss, job_id="job-1"), store)
     fresh = JobDir(tmp_path / "new-job")
-    restored = restore_latest_checkpoint(store, fresh.checkpoints)
+    restored = restore_latest_checkpoint(store, fresh.checkpoints, "job-1")
     assert restored == fresh.checkpoint_dir(3)
     fresh.commit_checkpoint(restored)
     assert fresh.latest_checkpoint() == restored
@@ -356,8 +356,8 @@ def test_objects_are_in_the_bucket_and_large_parts_go_multipart(
 def test_a_corrupted_object_is_detected_and_the_previous_checkpoint_used(
     s3_store: S3Store, s3_endpoint: str, job: JobDir, pss: list[Any], tmp_path: Path, caplog: Any
 ) -> None:
-    upload_checkpoint(commit_checkpoint(job, 1, 2, pss), s3_store)
-    directory = commit_checkpoint(job, 2, 4, pss)
+    upload_checkpoint(commit_checkpoint(job, 1, 2, pss, job_id="job-1"), s3_store)
+    directory = commit_checkpoint(job, 2, 4, pss, job_id="job-1")
     upload_checkpoint(directory, s3_store)
     damaged = tmp_path / "ps-1.npz"
     damaged.write_bytes((directory / "ps-1.npz").read_bytes())
@@ -366,7 +366,7 @@ def test_a_corrupted_object_is_detected_and_the_previous_checkpoint_used(
     s3_client(s3_endpoint).upload_file(str(damaged), s3_store.bucket, key)
 
     with caplog.at_level(logging.WARNING, "airflow_rover.storage"):
-        restored = restore_latest_checkpoint(s3_store, tmp_path / "restore")
+        restored = restore_latest_checkpoint(s3_store, tmp_path / "restore", "job-1")
     assert restored == tmp_path / "restore" / "ckpt-000001"
     assert "checkpoint ckpt-000002 skipped:" in caplog.text
     assert "ps-1.npz: checksum mismatch" in caplog.text

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from airflow_rover.core.job_dir import ENV_TOKEN_FILE, JobDir
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.launchers.base import JobBackend, write_job
+from airflow_rover.launchers.base import JobBackend, check_job_dir, write_job
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import (
     ENV_MASTER_ADVERTISE,
@@ -104,6 +104,7 @@ class KubernetesBackend(JobBackend):
 
     def start_job(self, job_dir: JobDir, spec: JobSpec, wait_s: float = 120.0) -> str:
         """``launch``; returns the master pod's name."""
+        check_job_dir(job_dir, spec)
         names = m.JobNames(spec.job_id, self.namespace)
         previous = KubernetesJob.read(job_dir)
         if previous is not None and job_dir.spec_file.exists():  # where the last try ran
