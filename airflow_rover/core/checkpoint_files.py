@@ -18,6 +18,7 @@ thread, and a restore's check); see ``bench/flash_checkpoint.py``.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import mmap
@@ -99,18 +100,20 @@ def _raw_bytes(array: np.ndarray) -> memoryview:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
 
 
+_NO_DIRECTORY_FSYNC = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
 def fsync_path(path: Path) -> None:
-    """Flush a file or a directory entry to disk, so a rename never exposes unwritten data
-    (best effort where a directory cannot be opened)."""
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if path.is_dir() else os.O_RDONLY
-    try:
-        fd = os.open(path, flags)
-    except OSError:
-        return
+    """Flush a file or a directory entry to disk, so a rename never exposes unwritten data.
+    Raises what the disk reports, except a file system that cannot fsync a directory at all
+    (EINVAL, ENOTSUP: its renames are not made durable this way)."""
+    is_dir = path.is_dir()
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if is_dir else os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        if not (is_dir and exc.errno in _NO_DIRECTORY_FSYNC):
+            raise
     finally:
         os.close(fd)
 

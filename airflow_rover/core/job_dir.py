@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ ENV_BIND_HOST = "ROVER_BIND_HOST"
 ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
 ENV_PS_PORT = "ROVER_PS_PORT"
 STANDBY_PREFIX = "ps-standby-"  # node ids of spare PS processes (recovery.standby_ps)
+TRASH_PREFIX = ".trash-"  # directories being discarded (``discard_dirs``)
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,10 @@ class JobDir:
         starts empty instead of restoring the last checkpoint."""
         return self.root / "ecrm" / f"ps-{ps_index}.rebuild"
 
+    def discard(self, directories: list[Path], why: str) -> None:
+        """``discard_dirs`` of directories of this job."""
+        discard_dirs(directories, why)
+
     @property
     def flash_dir(self) -> Path:
         """Where this job's PS keep their flash (shared-memory) snapshots."""
@@ -196,14 +202,41 @@ def flash_dir_for(checkpoints: Path) -> Path:
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary sibling and rename: readers see the old file or the new one."""
+    """Write via a temporary sibling and rename: readers see the old file or the new one, and
+    once this returns the new one survives a crash. On an error the temporary is removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+
+
+def discard_dirs(directories: list[Path], why: str) -> None:
+    """Take ``directories`` out of the job's sight at once, then delete them. Each is first
+    renamed to a hidden name, which raises if it cannot be done (the caller must not go on
+    as if they were gone); a hidden one whose deletion fails is only logged (nothing reads
+    it) and removed by the next discard in that folder."""
+    hidden = []
+    for directory in directories:
+        trash = directory.with_name(f"{TRASH_PREFIX}{directory.name}.{secrets.token_hex(4)}")
+        os.rename(directory, trash)
+        hidden.append(trash)
+    folders = {d.parent for d in directories}
+    hidden += [p for f in folders for p in f.glob(f"{TRASH_PREFIX}*") if p not in hidden]
+    for trash in hidden:
+        try:
+            shutil.rmtree(trash)
+        except OSError as exc:
+            log.warning("could not delete %s (hidden, never read): %s", trash, exc)
+    if directories:
+        log.info("discarded %d directories %s", len(directories), why)
 
 
 def atomic_write_json(path: Path, data: Any) -> None:

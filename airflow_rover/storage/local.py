@@ -120,7 +120,10 @@ class LocalStore:
         target = self._path(prefix)
         if target.is_dir():
             count = sum(1 for p in target.rglob("*") if p.is_file())
-            shutil.rmtree(target, ignore_errors=True)
+            try:
+                shutil.rmtree(target)
+            except OSError as exc:
+                raise StorageError(f"{target}: could not delete it ({exc})") from exc
             return count
         if target.exists():
             target.unlink(missing_ok=True)

@@ -84,6 +84,10 @@ class JobFiles(Protocol):
 
     def ecrm_rebuild_marker(self, ps_index: int) -> Path: ...
 
+    def discard(self, directories: list[Path], why: str) -> None:
+        """Take ``directories`` out of the job's sight (raises if one cannot be), then delete
+        them (``core.job_dir.discard_dirs``)."""
+
 
 class MasterPort(Protocol):
     """What a policy may read and do in the job's master. Hooks run under the master's lock."""

@@ -13,7 +13,6 @@ over its checkpoint's.
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -257,9 +256,8 @@ class PartialRecovery(CheckpointPolicy):
     def on_commit(self, master: MasterPort, directory: Path) -> None:
         """The partial saves of checkpoints removed with this commit go with them."""
         kept = {checkpoint_number(d.name) for d in master.job_dir.checkpoint_dirs()}
-        for partial in master.job_dir.partial_dirs():
-            if int(partial.name.split("-")[1]) not in kept:
-                shutil.rmtree(partial, ignore_errors=True)
+        stale = [p for p in master.job_dir.partial_dirs() if int(p.name.split("-")[1]) not in kept]
+        master.job_dir.discard(stale, "(CPR partial saves of removed checkpoints)")
 
     def on_replaced(self, master: MasterPort, by: str) -> None:
         """Under full recovery a restored PS's missing batches are trained again: the partial
@@ -288,12 +286,9 @@ class PartialRecovery(CheckpointPolicy):
 
 
 def drop_partial_saves(job_dir: JobFiles, which: str) -> None:
-    """Delete every partial save of the job (``which``: why, for the log)."""
-    stale = job_dir.partial_dirs()
-    for directory in stale:
-        shutil.rmtree(directory, ignore_errors=True)
-    if stale:
-        log.info("dropped %d CPR partial saves %s", len(stale), which)
+    """Take every partial save of the job out of a restore's sight (``which``: why, for the
+    log); raises if one cannot be (its rows would be restored twice)."""
+    job_dir.discard(job_dir.partial_dirs(), f"(CPR partial saves {which})")
 
 
 def apply_partial_saves(ps: NodeTables, job_dir: JobFiles, checkpoint: Path, node_id: str) -> None:

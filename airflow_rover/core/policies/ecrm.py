@@ -11,7 +11,6 @@ backup checkpoint guards against two PS lost at once (section 4.4).
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from typing import Any, Literal
 
@@ -190,7 +189,8 @@ class ErasureCoding(CheckpointPolicy):
     def on_master_start(self, master: MasterPort, resumed: bool) -> None:
         """A rebuild a former master left unfinished is dropped: those PS restore from the
         checkpoint now, and the parity is encoded again from the rows they restore."""
-        shutil.rmtree(master.job_dir.ecrm_rebuild_marker(0).parent, ignore_errors=True)
+        markers = master.job_dir.ecrm_rebuild_marker(0).parent
+        master.job_dir.discard([markers] if markers.exists() else [], "(ECRM rebuild markers)")
         self._encode = resumed
 
     def prepare_ps(self, master: MasterPort) -> bool:
