@@ -55,6 +55,7 @@ class FeatureConfig(_Strict):
 
 
 WorkerCount = Annotated[int, Field(ge=1, le=1024)]
+EmbeddingDim = Annotated[int, Field(gt=0, le=1024)]
 PsCount = Annotated[int, Field(ge=1, le=256)]
 
 
@@ -185,7 +186,7 @@ class JobSpec(_Strict):
     features: FeatureConfig | None = Field(
         default=None, description="default: one table per categorical column of the dataset"
     )
-    embedding_dim: int = Field(default=16, gt=0, le=1024)
+    embedding_dim: EmbeddingDim = 16
     plan: ResourcePlan = ResourcePlan()
     training: TrainingConfig = TrainingConfig()
     recovery: RecoveryConfig = RecoveryConfig()

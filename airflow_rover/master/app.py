@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from airflow_rover.master.job import JobMaster
@@ -38,9 +42,26 @@ def create_app(master: JobMaster, token: str) -> FastAPI:
         redoc_url=None,
         openapi_url=None,
     )
+    app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(_node_routes(master), prefix=P)
     app.include_router(_job_routes(master), prefix=P)
     return app
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """422 naming what is wrong; a value JSON cannot carry back (NaN, a number too large for
+    a float) is quoted as text instead of failing the answer with a 500."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    safe = [{**e, "input": _json_safe(e["input"])} if "input" in e else e for e in errors]
+    return JSONResponse(status_code=422, content={"detail": jsonable_encoder(safe)})
+
+
+def _json_safe(value: Any) -> Any:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value
 
 
 def _known(fn: Callable[..., T], *args: Any) -> T:

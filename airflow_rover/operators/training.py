@@ -51,7 +51,9 @@ from airflow_rover.operators.training_params import (
     as_param_dict,
     check_checkpoint_uri,
     check_job_args,
+    check_job_location,
     check_launcher,
+    check_output_dir,
     check_polling,
     check_static_checkpoint,
     check_static_model,
@@ -179,6 +181,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
+        check_job_location(owner, output_dir, embedding_dim)
         self.train_data = train_data
         self.eval_data = eval_data
         self.output_dir = output_dir
@@ -239,6 +242,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
 
     def job_dir(self, context: Context) -> Path:
         if self.output_dir:
+            try:
+                check_output_dir(self._owner, self.output_dir)  # as rendered
+            except ValueError as exc:
+                raise AirflowFailException(str(exc)) from None
             return Path(self.output_dir)
         ti = context["ti"]
         index = ti.map_index if ti.map_index is not None else -1

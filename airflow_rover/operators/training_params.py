@@ -5,13 +5,15 @@ Every error names the operator and the argument."""
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import PurePath
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import (
     ClusterBudget,
+    EmbeddingDim,
     FeatureConfig,
     RecoveryConfig,
     ResourcePlan,
@@ -57,6 +59,26 @@ def check_polling(owner: str, poll_interval: Any, max_runtime: Any) -> None:
         raise ValueError(f"{owner}: poll_interval must be > 0 seconds, got {poll_interval!r}")
     if not isinstance(max_runtime, timedelta) or max_runtime <= timedelta(0):
         raise ValueError(f"{owner}: max_runtime must be a positive timedelta")
+
+
+def check_job_location(owner: str, output_dir: Any, embedding_dim: Any) -> None:
+    """A literal ``output_dir`` without ``..`` (the job would not be where it says) and an
+    ``embedding_dim`` the spec accepts, checked when the DAG is parsed."""
+    if output_dir is not None and not has_template(output_dir):
+        check_output_dir(owner, output_dir)
+    try:
+        TypeAdapter(EmbeddingDim).validate_python(embedding_dim, strict=True)
+    except ValidationError as exc:
+        message = exc.errors()[0]["msg"]
+        raise ValueError(f"{owner}: embedding_dim={embedding_dim!r}: {message}") from None
+
+
+def check_output_dir(owner: str, output_dir: Any) -> None:
+    """``output_dir`` is a path that names no ``..``."""
+    if not isinstance(output_dir, str) or not output_dir:
+        raise ValueError(f"{owner}: output_dir must be a path, got {output_dir!r}")
+    if ".." in PurePath(output_dir).parts:
+        raise ValueError(f"{owner}: output_dir={output_dir!r}: '..' in the path")
 
 
 def check_checkpoint_uri(owner: str, checkpoint_uri: str | None) -> None:

@@ -94,7 +94,7 @@ class ParameterServer(Partition):
         return table
 
     def pull(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        create = bool(req["create"][0]) if "create" in req else True
+        create = bool(frames.one(req, "create")) if "create" in req else True
         out: dict[str, np.ndarray] = {}
         wanted = {key[4:]: ids for key, ids in req.items() if key.startswith("ids/")}
         pending = {}  # ECRM: rows this replacement has not rebuilt yet, per table
@@ -124,7 +124,7 @@ class ParameterServer(Partition):
             out[f"rows/{name}"] = rows
             out.update({f"rstate/{name}/{k}": v for k, v in row_state.items()})
         if "dense" in req:
-            known = int(req["dense_version"][0]) if "dense_version" in req else -1
+            known = int(frames.one(req, "dense_version")) if "dense_version" in req else -1
             version, values, state = self.dense.read_versioned(known)
             out["dense_version"] = np.array([version], dtype=np.int64)
             out.update({f"dense/{k}": v for k, v in values.items()})
@@ -173,7 +173,7 @@ class ParameterServer(Partition):
             if k.startswith("ids/")
         ]
         dense = {k[6:]: g for k, g in req.items() if k.startswith("dgrad/")}
-        key = int(req["key"][0]) if "key" in req else NO_KEY
+        key = int(frames.one(req, "key")) if "key" in req else NO_KEY
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
         self.dense.check_update(dense)
@@ -296,7 +296,7 @@ class ParameterServer(Partition):
         ledger (a new PS adopts it). Called on every PS of both sets while no worker trains;
         the rows are copied out under the locks and sent after them, so two PS handing rows to
         each other cannot deadlock."""
-        num_ps = int(req["num_ps"][0])
+        num_ps = int(frames.one(req, "num_ps"))
         addresses = req["addresses"].tobytes().decode().split("\n")
         if num_ps < 1 or len(addresses) != num_ps:
             raise ValueError(f"reshard: {len(addresses)} addresses for num_ps={num_ps}")
@@ -377,7 +377,7 @@ class ParameterServer(Partition):
             return _persist_reply(self.flash.status(path) if self.flash else None)
         if mode == "partial":  # CPR-MFU/SSU: the chosen rows only, written before the reply
             variant = req["variant"].tobytes().decode()
-            r = float(req["r"][0])
+            r = float(frames.one(req, "r"))
             arrays: dict[str, np.ndarray] = {}
             for name, table in self.tables.items():
                 part = table.partial_rows(variant, r)
@@ -394,7 +394,7 @@ class ParameterServer(Partition):
         with self._frozen() as frozen:
             flash.copy(frozen.views)
         flash.copy(self._tail_arrays(frozen).items())
-        owner = int(req["owner"][0]) if "owner" in req else 0
+        owner = int(frames.one(req, "owner")) if "owner" in req else 0
         times = flash.finish(path, owner, frozen.pause_s)
         return {
             "rows": rows,
@@ -420,8 +420,8 @@ class ParameterServer(Partition):
                 self.ecrm.close()
             args = (
                 self,
-                int(req["k"][0]),
-                int(req["rows_per_lock"][0]),
+                int(frames.one(req, "k")),
+                int(frames.one(req, "rows_per_lock")),
                 read_text(req["addresses"]).split("\n"),
                 [int(e) for e in req["epochs"]],
                 self.token,

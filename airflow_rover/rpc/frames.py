@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -87,3 +88,13 @@ def decode(message: bytes) -> dict[str, np.ndarray]:
     if pos != len(view):
         raise CodecError("trailing bytes after the last tensor")
     return out
+
+
+def one(message: dict[str, np.ndarray], name: str) -> Any:
+    """The single value ``message[name]`` holds; a missing field raises KeyError and any
+    other shape (empty, 0-d, several values) ValueError naming it: the caller's error, not
+    the server's."""
+    value = np.asarray(message[name])
+    if value.ndim != 1 or value.size != 1:
+        raise ValueError(f"{name}: expected one value, got an array of shape {value.shape}")
+    return value[0]

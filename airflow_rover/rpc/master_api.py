@@ -18,7 +18,9 @@ EXIT_PS_LOST = 75
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A number must be finite: NaN and Infinity (JSON has neither; 1e400 reads as inf) are
+    # refused like any other bad value.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class NodeReady(_Body):

@@ -93,7 +93,7 @@ def parse_checkpoint_uri(uri: str, param: str = "checkpoint_uri") -> StoreLocati
         raise ValueError(f"{param}={uri!r}: accepted: {ACCEPTED_URIS}")
     text = uri.strip()
     if "://" not in text:
-        return StoreLocation("file", path=Path(text).expanduser().absolute())
+        return StoreLocation("file", path=_no_climbing(param, uri, Path(text).expanduser()))
     parts = urlsplit(text)
     scheme = parts.scheme.lower()
     if scheme == "file":
@@ -102,7 +102,7 @@ def parse_checkpoint_uri(uri: str, param: str = "checkpoint_uri") -> StoreLocati
                 f"{param}={uri!r}: a file URI names a local absolute path (file:///path); "
                 f"accepted: {ACCEPTED_URIS}"
             )
-        return StoreLocation("file", path=Path(parts.path))
+        return StoreLocation("file", path=_no_climbing(param, uri, Path(parts.path)))
     if scheme == "s3":
         bucket = parts.netloc
         if not bucket or parts.query or parts.fragment:
@@ -112,6 +112,13 @@ def parse_checkpoint_uri(uri: str, param: str = "checkpoint_uri") -> StoreLocati
             raise ValueError(f"{param}={uri!r}: '.' or '..' in the prefix")
         return StoreLocation("s3", bucket=bucket, prefix=prefix)
     raise ValueError(f"{param}={uri!r}: unsupported scheme {scheme!r}; accepted: {ACCEPTED_URIS}")
+
+
+def _no_climbing(param: str, uri: str, path: Path) -> Path:
+    """``path`` made absolute, refused if it names ``..`` (it would not be where it says)."""
+    if ".." in path.parts:
+        raise ValueError(f"{param}={uri!r}: '..' in the path; accepted: {ACCEPTED_URIS}")
+    return path.absolute()
 
 
 def check_key(key: str) -> str:

@@ -36,6 +36,7 @@ from airflow_rover.ps.ecrm.channels import ParityChannel, Peers
 from airflow_rover.ps.ecrm.holder import ParityHolder
 from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.tables import EmbeddingTable
+from airflow_rover.rpc import frames
 
 DENSE_REPLICA_S = 1.0
 
@@ -254,16 +255,16 @@ class EcrmPeer:
         return {"held": np.array([held], dtype=np.int64), **sent}
 
     def _on_fence(self, req: Request) -> Request:
-        return self.holder.fence(int(req["source"][0]), int(req["epoch"][0]))
+        return self.holder.fence(int(frames.one(req, "source")), int(frames.one(req, "epoch")))
 
     def _on_rollback(self, req: Request) -> Request:
-        return self.holder.rollback(int(req["source"][0]), {int(k) for k in req["keys"]})
+        return self.holder.rollback(int(frames.one(req, "source")), {int(k) for k in req["keys"]})
 
     def _on_reset_holder(self, req: Request) -> Request:
         """A holder of this PS was replaced: its channel goes to the replacement, which is told
         this PS's ledger first; with the rows this PS has (read after the reset: a row created
         later is sent there)."""
-        holder, epoch = int(req["holder"][0]), int(req["epoch"][0])
+        holder, epoch = int(frames.one(req, "holder")), int(frames.one(req, "epoch"))
         self.peers.addresses[holder] = read_text(req["address"])
         with self.ps.applying():
             self.propagator.reset_holder(holder, epoch)
