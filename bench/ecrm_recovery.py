@@ -72,7 +72,8 @@ from airflow_rover.core.policies import EcrmOptions
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.launchers.local import ENV_NODE_ID, job_processes, node_processes
+from airflow_rover.launchers.local import ENV_NODE_ID
+from airflow_rover.launchers.local_processes import job_processes, node_processes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.elastic import wait_for, worker_samples

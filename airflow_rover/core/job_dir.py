@@ -69,6 +69,11 @@ class JobDir:
         return self.root / "keeper.json"
 
     @property
+    def launch_lock_file(self) -> Path:
+        """Locked by a local launch from its check for a running job until its master listens."""
+        return self.root / "launch.lock"
+
+    @property
     def logs(self) -> Path:
         return self.root / "logs"
 

@@ -69,7 +69,8 @@ class ElasticJobHook(BaseHook):
 
     # -- launching and stopping --------------------------------------------------------------
     def launch(self, spec: JobSpec, env: dict[str, str] | None = None) -> None:
-        """Start a fresh master for ``spec`` in the job dir (stopping a stale one first);
+        """Start a fresh master for ``spec`` in the job dir (stopping a stale one of an ended
+        try first; the local backend refuses, ``JobLaunchError``, while the job still runs);
         ``env``: secrets for the master's environment (where the backend can pass them)."""
         where = self.backend.launch(self.job_dir, spec, env)
         self.log.info("Launched job %s: %s, dir %s", spec.job_id, where, self.job_dir.root)

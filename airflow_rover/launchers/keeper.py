@@ -5,8 +5,9 @@ that exits on its own (code 0, or after a stop request) ends the keeper. A maste
 (SIGKILL, OOM, crash) while ``state.json`` says the job is not over is relaunched, up to
 ``recovery.max_master_restarts`` times; the new master resumes from the last checkpoint (its
 nodes died with the old one, ``PR_SET_PDEATHSIG``) and the deaths are recorded in
-``keeper.json`` for the job's recovery report. SIGTERM to the keeper is passed to the master,
-which stops the job and its nodes.
+``keeper.json`` for the job's recovery report, beside the keeper's identity (start time and
+command line: a stop signals the pid only while they match). SIGTERM to the keeper is passed to
+the master, which stops the job and its nodes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.states import TERMINAL_STATES, JobState
+from airflow_rover.launchers.process_identity import ProcessRecord
 
 log = logging.getLogger("airflow_rover.launchers.keeper")
 MASTER_PROCESS_MODULE = "airflow_rover.launchers.master_process"
@@ -44,7 +46,8 @@ def _master_cmd(job_dir: Path, restarts: int) -> list[str]:
 
 def keep(job_dir: JobDir) -> int:
     spec = job_dir.read_spec()
-    record: dict[str, Any] = {"pid": os.getpid(), "master_deaths": []}
+    identity = ProcessRecord.current().to_json()
+    record: dict[str, Any] = {"pid": os.getpid(), "identity": identity, "master_deaths": []}
     atomic_write_json(job_dir.keeper_file, record)
     stopping = False
     master: subprocess.Popen[bytes] | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import logging
 import os
 import signal
@@ -18,12 +19,12 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 from airflow_rover.core.job_dir import (
     ENV_JOB_DIR,
@@ -35,6 +36,7 @@ from airflow_rover.core.job_dir import (
 )
 from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.launchers.base import (
     KEEPER_MODULE,
     ROLE_MODULES,
@@ -43,6 +45,13 @@ from airflow_rover.launchers.base import (
     check_job_dir,
     write_job,
 )
+from airflow_rover.launchers.local_processes import (
+    JobRole,
+    job_process_roles,
+    recorded_masters,
+    stop_job,
+)
+from airflow_rover.launchers.process_identity import ProcessRecord
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
 from airflow_rover.master.serve import MasterEndpoint
 from airflow_rover.rpc.master_api import API_PREFIX
@@ -231,47 +240,48 @@ class LocalBackend(JobBackend):
         return cls()
 
     def launch(self, job_dir: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> str:
-        """Write the job's files and start a fresh master (stopping a stale one first), with
-        ``env`` added to its environment (secrets never go to the job's files); returns once
-        the master listens."""
-        check_job_dir(job_dir, spec)
-        self.stop_master(job_dir)
-        write_job(job_dir, spec)
-        pid = self.launch_master(job_dir, env)
-        deadline = time.monotonic() + MASTER_START_TIMEOUT_S
-        while job_dir.master_info().get("keeper_pid") != pid:
-            if not master_alive(pid) or time.monotonic() > deadline:
-                raise JobLaunchError(
-                    f"job master (pid {pid}) did not start; see {job_dir.log_file('master')}"
-                )
-            time.sleep(0.1)
-        return f"master pid {pid}"
+        """Write the job's files and start a fresh master, with ``env`` added to its
+        environment (secrets never go to the job's files); returns once the master listens.
+
+        What is left of an earlier try whose job ended (its master serving the final status)
+        is stopped first. A job still running in ``job_dir`` (its keeper or master is), and a
+        launch while another is under way, are refused: two masters would train one job."""
+        check_job_dir(job_dir, spec)  # another job's directory: nothing of it is touched
+        with one_launch_at_a_time(job_dir):
+            end_earlier_try(job_dir)
+            write_job(job_dir, spec)
+            keeper = self.launch_master(job_dir, env)
+            try:
+                wait_until_listening(job_dir, keeper)
+            except JobLaunchError:
+                stop_job(job_dir)
+                raise
+        return f"master pid {keeper.pid}"
 
     def stop_master(self, job_dir: JobDir) -> None:
-        info = job_dir.master_info()
-        pid = info.get("keeper_pid") or info.get("pid")
-        if pid is not None:
-            stop_master_process(pid)
+        stop_job(job_dir)
 
     @staticmethod
-    def launch_master(job_dir: JobDir, extra_env: dict[str, str] | None = None) -> int:
+    def launch_master(
+        job_dir: JobDir, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start the master's keeper (which runs the master and relaunches it if it dies) in a
-        session of its own; returns the keeper's pid."""
+        session of its own."""
         env = {**os.environ, **(extra_env or {}), "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", KEEPER_MODULE, "--job-dir", str(job_dir.root)]
-        proc = _popen(cmd, job_dir.log_file("master"), env, start_new_session=True)
-        return proc.pid
+        return _popen(cmd, job_dir.log_file("master"), env, start_new_session=True)
 
     def job_alive(self, job_dir: JobDir) -> bool:
         """Whether the job's master, or its keeper about to relaunch it, is running."""
-        info = job_dir.master_info()
-        return any(
-            pid is not None and master_alive(pid)
-            for pid in (info.get("keeper_pid"), info.get("pid"))
-        )
+        return bool(recorded_masters(job_dir))
 
     def master_endpoint(self, job_dir: JobDir, host: str) -> MasterEndpoint:
-        return MasterEndpoint(host=host, token=job_dir.read_token())
+        """Where the master listens; it announces its ``identity`` (start time, command line)
+        beside its pid, so that only it is ever signalled as the job's master."""
+        identity = ProcessRecord.current().to_json()
+        return MasterEndpoint(
+            host=host, token=job_dir.read_token(), announce={"identity": identity}
+        )
 
     def node_launcher(
         self, job_dir: JobDir, master_address: str, restarts: int, exited: threading.Event
@@ -280,55 +290,46 @@ class LocalBackend(JobBackend):
         return LocalNodeLauncher(job_dir, master_address, threads, exited)
 
 
-def master_alive(pid: int) -> bool:
-    try:
-        proc = psutil.Process(pid)
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+@contextlib.contextmanager
+def one_launch_at_a_time(job_dir: JobDir) -> Iterator[None]:
+    """Hold the job directory's launch lock (``flock``: released if the holder dies), or
+    refuse: two launches at once would both find no master and start one each."""
+    job_dir.root.mkdir(parents=True, exist_ok=True)
+    with open(job_dir.launch_lock_file, "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JobLaunchError(
+                f"another launch of the job in {job_dir.root} is under way"
+            ) from None
+        yield
 
 
-def stop_master_process(pid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM the keeper or master (the master stops its nodes first), SIGKILL the whole
-    process group after ``grace_s``."""
-    if not master_alive(pid):
-        return
-    os.kill(pid, signal.SIGTERM)
-    try:
-        psutil.Process(pid).wait(grace_s)
-    except psutil.TimeoutExpired:
-        os.killpg(pid, signal.SIGKILL)
-    except psutil.NoSuchProcess:
-        pass
+def end_earlier_try(job_dir: JobDir) -> None:
+    """Stop what is left of an earlier try of the job (its master lingers after the job ended
+    to serve the final status); refuse while the job has not ended and its keeper or master
+    runs."""
+    masters = [proc for proc, role in job_process_roles(job_dir.root) if role is not JobRole.NODE]
+    state = (job_dir.read_json(job_dir.state_file) or {}).get("state")
+    if masters and state not in TERMINAL_STATES:
+        pids = ", ".join(str(proc.pid) for proc in masters)
+        raise JobLaunchError(
+            f"the job in {job_dir.root} still runs (state {state or 'unknown'}, keeper or "
+            f"master pid {pids}): stop it before launching it again"
+        )
+    stop_job(job_dir)
 
 
-def job_processes(job_dir: Path) -> list[psutil.Process]:
-    """Every process of the local job in ``job_dir``, even orphaned ones: keeper and master
-    (their ``--job-dir`` argument) and nodes (their ``ROVER_JOB_DIR`` environment)."""
-    paths = {str(job_dir), str(job_dir.resolve())}
-    found = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if paths & set(proc.cmdline()) or proc.environ().get(ENV_JOB_DIR) in paths:
-                found.append(proc)
-    return found
-
-
-def node_processes(job_dir: JobDir) -> dict[str, psutil.Process]:
-    """The running master's node processes, by node id (their ``ROVER_NODE_ID``)."""
-    pid = job_dir.master_info().get("pid")
-    if pid is None:
-        return {}
-    out = {}
-    try:
-        for child in psutil.Process(pid).children():
-            with contextlib.suppress(psutil.Error):
-                node = child.environ().get(ENV_NODE_ID)
-                if node and child.status() != psutil.STATUS_ZOMBIE:
-                    out[node] = child
-    except psutil.Error:
-        return {}
-    return out
+def wait_until_listening(job_dir: JobDir, keeper: subprocess.Popen[bytes]) -> None:
+    """Return once the master run by ``keeper`` announced itself; raise if it never does."""
+    deadline = time.monotonic() + MASTER_START_TIMEOUT_S
+    while job_dir.master_info().get("keeper_pid") != keeper.pid:
+        if keeper.poll() is not None or time.monotonic() > deadline:
+            raise JobLaunchError(
+                f"job master (keeper pid {keeper.pid}) did not start; "
+                f"see {job_dir.log_file('master')}"
+            )
+        time.sleep(0.1)
 
 
 def local_job_status(job_dir: JobDir, timeout_s: float = 10.0) -> dict[str, Any]:

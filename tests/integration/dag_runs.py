@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.launchers.local import job_processes
+from airflow_rover.launchers.local_processes import job_processes
 
 RUN_DAG = Path(__file__).with_name("run_dag.py")
 

@@ -29,7 +29,7 @@ from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, s3_client
 from airflow_rover.core.checkpoint_files import verify_checkpoint
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import node_processes
+from airflow_rover.launchers.local_processes import node_processes
 from airflow_rover.storage import AwsSettings, restore_latest_checkpoint, store_for
 from airflow_rover.storage.base import parse_checkpoint_uri
 

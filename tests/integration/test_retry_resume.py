@@ -22,7 +22,7 @@ from dag_runs import end_dag_test, start_dag_test, tail
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.local import node_processes
+from airflow_rover.launchers.local_processes import node_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +23,8 @@ import pytest
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.core.states import ACTIVE_STATES
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.hooks.elastic_job import UNREACHABLE, ElasticJobHook
-from airflow_rover.launchers.local import job_processes
+from airflow_rover.hooks.elastic_job import UNREACHABLE, ElasticJobHook, JobLaunchError
+from airflow_rover.launchers.local_processes import job_processes
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 pytestmark = pytest.mark.slow
@@ -53,15 +54,7 @@ def launch(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Launch]:
     def _launch(job_id: str, **training: Any) -> ElasticJobHook:
         hook = ElasticJobHook(tmp_path / job_id)
         hooks.append(hook)
-        hook.launch(
-            JobSpec(
-                job_id=job_id,
-                train_data=str(dataset.train_dir),
-                eval_data=str(dataset.eval_dir),
-                plan=ResourcePlan(num_workers=1, num_ps=1),
-                training=TrainingConfig(shard_size=SHARD_SIZE, **training),
-            )
-        )
+        hook.launch(job_spec(dataset, job_id, **training))
         return hook
 
     yield _launch
@@ -75,6 +68,17 @@ def launch(tmp_path: Path, dataset: GeneratedDataset) -> Iterator[Launch]:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def job_spec(dataset: GeneratedDataset, job_id: str, **training: Any) -> JobSpec:
+    """One PS and one worker on the tiny dataset."""
+    return JobSpec(
+        job_id=job_id,
+        train_data=str(dataset.train_dir),
+        eval_data=str(dataset.eval_dir),
+        plan=ResourcePlan(num_workers=1, num_ps=1),
+        training=TrainingConfig(shard_size=SHARD_SIZE, **training),
+    )
+
+
 def master_process(hook: ElasticJobHook) -> psutil.Process:
     info = hook.job_dir.read_json(hook.job_dir.master_file)
     assert info is not None, "no master.json"
@@ -226,3 +230,58 @@ def test_trigger_on_kill_without_stop_on_kill_leaves_the_job_running(launch: Lau
     time.sleep(0.5)
     assert still_alive(tree, timeout=0) == tree
     assert hook.get_status()["state"] == "running"
+
+
+def test_stopping_a_job_whose_keeper_was_killed_stops_all_of_it(launch: Launch) -> None:
+    """With its keeper SIGKILLed, the master trains on; stopping the job (the backend's stop,
+    as when the API does not answer) still ends the master, the PS and the worker."""
+    hook = launch("hook-keeperless", **LONG)
+    tree = running_tree(hook)
+    keeper = psutil.Process(hook.job_dir.master_info()["keeper_pid"])
+    keeper.kill()
+    assert still_alive([keeper], timeout=5) == []
+    assert still_alive(tree, timeout=0) == tree and hook.master_alive()
+    hook.stop_master_process()
+    assert still_alive(tree, timeout=5) == []
+    assert job_processes(hook.job_dir.root) == []
+    state = mirrored_state(hook)
+    assert (state["state"], state["message"]) == ("stopped", "master received a stop signal")
+
+
+def test_a_second_master_for_a_running_job_is_refused(
+    launch: Launch, dataset: GeneratedDataset
+) -> None:
+    """Launching a job that still runs is refused, with its keeper and after its keeper was
+    killed (the master lives on): the running master stays the job's only one."""
+    hook = launch("hook-twice", **LONG)
+    tree = running_tree(hook)
+    announced = hook.job_dir.master_info()
+    spec = job_spec(dataset, "hook-twice", **LONG)
+    with pytest.raises(JobLaunchError, match="still runs"):
+        hook.launch(spec)
+    psutil.Process(announced["keeper_pid"]).kill()
+    with pytest.raises(JobLaunchError, match="still runs"):
+        hook.launch(spec)
+    assert hook.job_dir.master_info() == announced
+    assert still_alive(tree, timeout=0) == tree
+    assert hook.get_status()["state"] == "running"
+    masters = [p for p in job_processes(hook.job_dir.root) if "--job-dir" in p.cmdline()]
+    assert masters == [tree[0]]
+
+
+def test_a_launch_while_another_is_under_way_is_refused(
+    tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """Two launches at once would each find no master and start one: the second is refused
+    while the first holds the directory's launch lock, before it writes or starts anything."""
+    hook = ElasticJobHook(tmp_path / "job")
+    hook.job_dir.root.mkdir()
+    try:
+        with open(hook.job_dir.launch_lock_file, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            with pytest.raises(JobLaunchError, match="under way"):
+                hook.launch(job_spec(dataset, "hook-race"))
+        assert not hook.job_dir.spec_file.exists()
+        assert job_processes(hook.job_dir.root) == []
+    finally:
+        hook.stop_master_process()

@@ -25,7 +25,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.launchers.local import job_processes
+from airflow_rover.launchers.local_processes import job_processes
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 pytestmark = pytest.mark.slow
@@ -163,7 +163,8 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     # -- launched exactly once: one keeper, one master, one start of each node ----------------
     assert hook.job_dir.master_info() == launched
     keeper = hook.job_dir.read_json(hook.job_dir.keeper_file)
-    assert keeper == {"pid": launched["keeper_pid"], "master_deaths": []}
+    assert keeper is not None
+    assert (keeper["pid"], keeper["master_deaths"]) == (launched["keeper_pid"], [])
     log = master_log(hook)
     assert log.count("master of job trigger-restart listening on") == 1, log[-3000:]
     for node in ["ps-0", *(f"worker-{i}" for i in range(NUM_WORKERS))]:
