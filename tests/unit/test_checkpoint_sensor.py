@@ -7,13 +7,13 @@ through ``execute`` (``TaskDeferred``), the trigger through ``run()`` as the tri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import json
-import os
 import subprocess
 import sys
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,6 +33,7 @@ from moto_server import (
     new_bucket,
     trained_ps,
 )
+from standin_master import standin_master
 
 from airflow_rover.core.checkpoint_files import read_manifest
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
@@ -74,13 +75,23 @@ def dead_pid() -> int:
     return proc.pid
 
 
-def running_job(root: Path) -> JobDir:
-    """A job whose master process lives (this test process) and mirrors 'running'."""
-    layout = JobDir(root)
-    layout.ensure_token()
-    atomic_write_json(layout.master_file, {"pid": os.getpid()})
-    atomic_write_json(layout.state_file, job_state("running"))
-    return layout
+RunningJob = Callable[[Path], JobDir]
+
+
+@pytest.fixture
+def running_job() -> Iterator[RunningJob]:
+    """Makes a job whose master process lives (a stand-in) and mirrors 'running'."""
+    with contextlib.ExitStack() as masters:
+
+        def make(root: Path) -> JobDir:
+            layout = JobDir(root)
+            layout.ensure_token()
+            _, named = masters.enter_context(standin_master(root))
+            atomic_write_json(layout.master_file, named)
+            atomic_write_json(layout.state_file, job_state("running"))
+            return layout
+
+        yield make
 
 
 def job_state(state: str, **extra: Any) -> dict[str, Any]:
@@ -143,7 +154,7 @@ def test_serialize_recreates_an_equal_trigger(kwargs: dict[str, Any]) -> None:
 
 
 def test_waits_in_the_job_dir_until_a_checkpoint_holds_enough_samples(
-    tmp_path: Path, pss: list[ParameterServer]
+    tmp_path: Path, pss: list[ParameterServer], running_job: RunningJob
 ) -> None:
     """A running job's first checkpoint is short of ``min_samples``; the trigger polls until
     the next one (committed while it waits) reaches it, and names it with its checksums."""
@@ -170,7 +181,7 @@ def test_waits_in_the_job_dir_until_a_checkpoint_holds_enough_samples(
 
 
 def test_a_job_that_ended_short_fails_the_wait(
-    tmp_path: Path, pss: list[ParameterServer], dead_pid: int
+    tmp_path: Path, pss: list[ParameterServer], dead_pid: int, running_job: RunningJob
 ) -> None:
     layout = running_job(tmp_path / "job")
     commit_checkpoint(layout, 1, done_shards=3, pss=pss)
@@ -184,7 +195,7 @@ def test_a_job_that_ended_short_fails_the_wait(
 
 
 def test_a_succeeded_job_whose_last_checkpoint_is_enough_succeeds(
-    tmp_path: Path, pss: list[ParameterServer], dead_pid: int
+    tmp_path: Path, pss: list[ParameterServer], dead_pid: int, running_job: RunningJob
 ) -> None:
     """The end-of-training checkpoint is committed before the job's terminal state."""
     layout = running_job(tmp_path / "job")
@@ -194,7 +205,7 @@ def test_a_succeeded_job_whose_last_checkpoint_is_enough_succeeds(
     assert (event["status"], event["checkpoint"]["name"]) == ("success", "ckpt-000004")
 
 
-def test_the_deadline_times_the_wait_out(tmp_path: Path) -> None:
+def test_the_deadline_times_the_wait_out(tmp_path: Path, running_job: RunningJob) -> None:
     layout = running_job(tmp_path / "job")  # no checkpoint yet
     trigger = CheckpointTrigger(1, job_dir=str(layout.root), deadline=time.time() + 0.3)
     started = time.monotonic()
@@ -283,7 +294,7 @@ def test_bad_arguments_fail_at_parse_time(kwargs: dict[str, Any], message: str) 
 
 
 def test_execute_defers_and_resumes_with_the_checkpoint(
-    tmp_path: Path, pss: list[ParameterServer]
+    tmp_path: Path, pss: list[ParameterServer], running_job: RunningJob
 ) -> None:
     """Not there yet: ``execute`` defers to the trigger (absolute deadline from the sensor's
     timeout); the trigger's event, once it comes, is the task's XCom."""
@@ -305,7 +316,7 @@ def test_execute_defers_and_resumes_with_the_checkpoint(
 
 
 def test_execute_returns_at_once_when_the_checkpoint_is_there(
-    tmp_path: Path, pss: list[ParameterServer]
+    tmp_path: Path, pss: list[ParameterServer], running_job: RunningJob
 ) -> None:
     layout = running_job(tmp_path / "job")
     commit_checkpoint(layout, 1, done_shards=5, pss=pss)
@@ -316,7 +327,7 @@ def test_execute_returns_at_once_when_the_checkpoint_is_there(
 
 
 def test_execute_fails_at_once_for_a_job_that_ended_short(
-    tmp_path: Path, pss: list[ParameterServer], dead_pid: int
+    tmp_path: Path, pss: list[ParameterServer], dead_pid: int, running_job: RunningJob
 ) -> None:
     layout = running_job(tmp_path / "job")
     commit_checkpoint(layout, 1, done_shards=1, pss=pss)
@@ -325,7 +336,9 @@ def test_execute_fails_at_once_for_a_job_that_ended_short(
         sensor(min_samples=5000, job_dir=str(layout.root)).execute({})
 
 
-def test_templated_fields_render_then_validate(tmp_path: Path, pss: list[ParameterServer]) -> None:
+def test_templated_fields_render_then_validate(
+    tmp_path: Path, pss: list[ParameterServer], running_job: RunningJob
+) -> None:
     layout = running_job(tmp_path / "job")
     commit_checkpoint(layout, 1, done_shards=4, pss=pss)
     task = sensor(min_samples="{{ params.samples }}", job_dir="{{ params.job_dir }}")

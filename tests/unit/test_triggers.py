@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from typing import Any, cast
 import psutil
 import pytest
 from airflow.triggers.base import TriggerEvent
+from standin_master import standin_master
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.hooks.elastic_job import ABSENT, UNREACHABLE, resolve_status
@@ -227,17 +227,16 @@ def test_a_dead_master_gives_a_failed_event(
     assert "master process died" in event["message"]
 
 
-def test_a_sample_milestone_reached_while_running(tmp_path: Path, closed_port_address: str) -> None:
-    """A live master (this process) that does not answer still has its mirrored progress,
-    and a ``min_samples`` milestone already passed in it is a success."""
-    make_job(
-        tmp_path,
-        state=job_state("running", samples=3000),
-        master={"address": closed_port_address, "pid": os.getpid()},
-    )
+def test_a_sample_milestone_reached_while_running(
+    tmp_path: Path, stand_in_master: subprocess.Popen[bytes]
+) -> None:
+    """A live master that does not answer still has its mirrored progress, and a
+    ``min_samples`` milestone already passed in it is a success."""
+    make_job(tmp_path, state=job_state("running", samples=3000))
     trigger = ElasticJobTrigger(str(tmp_path), poll_interval=0.1, milestone={"min_samples": 2000})
     event = first_event(trigger)
     assert event["status"] == "success"
+    assert event["job"]["state"] == UNREACHABLE  # alive, not taken for dead
     assert event["job"]["progress"]["samples_done"] == 3000
 
 
@@ -284,17 +283,13 @@ def test_an_unreadable_job_gives_an_error_event(tmp_path: Path) -> None:
 @pytest.fixture
 def stand_in_master(tmp_path: Path, closed_port_address: str) -> Iterator[subprocess.Popen[bytes]]:
     """A running job whose master.json names a live process that does not answer HTTP."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    make_job(
-        tmp_path,
-        state=job_state("running"),
-        master={"address": closed_port_address, "pid": proc.pid},
-    )
-    try:
+    with standin_master(tmp_path) as (proc, named):
+        make_job(
+            tmp_path,
+            state=job_state("running"),
+            master={"address": closed_port_address, **named},
+        )
         yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_on_kill_without_stop_on_kill_leaves_the_job_alone(
