@@ -16,6 +16,10 @@ metadata is never read. A clean exit removes the slot; a crash leaves it, an **o
 next PS of that index (``choose_restore``) restores from it when it holds exactly the committed
 checkpoint's part, or a newer snapshot taken for the master still running (whose checkpoint may
 be waiting for that part: the relaunched PS persists it), and removes it afterwards.
+
+The job's folder is this user's alone (``core.private_dir``: 0700, never a link, refused when
+found open to others) and its files are 0600; a slot is restored only once ``slot_problem``
+finds its target inside the job and every array inside the slot.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import atexit
 import contextlib
 import json
 import logging
+import math
 import mmap
 import os
 import threading
@@ -42,6 +47,7 @@ from airflow_rover.core.checkpoint_files import (
     write_npz,
 )
 from airflow_rover.core.job_dir import ENV_FLASH_DIR, JobDir, checkpoint_number, flash_dir_for
+from airflow_rover.core.private_dir import ensure_private_dir, is_private_dir
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +58,9 @@ CLOSE_WAIT_S = 30.0
 STALE_SLOT_S = 3600.0  # a crashed PS's slot older than this is nobody's any more
 
 PERSISTING, DONE, FAILED = "persisting", "done", "failed"
+
+
+_PRIVATE_FILE = os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
 
 
 def _round_up(n: int, unit: int) -> int:
@@ -78,9 +87,9 @@ class ShmSlot:
     def _open(self) -> int:
         if self._fd is None:
             for attempt in range(3):  # another PS of the job may remove the empty folder
-                self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+                ensure_private_dir(self.directory)
                 try:
-                    self._fd = os.open(self.data_path, os.O_RDWR | os.O_CREAT, 0o600)
+                    self._fd = os.open(self.data_path, _PRIVATE_FILE | os.O_RDWR, 0o600)
                     break
                 except FileNotFoundError:
                     if attempt == 2:
@@ -139,13 +148,18 @@ class ShmSlot:
         self.meta_path.unlink(missing_ok=True)
 
     def publish(self, meta: dict[str, Any]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ensure_private_dir(self.directory)
         tmp = self.meta_path.with_name(f".{self.meta_path.name}.tmp")
-        tmp.write_text(json.dumps(meta))
+        fd = os.open(tmp, _PRIVATE_FILE | os.O_WRONLY | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(meta))
         os.replace(tmp, self.meta_path)
 
     def read_meta(self) -> dict[str, Any] | None:
-        """The metadata of a complete snapshot in the slot, or None."""
+        """The metadata of a complete snapshot in the slot, or None (also when the folder is
+        one other users could have written)."""
+        if not is_private_dir(self.directory):
+            return None
         try:
             meta = json.loads(self.meta_path.read_text())
             size = self.data_path.stat().st_size
@@ -199,6 +213,8 @@ def _alive(pid: int) -> bool:
 
 def orphan_slots(directory: Path, index: int) -> list[ShmSlot]:
     """Slots of PS ``index`` left by processes that are gone (they crashed), newest first."""
+    if not is_private_dir(directory):
+        return []
     pids = set()
     for path in directory.glob(f"ps-{index}-*.*"):
         pid = path.stem.rsplit("-", 1)[1]
@@ -218,6 +234,8 @@ def sweep_stale_slots(root: Path, max_age_s: float = STALE_SLOT_S) -> None:
     under ``root`` (a job killed outright, whose PS never ran again)."""
     now = time.time()
     for directory in root.glob("airflow-rover-*"):
+        if not is_private_dir(directory):  # another user's, or a link to elsewhere: not ours
+            continue
         for path in directory.glob("ps-*-*.*"):
             pid = path.stem.rsplit("-", 1)[1]
             with contextlib.suppress(OSError):
@@ -267,6 +285,7 @@ class FlashCheckpointer:
     def for_job(cls, checkpoints: Path, index: int) -> FlashCheckpointer:
         directory = flash_dir_for(checkpoints)
         sweep_stale_slots(directory.parent)
+        ensure_private_dir(directory)  # refused here, at start, rather than at the first save
         return cls(ShmSlot(directory, index))
 
     def busy(self) -> bool:
@@ -398,6 +417,10 @@ def choose_restore(job_dir: JobDir, index: int) -> RestoreChoice:
         return RestoreChoice(chosen, None, None, "no snapshot in shared memory", orphans)
     slot = orphans[0]
     part = f"ps-{index}.npz"
+    problem = slot_problem(meta, orphans[0], job_dir.checkpoints, part)
+    if problem:
+        log.warning("PS %d: the snapshot in %s is not used: %s", index, slot.meta_path, problem)
+        return RestoreChoice(chosen, None, None, f"shared memory refused: {problem}", orphans)
     persisted = meta.get("persisted") or {}
     if chosen is not None and persisted:
         try:
@@ -418,3 +441,36 @@ def choose_restore(job_dir: JobDir, index: int) -> RestoreChoice:
         return RestoreChoice(chosen, slot, meta, why, orphans, newer=True)
     why = "the snapshot in shared memory is not usable here"
     return RestoreChoice(chosen, None, None, why, orphans)
+
+
+_ARRAY_KINDS = "biuf"  # what a PS holds: ids, counters, weights; never objects
+
+
+def slot_problem(meta: dict[str, Any], slot: ShmSlot, checkpoints: Path, part: str) -> str:
+    """Why the snapshot ``meta`` describes must not be restored into PS part ``part`` of the
+    job checkpointed in ``checkpoints`` ("" when nothing is wrong): its durable target must be
+    that part of one of the job's checkpoints, and every array must lie inside the snapshot
+    with a plain numeric type and the byte count its shape says."""
+    target = Path(str(meta.get("target", "")))
+    if (
+        target.name != part
+        or checkpoint_number(target.parent.name) is None
+        or target.parent.parent.resolve() != checkpoints.resolve()
+    ):
+        return f"its target {str(target)!r} is not {part} of a checkpoint in {checkpoints}"
+    try:
+        end = min(int(meta["end"]), slot.data_path.stat().st_size)
+        for name, dtype, shape, offset, nbytes in meta["arrays"]:
+            kind = np.dtype(dtype)
+            if kind.kind not in _ARRAY_KINDS:
+                return f"array {name!r} has type {dtype!r}, not a number type"
+            numbers = [offset, nbytes, *shape]
+            if not all(type(n) is int and n >= 0 for n in numbers):
+                return f"array {name!r}: offset, size and shape must be whole numbers"
+            if math.prod(shape) * kind.itemsize != nbytes:
+                return f"array {name!r}: shape {shape} does not match its {nbytes} bytes"
+            if offset + nbytes > end:
+                return f"array {name!r} ends past the snapshot"
+    except (KeyError, TypeError, ValueError, OSError) as exc:
+        return f"unreadable metadata ({type(exc).__name__}: {exc})"
+    return ""
