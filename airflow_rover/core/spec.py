@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.policies import CheckpointPolicyConfig
 
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
@@ -197,6 +198,11 @@ class JobSpec(_Strict):
         pattern=r"^(file://|s3://|/)",
         description="durable copies of each committed checkpoint: file:///path or "
         "s3://bucket/prefix (credentials from the environment, never from this file)",
+    )
+    deadline: JobDeadline | None = Field(
+        default=None,
+        description="the master stops the job at this time (set at submission from the "
+        "task's max_runtime); none: the job runs until it ends",
     )
 
     @field_validator("model")

@@ -12,7 +12,7 @@ class JobState(StrEnum):
     EVALUATING = "evaluating"  # all shards done, scoring the held-out split
     SUCCEEDED = "succeeded"
     FAILED = "failed"
-    STOPPED = "stopped"  # stopped on request (task marked failed, cleared, killed)
+    STOPPED = "stopped"  # on request (task marked failed, cleared, killed) or at its deadline
 
 
 TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.FAILED, JobState.STOPPED})

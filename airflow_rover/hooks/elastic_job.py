@@ -12,7 +12,9 @@ from typing import Any
 
 import httpx
 from airflow.sdk import BaseHook
+from pydantic import ValidationError
 
+from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.core.plans import PlanRecord
@@ -156,6 +158,13 @@ class ElasticJobHook(BaseHook):
                 api_status = None
         alive = api_status is not None or self.master_alive()  # asked only when needed
         return resolve_status(self.job_dir, api_status, alive)
+
+    def get_deadline(self) -> JobDeadline | None:
+        """The deadline in the job's spec; None when it has none or no readable spec."""
+        try:
+            return self.job_dir.read_spec().deadline
+        except (OSError, ValidationError):
+            return None
 
     async def async_get_status(self) -> dict[str, Any]:
         api_status = None

@@ -200,10 +200,10 @@ class JobMaster:
 
     # -- the supervisor's tick -------------------------------------------------------------------
     def step(self) -> None:
-        """One supervision tick: react to exited nodes, start training once every PS is up,
-        train, end."""
+        """One supervision tick: stop the job at its deadline, react to exited nodes, start
+        training once every PS is up, train, end."""
         with self._lock:
-            if self.state in TERMINAL_STATES:
+            if self.state in TERMINAL_STATES or self._stopped_at_deadline():
                 return
             if self.state == JobState.PENDING and not self.nodes:
                 for i in range(self.spec.plan.num_ps):
@@ -219,6 +219,15 @@ class JobMaster:
             elif self.state == JobState.EVALUATING and self.wrap_up.evaluation_over():
                 self.wrap_up.complete()
             self.mirror_state()
+
+    def _stopped_at_deadline(self) -> bool:
+        """Past the spec's deadline the job is stopped, whatever it is doing: the supervisor
+        then stops every node. Airflow's deferral timeout stops nothing (``docs/operators.md``)."""
+        deadline = self.spec.deadline
+        if deadline is None or not deadline.passed():
+            return False
+        self.finish(JobState.STOPPED, deadline.stop_reason())
+        return True
 
     def _start_training(self) -> None:
         """Every PS is up: resume the shards from their ledgers, start the workers."""

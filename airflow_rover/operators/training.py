@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, Context, ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import mtbf_from_history
 from airflow_rover.core.spec import (
@@ -45,6 +46,7 @@ from airflow_rover.launchers.kubernetes.config import (
 )
 from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
 from airflow_rover.operators._validation import describe
+from airflow_rover.operators.job_deadline import deferral_timeout
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
 from airflow_rover.operators.job_result import event_status_of, job_result
 from airflow_rover.operators.training_params import (
@@ -106,7 +108,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     :param kubernetes_conn_id: the cncf-kubernetes connection to the cluster (in-cluster or a
         kubeconfig); default ``kubernetes_default``. (templated)
     :param poll_interval: seconds between the trigger's polls of the master.
-    :param max_runtime: the job is failed if it runs longer than this.
+    :param max_runtime: how long a try's job may run: its deadline is set this long after it
+        is submitted, and there its master stops it (state ``stopped``) and the try fails. A
+        retry does not reattach to a job past its deadline: it submits the job again with a
+        deadline of its own, resuming from the last checkpoint.
     :param warm_start: start from the smoothed final plans of the most similar past jobs in the
         history store (as ``WarmStartOperator`` does; ``plan`` without history); the decision
         is pushed to XCom under ``warm_start``.
@@ -319,6 +324,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
         env = self._storage_env(spec, k8s is not None)
+        spec = spec.model_copy(update={"deadline": JobDeadline.after(self.max_runtime)})
         self._launched_job_dir = str(job_dir)
         try:
             self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
@@ -367,7 +373,17 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
             )
 
     def get_job_status(self, external_id: Any, context: Context) -> str:
-        return str(self.hook_for(external_id).get_status()["state"])
+        """The job's state, asked on a retry. A job still running past its deadline is stopped
+        and reported ``stopped``: the retry submits it again rather than reattaching."""
+        hook = self.hook_for(external_id)
+        state = str(hook.get_status()["state"])
+        deadline = hook.get_deadline() if self.is_job_active(state) else None
+        if deadline is None or not deadline.passed():
+            return state
+        reason = deadline.stop_reason()
+        self.log.warning("Job in %s: %s; this try submits it again", external_id, reason)
+        hook.stop(reason)
+        return str(JobState.STOPPED)
 
     def is_job_active(self, status: str) -> bool:
         return status in ACTIVE_STATES or status == "unreachable"
@@ -376,8 +392,10 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         return status == JobState.SUCCEEDED
 
     def poll_until_complete(self, external_id: Any, context: Context) -> None:
-        """Check once, then defer: a job that already ended is handled without deferring."""
-        job = self.hook_for(external_id).get_status()
+        """Check once, then defer until the job's deadline and a grace (by then its master
+        has stopped it): a job that already ended is handled without deferring."""
+        hook = self.hook_for(external_id)
+        job = hook.get_status()
         if job["state"] == JobState.SUCCEEDED:
             return
         if job["state"] in (JobState.FAILED, JobState.STOPPED):
@@ -393,7 +411,7 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 history_conn_id=(self.history_conn_id or None) if budget else None,
             ),
             method_name="execute_complete",
-            timeout=self.max_runtime,
+            timeout=deferral_timeout(hook.get_deadline(), self.max_runtime, self.poll_interval),
         )
 
     def get_job_result(self, external_id: Any, context: Context) -> dict[str, Any]:

@@ -484,7 +484,9 @@ def test_the_cluster_budget_is_templated_and_reaches_the_trigger(
     monkeypatch.setattr(
         operator,
         "hook_for",
-        lambda _: SimpleNamespace(get_status=lambda: {"state": "running", "job_id": "x"}),
+        lambda _: SimpleNamespace(
+            get_status=lambda: {"state": "running", "job_id": "x"}, get_deadline=lambda: None
+        ),
     )
     with pytest.raises(TaskDeferred) as info:
         operator.poll_until_complete("/jobs/x", {})  # type: ignore[arg-type]

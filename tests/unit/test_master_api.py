@@ -7,6 +7,7 @@ Where the master talks to a parameter server (saving the model), a real one is s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -14,13 +15,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
@@ -34,9 +40,12 @@ from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
+from airflow_rover.master.serve import supervise
+from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
+from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 TOKEN = "job-token-0123456789"
 P = "/api/v1"
@@ -120,6 +129,7 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
         recovery: RecoveryConfig | None = None,
         num_ps: int = 1,
         checkpoint: CheckpointPolicyConfig | None = None,
+        deadline: JobDeadline | None = None,
     ) -> Job:
         spec = JobSpec(
             job_id="unit-job.1",
@@ -132,6 +142,7 @@ def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[...
             ),
             recovery=recovery or RecoveryConfig(),
             checkpoint=checkpoint or CheckpointPolicyConfig(),
+            deadline=deadline,
         )
         layout = JobDir(tmp_path / "job")
         spec = write_job(layout, spec)
@@ -906,6 +917,46 @@ def test_stop_request(make_job) -> None:
     job.master.shutdown_nodes()
     assert job.launcher.stop_all_calls == 1
     assert {n["state"] for n in job.status()["nodes"]} == {"stopped"}
+
+
+def test_the_job_and_every_node_are_stopped_at_the_specs_deadline(
+    make_job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the deadline in ``job.json`` the supervisor stops the training job (``stopped``,
+    the message naming the deadline and ``max_runtime``) and every node; the trigger's event
+    and the task's exception say why. Before it, ticks leave the job training."""
+    deadline = JobDeadline.after(timedelta(seconds=2))
+    job = make_job(deadline=deadline)
+    assert job.layout.read_spec().deadline == deadline  # a relaunched master sees the same
+    _start_running(job)
+    job.master.step()
+    assert job.status()["state"] == "running"
+    time.sleep(max(deadline.remaining().total_seconds(), 0) + 0.05)
+
+    server = SimpleNamespace(should_exit=False)
+    supervisor = threading.Thread(target=supervise, args=(job.master, server, 0), daemon=True)
+    supervisor.start()
+    supervisor.join(timeout=5)
+    server.should_exit = True  # ends a supervisor that let the job run on
+    supervisor.join(timeout=5)
+
+    status = job.status()
+    assert status["state"] == "stopped"
+    at = deadline.at.strftime("%Y-%m-%d %H:%M:%S")
+    assert f"deadline {at} UTC" in status["message"]
+    assert "max_runtime=0:00:02" in status["message"]
+    assert job.launcher.stop_all_calls == 1
+    assert {n["state"] for n in status["nodes"]} == {"stopped"}
+    assert json.loads(job.layout.state_file.read_text())["message"] == status["message"]
+
+    event = asyncio.run(anext(ElasticJobTrigger(str(job.layout.root)).run())).payload
+    assert (event["status"], event["job"]["message"]) == ("stopped", status["message"])
+    assert status["message"] in event["message"]
+    with DAG(dag_id="deadline_test", schedule=None, start_date=datetime(2026, 1, 1)):
+        task = ElasticTrainingOperator(task_id="train", train_data="/data/train")
+    monkeypatch.setattr(task, "_record", lambda _context, _job: None)
+    with pytest.raises(AirflowException, match=r"stopped: .*ran past its deadline"):
+        task.execute_complete({}, event)  # type: ignore[arg-type]
 
 
 def test_a_worker_gives_its_shards_back_and_they_resume_from_the_ps_ledger(make_job) -> None:

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk import DAG
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
-from airflow_rover.core.spec import RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.core.deadline import JobDeadline
+from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
@@ -246,6 +247,120 @@ def test_a_rendered_recovery_template_is_validated_at_run_time() -> None:
     assert "ElasticTrainingOperator(task_id='train')" in message
     for part in ["recovery", "max_node_restarts", "greater than or equal to 0"]:
         assert part in message, f"{part!r} not in {message!r}"
+
+
+# -- max_runtime: the job's deadline ---------------------------------------------------------
+class FakeJobHook:
+    """A job as the operator sees it through its hook; records what it launches and stops."""
+
+    def __init__(self, state: str = "running", deadline: JobDeadline | None = None) -> None:
+        self.state, self.deadline = state, deadline
+        self.launched: list[JobSpec] = []
+        self.stopped: list[str] = []
+
+    def launch(self, spec: JobSpec, env: dict[str, str] | None = None) -> None:
+        self.launched.append(spec)
+
+    def get_status(self) -> dict[str, Any]:
+        return {"state": self.state, "job_id": "params-test", "message": ""}
+
+    def get_deadline(self) -> JobDeadline | None:
+        return self.deadline
+
+    def stop(self, reason: str) -> None:
+        self.stopped.append(reason)
+        self.state = "stopped"
+
+
+class TaskStateStore(dict[str, Any]):
+    """``context["task_state_store"]``: what every try of the task shares."""
+
+    def set(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
+def task_context(store: TaskStateStore | None = None) -> Any:
+    """What ``submit_job`` and ``ResumableJobMixin`` read of a task's context."""
+    ti = SimpleNamespace(
+        dag_id="params_test",
+        task_id="train",
+        run_id="manual__1",
+        map_index=-1,
+        stats_tags={},
+        xcom_push=lambda **_: None,
+    )
+    return {"ti": ti, "params": {}, "task_state_store": store}
+
+
+def test_the_job_is_submitted_with_its_deadline_max_runtime_from_now(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The spec the task launches carries the deadline, ``max_runtime`` after submission, in
+    the JSON that the master (and a relaunched one) reads."""
+    operator = build(max_runtime=timedelta(hours=2), output_dir=str(tmp_path / "job"))
+    hook = FakeJobHook()
+    monkeypatch.setattr(operator, "hook_for", lambda *_: hook)
+    monkeypatch.setattr("airflow_rover.operators.training.preflight", lambda _spec: None)
+    monkeypatch.setattr(operator, "_with_failure_rate", lambda _context, spec: spec)
+    before = datetime.now(UTC)
+    operator.submit_job(task_context())
+    (spec,) = hook.launched
+    assert spec.deadline is not None and spec.deadline.max_runtime_s == 7200
+    assert before + timedelta(hours=2) <= spec.deadline.at <= datetime.now(UTC) + timedelta(hours=2)
+    assert JobSpec.model_validate_json(spec.model_dump_json()).deadline == spec.deadline
+
+
+@pytest.mark.parametrize(
+    ("deadline", "timeout"),
+    [
+        (JobDeadline.after(timedelta(minutes=30)), timedelta(minutes=31, seconds=30)),
+        (None, timedelta(hours=2)),
+    ],
+    ids=["deadline", "none"],
+)
+def test_the_task_defers_until_the_jobs_deadline_and_a_grace(
+    monkeypatch: pytest.MonkeyPatch, deadline: JobDeadline | None, timeout: timedelta
+) -> None:
+    """Airflow's deferral timeout falls after the deadline (three polls later here), so the
+    trigger reports the master's stop first; a job without a deadline waits ``max_runtime``."""
+    operator = build(max_runtime=timedelta(hours=2), poll_interval=30)
+    monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook(deadline=deadline))
+    with pytest.raises(TaskDeferred) as info:
+        operator.poll_until_complete("/jobs/x", task_context())
+    assert info.value.timeout is not None
+    assert timeout - timedelta(seconds=60) < info.value.timeout <= timeout
+
+
+def retry(monkeypatch: pytest.MonkeyPatch, old: FakeJobHook) -> tuple[list[str], TaskStateStore]:
+    """Run a retry of a task whose earlier try launched ``old``: what it did, and the store."""
+    operator = build(max_runtime=timedelta(hours=1))
+    done: list[str] = []
+    monkeypatch.setattr(operator, "hook_for", lambda *_: old)
+    monkeypatch.setattr(operator, "submit_job", lambda _ctx: done.append("submit") or "/jobs/new")
+    monkeypatch.setattr(operator, "poll_until_complete", lambda job, _ctx: done.append(job))
+    monkeypatch.setattr(operator, "get_job_result", lambda job, _ctx: {"job_dir": job})
+    store = TaskStateStore({operator.external_id_key: "/jobs/old"})
+    operator.execute(task_context(store))
+    return done, store
+
+
+@pytest.mark.parametrize("state", ["running", "unreachable"])
+def test_a_retry_does_not_reattach_to_a_job_past_its_deadline(
+    monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """Past its deadline the old job is stopped, saying why, and the retry submits the job
+    again (a new try with a deadline of its own); within it the retry reattaches."""
+    two_hours_ago = datetime.now(UTC) - timedelta(hours=2)
+    old = FakeJobHook(state, JobDeadline.after(timedelta(hours=1), now=two_hours_ago))
+    done, store = retry(monkeypatch, old)
+    assert done == ["submit", "/jobs/new"]
+    assert store["rover_job_dir"] == "/jobs/new"
+    (reason,) = old.stopped
+    assert "ran past its deadline" in reason and "max_runtime=1:00:00" in reason
+
+    running = FakeJobHook(state, JobDeadline.after(timedelta(hours=1)))
+    assert retry(monkeypatch, running) == (["/jobs/old"], {"rover_job_dir": "/jobs/old"})
+    assert running.stopped == []
 
 
 # -- the sensor ------------------------------------------------------------------------------
