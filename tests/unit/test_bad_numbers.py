@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 import pytest
 from airflow.sdk import DAG
-from test_master_api import AUTH, P, _start_running, dataset, make_job  # noqa: F401 (fixtures)
+from master_rig import AUTH, P, start_running
 from test_ps import ADAGRAD, LAYOUT, SEED
 
 from airflow_rover.operators.training import ElasticTrainingOperator
@@ -23,9 +23,9 @@ TOKEN = "ps-token-0123456789"
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
-def test_a_heartbeat_with_a_number_json_cannot_hold_is_refused(make_job, number: str) -> None:  # noqa: F811
+def test_a_heartbeat_with_a_number_json_cannot_hold_is_refused(make_job, number: str) -> None:
     job = make_job()
-    _start_running(job)
+    start_running(job)
     body = f'{{"steps": 1, "samples": 64, "step_time_ms": {number}}}'
     reply = job.api.post(
         P + "/nodes/worker-0/heartbeat",

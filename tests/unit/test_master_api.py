@@ -13,8 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,147 +23,36 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException
 from fastapi.routing import APIRoute
-from fastapi.testclient import TestClient
+from master_rig import (
+    AUTH,
+    BATCH_SIZE,
+    BATCHES_PER_SHARD,
+    EPOCHS,
+    NUM_SHARDS,
+    NUM_TRAIN,
+    SHARD_SIZE,
+    TOKEN,
+    Job,
+    P,
+    observable,
+    start_running,
+)
 
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.policies import CheckpointPolicyConfig
-from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import RecoveryConfig
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
-from airflow_rover.launchers.base import write_job
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
-from airflow_rover.master.app import create_app
 from airflow_rover.master.checkpointer import CheckpointTimes
-from airflow_rover.master.job import JobMaster
-from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.serve import supervise
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
-
-TOKEN = "job-token-0123456789"
-P = "/api/v1"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-NUM_TRAIN = 2000
-SHARD_SIZE = 250
-EPOCHS = 2
-NUM_SHARDS = EPOCHS * NUM_TRAIN // SHARD_SIZE  # 16
-BATCH_SIZE = 64
-BATCHES_PER_SHARD = -(-SHARD_SIZE // BATCH_SIZE)  # 4: 64 + 64 + 64 + 58 samples
-
-
-class FakeLauncher(NodeLauncher):
-    """Records what the master starts and stops; exit codes are whatever the test sets."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[str, str]] = []
-        self.stopped: list[str] = []
-        self.stop_all_calls = 0
-        self.codes: dict[str, int | None] = {}
-
-    def start(self, node_id: str, role: str) -> None:
-        self.started.append((node_id, role))
-        self.codes[node_id] = None
-
-    def exit_codes(self) -> dict[str, int | None]:
-        return dict(self.codes)
-
-    def stop(self, node_id: str) -> None:
-        self.stopped.append(node_id)
-
-    def stop_all(self) -> None:
-        self.stop_all_calls += 1
-
-    def exit(self, node_id: str, code: int) -> None:
-        assert node_id in self.codes, f"{node_id} was never started"
-        self.codes[node_id] = code
-
-
-@dataclass
-class Job:
-    master: JobMaster
-    launcher: FakeLauncher
-    api: TestClient
-    layout: JobDir
-
-    def get(self, path: str, **kw) -> dict:
-        reply = self.api.get(P + path, headers=AUTH, **kw)
-        assert reply.status_code == 200, reply.text
-        return reply.json()
-
-    def post(self, path: str, body: dict | None = None) -> dict:
-        reply = self.api.post(P + path, json=body if body is not None else {}, headers=AUTH)
-        assert reply.status_code == 200, reply.text
-        return reply.json()
-
-    def status(self) -> dict:
-        return self.get("/status")
-
-    def lease(self, worker: str) -> dict:
-        return self.post("/shards/lease", {"node_id": worker})
-
-    def done(self, worker: str, shard_id: int) -> bool:
-        return self.post(f"/shards/{shard_id}/done", {"node_id": worker})["accepted"]
-
-
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory: pytest.TempPathFactory) -> GeneratedDataset:
-    root = tmp_path_factory.mktemp("data")
-    return generate_dataset(root, SyntheticConfig(num_train=NUM_TRAIN, num_eval=500, seed=0))
-
-
-@pytest.fixture
-def make_job(dataset: GeneratedDataset, tmp_path: Path) -> Iterator[Callable[..., Job]]:
-    clients: list[TestClient] = []
-
-    def make(
-        with_eval: bool = False,
-        lease_s: float = 60.0,
-        num_workers: int = 2,
-        recovery: RecoveryConfig | None = None,
-        num_ps: int = 1,
-        checkpoint: CheckpointPolicyConfig | None = None,
-        deadline: JobDeadline | None = None,
-    ) -> Job:
-        spec = JobSpec(
-            job_id="unit-job.1",
-            train_data=str(dataset.train_dir),
-            eval_data=str(dataset.eval_dir) if with_eval else None,
-            embedding_dim=4,
-            plan=ResourcePlan(num_workers=num_workers, num_ps=num_ps),
-            training=TrainingConfig(
-                shard_size=SHARD_SIZE, epochs=EPOCHS, shard_lease_s=lease_s, batch_size=BATCH_SIZE
-            ),
-            recovery=recovery or RecoveryConfig(),
-            checkpoint=checkpoint or CheckpointPolicyConfig(),
-            deadline=deadline,
-        )
-        layout = JobDir(tmp_path / "job")
-        spec = write_job(layout, spec)
-        launcher = FakeLauncher()
-        master = JobMaster(layout, spec, launcher, TOKEN)
-        api = TestClient(create_app(master, TOKEN))
-        clients.append(api)
-        return Job(master, launcher, api, layout)
-
-    yield make
-    for api in clients:
-        api.close()
-
-
-def _start_running(job: Job, ps_address: str = "127.0.0.1:1") -> None:
-    """Drive the master to RUNNING: it starts ps-0, ps-0 reports ready, it starts the workers."""
-    job.master.step()
-    assert job.launcher.started == [("ps-0", "ps")]
-    assert job.status()["state"] == "pending"
-    assert job.post("/nodes/ps-0/ready", {"address": ps_address}) == {"ok": True}
-    job.master.step()
-    assert job.status()["state"] == "running"
 
 
 def test_a_ready_node_wakes_the_supervisor(make_job) -> None:
@@ -258,15 +146,15 @@ def test_route_list_covers_the_whole_api(make_job) -> None:
 def test_every_route_rejects_missing_or_wrong_token(make_job, headers: dict) -> None:
     """401 with a Bearer challenge on every route, and the job is untouched."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.lease("worker-0")["shard"]["shard_id"] == 0
-    before = _observable(job)
+    before = observable(job)
     for method, path, body in ROUTES:
         reply = job.api.request(method, P + path, json=body, headers=headers)
         assert reply.status_code == 401, (method, path, reply.text)
         assert reply.headers["www-authenticate"] == "Bearer"
         assert reply.json() == {"detail": "missing or wrong job token"}
-    assert _observable(job) == before
+    assert observable(job) == before
 
 
 def test_auth_is_checked_before_the_body(make_job) -> None:
@@ -279,13 +167,6 @@ def test_auth_is_checked_before_the_body(make_job) -> None:
 
 
 # -- status and start-up -----------------------------------------------------------------------
-def _observable(job: Job) -> dict:
-    """Everything a request could change, minus clocks."""
-    status = job.master.status()
-    del status["duration_s"]
-    return {"status": status, "queue": job.master.queue.to_dict()}
-
-
 def test_status_shape_through_start_up(make_job) -> None:
     """Status has a stable shape; states go pending -> running as ps-0 becomes ready."""
     job = make_job()
@@ -392,7 +273,7 @@ def test_lease_while_pending_says_wait(make_job) -> None:
 def test_heartbeat_records_progress(make_job) -> None:
     """Heartbeats update the node's figures and answer stop=false while the job runs."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.post("/nodes/worker-0/heartbeat", {"steps": 3, "samples": 192, "step_time_ms": 2.5})
     assert job.post(
         "/nodes/worker-0/heartbeat", {"steps": 6, "samples": 384, "step_time_ms": 2.0}
@@ -404,7 +285,7 @@ def test_heartbeat_records_progress(make_job) -> None:
 def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
     """Two workers lease and complete every shard once; status then shows all samples done."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     shards = _drain(job)
     assert [s["shard_id"] for s in shards] == list(range(NUM_SHARDS))
     assert shards[0] == {"shard_id": 0, "epoch": 0, "start": 0, "end": SHARD_SIZE, "first_key": 0}
@@ -430,7 +311,7 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
 def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
     """With nothing left in TODO but shards in flight, idle workers wait instead of finishing."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     for _ in range(NUM_SHARDS - 1):
         shard = job.lease("worker-0")["shard"]
         assert job.done("worker-0", shard["shard_id"])
@@ -443,7 +324,7 @@ def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
 def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
     """Only the holder's report counts; others (and repeats) are accepted: false."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     shard_id = job.lease("worker-0")["shard"]["shard_id"]
     assert job.post(f"/shards/{shard_id}/done", {"node_id": "worker-1"}) == {"accepted": False}
     assert job.post(f"/shards/{shard_id}/done", {"node_id": "ghost"}) == {"accepted": False}
@@ -461,7 +342,7 @@ def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
 def test_expired_lease_goes_back_and_the_late_report_is_rejected(make_job) -> None:
     """A lease not renewed in time is requeued by the supervisor and handed to another worker."""
     job = make_job(lease_s=0.3)
-    _start_running(job)
+    start_running(job)
     shard_id = job.lease("worker-0")["shard"]["shard_id"]
     time.sleep(0.4)
     job.master.step()
@@ -474,7 +355,7 @@ def test_expired_lease_goes_back_and_the_late_report_is_rejected(make_job) -> No
 def test_heartbeat_renews_leases(make_job) -> None:
     """A worker that keeps heart-beating keeps its shard past the original deadline."""
     job = make_job(lease_s=1.0)
-    _start_running(job)
+    start_running(job)
     shard_id = job.lease("worker-0")["shard"]["shard_id"]
     time.sleep(0.6)
     job.post("/nodes/worker-0/heartbeat", {"steps": 1, "samples": 64, "step_time_ms": 1.0})
@@ -510,23 +391,23 @@ MALFORMED: list[tuple[str, str, object]] = [
 def test_malformed_bodies_are_422_and_change_nothing(make_job) -> None:
     """Negative counts, unknown fields, wrong types and bad ranges are refused before use."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.lease("worker-0")["shard"]["shard_id"] == 0
     job.post("/nodes/worker-0/heartbeat", {"steps": 2, "samples": 10, "step_time_ms": 1.0})
-    before = _observable(job)
+    before = observable(job)
     for method, path, body in MALFORMED:
         reply = job.api.request(method, P + path, json=body, headers=AUTH)
         assert reply.status_code == 422, (path, body, reply.text)
     reply = job.api.post(P + "/shards/lease", content=b"{oops", headers=AUTH)
     assert reply.status_code == 422
-    assert _observable(job) == before
+    assert observable(job) == before
 
 
 def test_unknown_node_is_404(make_job) -> None:
     """Ready, heartbeat and lease for a node the master never started are 404 and change nothing."""
     job = make_job()
-    _start_running(job)
-    before = _observable(job)
+    start_running(job)
+    before = observable(job)
     for path, body in [
         ("/nodes/ps-7/ready", {"address": "127.0.0.1:2"}),
         ("/nodes/worker-9/heartbeat", {"steps": 1, "samples": 1, "step_time_ms": 1.0}),
@@ -535,13 +416,13 @@ def test_unknown_node_is_404(make_job) -> None:
         reply = job.api.post(P + path, json=body, headers=AUTH)
         assert reply.status_code == 404, path
         assert "unknown node" in reply.json()["detail"]
-    assert _observable(job) == before
+    assert observable(job) == before
 
 
 def test_evaluation_from_an_unknown_node_is_404(make_job) -> None:
     """Only a node the master started may report the held-out evaluation."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     body = {"node_id": "nobody", "auc": 0.99, "logloss": 0.01, "samples": 10}
     reply = job.api.post(P + "/evaluation", json=body, headers=AUTH)
     assert reply.status_code == 404
@@ -558,7 +439,7 @@ def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> 
     """With no restart budget a crashed worker fails the job: its id, the exhausted setting and
     its log tail in the message, its shards back at the front of TODO."""
     job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
-    _start_running(job)
+    start_running(job)
     assert [job.lease("worker-0")["shard"]["shard_id"] for _ in range(2)] == [0, 1]
     shard = job.lease("worker-1")["shard"]["shard_id"]
     assert job.done("worker-1", shard)
@@ -600,7 +481,7 @@ def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> 
 def test_failure_message_counts_the_shards_returned_to_todo(make_job) -> None:
     """The failure message says how many shards the dead worker held (they went back to TODO)."""
     job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
-    _start_running(job)
+    start_running(job)
     job.lease("worker-0")
     job.lease("worker-0")
     job.launcher.exit("worker-0", 1)
@@ -612,7 +493,7 @@ def test_crashed_worker_is_relaunched_and_its_shards_go_back_to_todo(make_job) -
     """Within the restart budget a crashed worker is relaunched, its shards return to the front
     of TODO (the death counted against the one it was training) and the job keeps running."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert [job.lease("worker-0")["shard"]["shard_id"] for _ in range(2)] == [0, 1]
     job.launcher.exit("worker-0", 1)
     job.master.step()  # the PS address is fake: its ledger is unreadable, shards resume as-is
@@ -646,7 +527,7 @@ def test_worker_that_lost_its_ps_is_relaunched_for_free(make_job) -> None:
     """Exit code EXIT_PS_LOST is not the worker's fault: relaunched even with no restart budget,
     and its shards are not counted as failed."""
     job = make_job(recovery=RecoveryConfig(max_node_restarts=0))
-    _start_running(job)
+    start_running(job)
     job.lease("worker-0")
     job.launcher.exit("worker-0", master_api.EXIT_PS_LOST)
     job.master.step()
@@ -664,7 +545,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     is ready the PS layout version moves on: they reconnect, and only a worker that gave up
     and exited is started again (its exit is no failure)."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.lease("worker-0")["shard"]["shard_id"] == 0
     job.launcher.exit("ps-0", 137)
     job.master.step()
@@ -712,7 +593,7 @@ def test_a_ps_that_exits_cleanly_unasked_is_lost_not_done(make_job) -> None:
     a dead parent thread) ends it with code 0, and its rows are gone all the same. It had
     been marked SUCCEEDED without a word; the evaluator then failed on its address."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     job.launcher.exit("ps-0", 0)
     job.master.step()
     status = job.status()
@@ -856,7 +737,7 @@ def test_a_worker_waiting_out_a_lost_ps_hears_of_the_relaunch_at_once(make_job) 
     PS is announced) instead of the worker polling for it; answered at once when it already
     has, and by at most LAYOUT_WAITERS held requests at a time."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     job.launcher.exit("ps-0", 137)
     job.master.step()
     got: list[master_api.ClusterInfo] = []
@@ -899,7 +780,7 @@ def test_parameter_server_crash_fails_the_job_without_restarts_left(make_job) ->
 def test_stop_request(make_job) -> None:
     """POST /stop ends the job as stopped; nodes are told to stop and get no more shards."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     job.lease("worker-0")
     assert job.post("/stop", {"reason": "task cleared in Airflow"}) == {"state": "stopped"}
     status = job.status()
@@ -928,7 +809,7 @@ def test_the_job_and_every_node_are_stopped_at_the_specs_deadline(
     deadline = JobDeadline.after(timedelta(seconds=2))
     job = make_job(deadline=deadline)
     assert job.layout.read_spec().deadline == deadline  # a relaunched master sees the same
-    _start_running(job)
+    start_running(job)
     job.master.step()
     assert job.status()["state"] == "running"
     time.sleep(max(deadline.remaining().total_seconds(), 0) + 0.05)
@@ -1099,7 +980,7 @@ def _propose(job: Job, **changes: object) -> int:
 def test_applying_a_plan_starts_workers_once_and_keeps_the_plan(make_job) -> None:
     """More workers: the new ones start, job.json carries the plan, a second apply is a no-op."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     plan_id = _propose(job, num_workers=3)
     assert [p["state"] for p in job.get("/plans")] == ["proposed"]
     record = job.post(f"/plans/{plan_id}/apply")
@@ -1113,7 +994,7 @@ def test_applying_a_plan_starts_workers_once_and_keeps_the_plan(make_job) -> Non
 
 def test_fewer_workers_stop_the_last_and_return_its_shards(make_job) -> None:
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.lease("worker-1")["shard"]["shard_id"] == 0
     plan_id = _propose(job, num_workers=1)
     assert job.post(f"/plans/{plan_id}/apply")["state"] == "applied"
@@ -1127,7 +1008,7 @@ def test_a_ps_count_change_starts_the_new_ps_and_waits_for_them(make_job) -> Non
     """The resize itself (rows moving) is tested on real PS: tests/unit/test_ps_resize.py and
     tests/integration/test_elastic_resize.py."""
     job = make_job()
-    _start_running(job)
+    start_running(job)
     plan_id = _propose(job, num_ps=2)
     record = job.post(f"/plans/{plan_id}/apply")
     assert record["state"] == "applying"
@@ -1139,7 +1020,7 @@ def test_a_ps_count_change_starts_the_new_ps_and_waits_for_them(make_job) -> Non
 
 def test_node_size_changes_are_declined_where_the_launcher_cannot_resize(make_job) -> None:
     job = make_job()
-    _start_running(job)
+    start_running(job)
     plan_id = _propose(job, ps_cpu=4.0)
     record = job.post(f"/plans/{plan_id}/apply")
     assert record["state"] == "declined"
@@ -1148,7 +1029,7 @@ def test_node_size_changes_are_declined_where_the_launcher_cannot_resize(make_jo
 
 def test_a_requested_plan_is_proposed_and_replaces_a_waiting_one(make_job) -> None:
     job = make_job()
-    _start_running(job)
+    start_running(job)
     first = _propose(job, num_workers=3)
     record = job.post("/plans", {"num_workers": 1, "reason": "cost cut"})
     assert record["rule"] == "requested" and record["state"] == "proposed"
@@ -1161,7 +1042,7 @@ def test_a_requested_plan_is_proposed_and_replaces_a_waiting_one(make_job) -> No
 
 def test_applying_an_unknown_plan_is_404(make_job) -> None:
     job = make_job()
-    _start_running(job)
+    start_running(job)
     assert job.api.post(P + "/plans/9/apply", headers=AUTH).status_code == 404
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from master_rig import start_running
 from pydantic import Field
-from test_master_api import _start_running, dataset, make_job  # noqa: F401 (fixtures)
 
 from airflow_rover.core.policies import (
     POLICIES,
@@ -87,9 +87,9 @@ def test_unregistered_it_is_no_policy() -> None:
         CheckpointPolicyConfig.from_task_params("fail-fast")
 
 
-def test_the_master_runs_it(registered: None, make_job) -> None:  # noqa: F811
+def test_the_master_runs_it(registered: None, make_job) -> None:
     job = make_job(checkpoint=CheckpointPolicyConfig.from_task_params("fail-fast"))
-    _start_running(job)
+    start_running(job)
     assert job.status()["recovery"]["fail_fast_losses"] == 0
     job.launcher.exit("ps-0", 137)
     job.master.step()
