@@ -29,6 +29,7 @@ from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.ps_service import receive_limit
 
 log = logging.getLogger("airflow_rover.ps")
 
@@ -180,7 +181,13 @@ def main(argv: list[str] | None = None) -> None:
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
     policy.setup_ps(ps, job)
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
-    server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
+    server, port = start_server(
+        ps,
+        ctx.token,
+        host,
+        port=int(os.environ.get(ENV_PS_PORT, "0")),
+        receive_bytes=receive_limit(spec.resolved_features, spec.training.batch_size),
+    )
     stop = threading.Event()
     stop_on_signals(stop)
     advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")

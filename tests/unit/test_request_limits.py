@@ -19,15 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import grpc
 import httpx
 import psutil
 import pytest
 
-from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.job_dir import (
+    ENV_JOB_DIR,
+    ENV_MASTER_ADDR,
+    ENV_NODE_ID,
+    ENV_TOKEN_FILE,
+    JobDir,
+)
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, TrainingConfig
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.http_guard import MAX_BODY_BYTES
+from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.master_api import API_PREFIX
 
 MiB = 1 << 20
@@ -191,3 +199,76 @@ def test_a_body_under_the_cap_still_reaches_the_master(master: Master) -> None:
     reply = httpx.post(url, content=body + b" ", headers=headers)
     assert reply.status_code == 413
     assert reply.json() == {"detail": f"request body over {MAX_BODY_BYTES} bytes"}
+
+
+# -- gRPC: a PS ------------------------------------------------------------------------------
+@dataclass
+class PS:
+    process: subprocess.Popen[bytes]
+    address: str
+    token: str
+
+    def call(self, method: str, payload: bytes, token: str | None) -> grpc.StatusCode:
+        metadata = ps_service.auth_metadata(token) if token is not None else None
+        with grpc.insecure_channel(self.address, options=ps_service.CHANNEL_OPTIONS) as channel:
+            try:
+                channel.unary_unary(ps_service.method_path(method))(
+                    payload, metadata=metadata, timeout=30
+                )
+            except grpc.RpcError as exc:
+                return exc.code()
+        return grpc.StatusCode.OK
+
+
+def _cluster(master: Master) -> list[str]:
+    try:
+        reply = master.get("/cluster")
+    except httpx.TransportError:
+        return []
+    return list(reply.json()["ps"]) if reply.status_code == 200 else []
+
+
+def _asked_for(master: Master, node_id: str) -> bool:
+    return any(node["id"] == node_id for node in master.get("/status").json()["nodes"])
+
+
+@pytest.fixture
+def ps(master: Master, job_dir: JobDir) -> Iterator[PS]:
+    """ps-0 of the job, from its entry point, once the master has asked for it."""
+    _started(master.process, lambda: _asked_for(master, "ps-0"), "the master")
+    env = {
+        ENV_JOB_DIR: str(job_dir.root),
+        ENV_NODE_ID: "ps-0",
+        ENV_MASTER_ADDR: master.address,
+        ENV_TOKEN_FILE: str(job_dir.token_file),
+    }
+    with _process([sys.executable, "-m", "airflow_rover.ps", "--role", "ps"], env) as proc:
+        _started(proc, lambda: bool(_cluster(master)), "ps-0")
+        yield PS(proc, _cluster(master)[0], master.token)
+
+
+@pytest.mark.parametrize(
+    ("token", "expected"),
+    [
+        (None, grpc.StatusCode.UNAUTHENTICATED),
+        ("wrong", grpc.StatusCode.UNAUTHENTICATED),
+        ("job", grpc.StatusCode.RESOURCE_EXHAUSTED),
+    ],
+    ids=["no-token", "wrong-token", "token"],
+)
+def test_a_200_mib_call_costs_a_ps_no_memory(
+    ps: PS, job_dir: JobDir, token: str | None, expected: grpc.StatusCode
+) -> None:
+    """A stranger's 200 MiB Push is refused (UNAUTHENTICATED) on its metadata, before gRPC reads
+    the message; with the token, it is over what this job's requests can be
+    (``ps_service.receive_limit``: 160 MiB) and refused as it arrives. The PS's memory stays
+    where it was (before: 102 -> 948 MB), and it still serves."""
+    spec = job_dir.read_spec()
+    assert ps_service.receive_limit(spec.resolved_features, spec.training.batch_size) < LARGE
+    payload = b"\0" * LARGE
+    given = ps.token if token == "job" else token
+    with growth(ps.process.pid) as watch:
+        codes = [ps.call("Push", payload, given) for _ in range(3)]
+    assert watch.peak - watch.start < MARGIN, f"grew {(watch.peak - watch.start) / MiB:.0f} MiB"
+    assert codes == [expected] * 3
+    assert ps.call("Stats", frames.encode({}), ps.token) == grpc.StatusCode.OK

@@ -57,6 +57,27 @@ class _Entry:
     delta: ParityDelta | None
     key: int | None
 
+    @property
+    def nbytes(self) -> int:
+        if self.delta is None:
+            return 0
+        return sum(
+            part.ids.nbytes + sum(v.nbytes for v in part.fields.values())
+            for part in self.delta.tables
+        )
+
+
+def _frame(queue: list[_Entry]) -> list[_Entry]:
+    """The entries at the head of ``queue`` that go in one frame: at most
+    ``MAX_FRAME_ENTRIES``, and no more than ``ps_service.PIECE_BYTES`` of rows but the first
+    (a backlog of large pushes stays within what the holder takes in one request)."""
+    size = 0
+    for n, entry in enumerate(queue[:MAX_FRAME_ENTRIES]):
+        size += entry.nbytes
+        if n and size > ps_service.PIECE_BYTES:
+            return queue[:n]
+    return queue[:MAX_FRAME_ENTRIES]
+
 
 class ParityChannel:
     """The ordered channel from this PS to one parity holder: a thread sends whatever is queued
@@ -140,7 +161,7 @@ class ParityChannel:
                 self._urgent = False
                 if self._closed:
                     return
-                entries = self._queue[:MAX_FRAME_ENTRIES]
+                entries = _frame(self._queue)
                 dense = self._dense
                 self._dense = None
                 epoch = self.holder_epoch
