@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ctx = NodeContext.from_env()
-    master = MasterClient(ctx.master_addr, ctx.token)  # ~30 ms: a spare has it made already
+    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)  # ~30 ms: a spare has it made
     if ctx.node_id.startswith(STANDBY_PREFIX):
         ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
     spec = ctx.job_dir.read_spec()
@@ -187,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
         host,
         port=int(os.environ.get(ENV_PS_PORT, "0")),
         receive_bytes=receive_limit(spec.resolved_features, spec.training.batch_size),
+        tls=ctx.tls,
     )
     stop = threading.Event()
     stop_on_signals(stop)

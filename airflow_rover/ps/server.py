@@ -22,6 +22,7 @@ import numpy as np
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
@@ -29,6 +30,7 @@ from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.pieces import in_pieces
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.tls import add_port, grpc_channel
 
 log = logging.getLogger(__name__)
 
@@ -289,6 +291,8 @@ class ParameterServer(Partition):
 
     token: str = ""
     """The job token, for the calls this PS makes to the others (a resize's row hand-over)."""
+    tls: JobTLS | None = None
+    """The job's certificate: this PS serves with it, and trusts it in the others."""
 
     def reshard(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Go from this job's PS count to ``num_ps`` (``addresses``: the new PS set, in
@@ -331,7 +335,7 @@ class ParameterServer(Partition):
 
     def _hand_over(self, address: str, arrays: dict[str, np.ndarray]) -> None:
         """``arrays`` to the PS at ``address``'s ``Absorb``, in pieces its limit takes."""
-        with grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS) as channel:
+        with grpc_channel(address, self.tls, ps_service.CHANNEL_OPTIONS) as channel:
             absorb = channel.unary_unary(ps_service.method_path("Absorb"))
             metadata = ps_service.auth_metadata(self.token)
             for piece in in_pieces(arrays, ps_service.PIECE_BYTES):
@@ -430,6 +434,7 @@ class ParameterServer(Partition):
                 read_text(req["addresses"]).split("\n"),
                 [int(e) for e in req["epochs"]],
                 self.token,
+                self.tls,
             )
             if op == "rebuild":
                 replacement = Replacement(*args)
@@ -483,20 +488,22 @@ def start_server(
     threads: int = ps_service.SERVER_THREADS,
     port: int = 0,
     receive_bytes: int = ps_service.MAX_MESSAGE_BYTES,
+    tls: JobTLS | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``ps`` on ``host:port``; returns the server and the port it bound (0 picks a
     free one). A call without the token is refused before its request is read, and a request
-    over ``receive_bytes`` (a job's PS: ``ps_service.receive_limit``) as it arrives."""
+    over ``receive_bytes`` (a job's PS: ``ps_service.receive_limit``) as it arrives. With
+    ``tls`` (the job's certificate and key) it serves TLS only."""
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=threads),
         interceptors=[ps_service.TokenCheck(token)],
         options=ps_service.server_options(receive_bytes),
     )
-    ps.token = token
+    ps.token, ps.tls = token, tls
     handlers = {name: _unary(fn) for name, fn in ps.handlers().items()}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(ps_service.SERVICE, handlers),)
     )
-    port = server.add_insecure_port(f"{host}:{port}")
+    port = add_port(server, f"{host}:{port}", tls)
     server.start()
     return server, port

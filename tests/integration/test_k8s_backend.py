@@ -8,8 +8,10 @@ connection; the master side through the kubernetes client, as in its pod."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
+import stat
 import sys
 import threading
 import time
@@ -153,6 +155,9 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
     for request in list(api):
         kubernetes_validate.validate(request.data, "1.33", strict=True)
     assert KubernetesJob.read(hook.job_dir) == JOB and hook.job_dir.read_spec() == SPEC
+    # The job's certificate, made at launch: in its Secret, and in its directory for Airflow.
+    assert secret_cert(v1) == hook.job_dir.tls_cert_file.read_bytes()
+    assert stat.S_IMODE(hook.job_dir.tls_key_file.stat().st_mode) == 0o600
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
 
@@ -237,6 +242,10 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
     assert v1.list_namespaced_pod(NS).items == []
 
 
+def secret_cert(v1: client.CoreV1Api) -> bytes:
+    return base64.b64decode(v1.read_namespaced_secret(NAMES.secret, NS).data[m.TLS_CERT_KEY])
+
+
 def ensure_reads() -> list[str]:
     return [
         f"fetch pods/{NAMES.master_pod}",
@@ -315,6 +324,7 @@ def test_a_retry_relaunches_in_the_same_directory(
     """A failed try's objects are removed (and gone) before the new master pod is created."""
     api, v1 = cluster
     hook, old_uid = launched(tmp_path, v1)
+    old_cert = secret_cert(v1)
     set_status(v1, NAMES.master_pod, {"phase": "Failed"})
     mark = api.count()
     hook.launch(SPEC)
@@ -334,6 +344,7 @@ def test_a_retry_relaunches_in_the_same_directory(
     assert new_uid != old_uid
     secret = v1.read_namespaced_secret(NAMES.secret, NS)
     assert secret.metadata.owner_references[0].uid == new_uid
+    assert secret_cert(v1) == hook.job_dir.tls_cert_file.read_bytes() != old_cert  # a new one
 
 
 def test_nodes_die_restart_and_survive_a_master_relaunch(

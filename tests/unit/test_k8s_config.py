@@ -206,6 +206,7 @@ def test_failure_notes_say_why() -> None:
 # -- the Airflow side's steps, against scripted answers ------------------------------------------
 JOB = KubernetesJob(config=KubernetesConfig(**SETTINGS, namespace="ml"))
 NAMES = m.JobNames("daily.train-0123456789", "ml")
+SECRETS = m.JobSecrets("tok", b"-----BEGIN CERTIFICATE-----", b"-----BEGIN PRIVATE KEY-----")
 
 
 def created(op: k8s_job.Op) -> Any:
@@ -236,7 +237,7 @@ def drive(
 
 
 def test_launch_creates_the_master_pod_then_what_it_owns() -> None:
-    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), "tok"))
+    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), SECRETS))
     assert uid == "uid-new"
     assert calls == [
         f"create pods/{NAMES.master_pod}",
@@ -267,7 +268,9 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
             answers[("create", "secrets", NAMES.secret)] = {"metadata": {}}
         return answers.get((op.verb, op.plural, op.name))
 
-    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), "t"), respond)
+    uid, calls = drive(
+        k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), SECRETS), respond
+    )
     assert uid == "uid-now"
     assert calls == [
         f"create pods/{NAMES.master_pod}",
@@ -294,10 +297,10 @@ def test_ensure_only_reads_when_everything_is_there() -> None:
         ("read", "services", NAMES.master_service): owned,
         ("read", "services", NAMES.ps_service): owned,
     }
-    alive, calls = drive(k8s_job.ensure_steps(JOB, NAMES, "tok"), answers)
+    alive, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
     assert alive and all(c.startswith("read ") for c in calls) and len(calls) == 4
     del answers[("read", "services", NAMES.ps_service)]
-    _, calls = drive(k8s_job.ensure_steps(JOB, NAMES, "tok"), answers)
+    _, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
     assert calls[-2:] == [
         f"read services/{NAMES.ps_service}",
         f"create services/{NAMES.ps_service}",
@@ -307,7 +310,7 @@ def test_ensure_only_reads_when_everything_is_there() -> None:
 def test_ensure_leaves_an_ended_master_pod_alone() -> None:
     done = {"metadata": {"uid": "u1"}, "status": {"phase": "Succeeded"}}
     alive, calls = drive(
-        k8s_job.ensure_steps(JOB, NAMES, "tok"), {("read", "pods", NAMES.master_pod): done}
+        k8s_job.ensure_steps(JOB, NAMES, SECRETS), {("read", "pods", NAMES.master_pod): done}
     )
     assert not alive and calls == [f"read pods/{NAMES.master_pod}"]
 

@@ -9,21 +9,26 @@ import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes import rbac
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, Toleration
 from airflow_rover.master.node_launcher import Role
+from airflow_rover.rpc.tls import make_certificate
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33"
 JOB_DIR = PurePosixPath("/rover/jobs/daily/run-1/train")
 TOKEN = "s3cr3t-token-value-that-must-never-leak"
+TLS_CERT, TLS_KEY = make_certificate(m.JobNames("x", "ns").tls_hosts())
+SECRETS = m.JobSecrets(TOKEN, TLS_CERT, TLS_KEY)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 MINIMAL = KubernetesConfig(
@@ -70,7 +75,7 @@ def job_objects(cfg: KubernetesConfig, plan: ResourcePlan) -> list[dict[str, Any
     """Everything one job creates: the master's objects and every node pod of ``plan``."""
     names = m.JobNames(NAMES.job_id, cfg.namespace)
     objects = [m.master_pod(cfg, names, JOB_DIR)]
-    objects += [obj for _, obj in m.master_dependents(cfg, names, TOKEN)]
+    objects += [obj for _, obj in m.master_dependents(cfg, names, SECRETS)]
     nodes: list[tuple[str, Role]] = [(f"ps-{i}", "ps") for i in range(plan.num_ps)]
     nodes += [(f"worker-{i}", "worker") for i in range(plan.num_workers)]
     nodes.append(("evaluator", "evaluator"))
@@ -177,6 +182,39 @@ def test_the_token_is_in_the_secret_only() -> None:
         assert token_volume["secret"]["secretName"] == NAMES.secret
 
 
+def test_the_tls_key_goes_only_where_a_server_runs() -> None:
+    """The Secret holds the certificate and key; the master and PS pods mount both and are
+    told where, workers and the evaluator only the certificate; no manifest but the Secret
+    carries either."""
+    objects = job_objects(FULL, PLANS["fractional"])
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert base64.b64decode(secret["data"][m.TLS_CERT_KEY]) == TLS_CERT
+    assert base64.b64decode(secret["data"][m.TLS_KEY_KEY]) == TLS_KEY
+    others = json.dumps([o for o in objects if o["kind"] != "Secret"])
+    assert base64.b64encode(TLS_KEY).decode() not in others and "PRIVATE KEY" not in others
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        component = pod["metadata"]["labels"][m.LABEL_COMPONENT]
+        serves = component in ("master", "ps")
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "token")
+        keys = [item["key"] for item in volume["secret"]["items"]]
+        want = [m.TOKEN_KEY, m.TLS_CERT_KEY, *([m.TLS_KEY_KEY] if serves else [])]
+        assert keys == want, component
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["ROVER_TLS_CERT_FILE"] == m.TLS_CERT_PATH
+        assert env.get("ROVER_TLS_KEY_FILE") == (m.TLS_KEY_PATH if serves else None)
+
+
+def test_the_certificate_names_the_master_and_every_ps() -> None:
+    """The addresses the job's processes and Airflow use are the certificate's names."""
+    cert = x509.load_pem_x509_certificate(make_certificate(NAMES.tls_hosts())[0])
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = sans.get_values_for_type(x509.DNSName)
+    assert urlsplit(NAMES.master_address(8080)).hostname in dns
+    assert NAMES.master_address(8080).startswith("https://")
+    ps_host = NAMES.ps_host("ps-15")
+    assert "*." + ps_host.split(".", 1)[1] in dns and len(dns) == 2
+
+
 def test_only_the_master_pod_has_a_service_account_token() -> None:
     master, *rest = [o for o in job_objects(FULL, PLANS["fractional"]) if o["kind"] == "Pod"]
     assert master["spec"]["automountServiceAccountToken"] is True
@@ -211,7 +249,7 @@ def test_node_pods_get_the_plan_s_sizes_and_the_settings() -> None:
     assert ps["hostname"] == NAMES.node_pod("ps-1") and ps["subdomain"] == NAMES.ps_service
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ROVER_ADVERTISE_HOST"] == NAMES.ps_host("ps-1")
-    assert env["ROVER_MASTER_ADDR"] == "http://" + NAMES.master_service + ".ml-training.svc:8080"
+    assert env["ROVER_MASTER_ADDR"] == "https://" + NAMES.master_service + ".ml-training.svc:8080"
     assert env["AWS_REGION"] == "eu-west-1" and env["ROVER_NODE_ID"] == "ps-1"
     worker = pods["worker-2"]["spec"]
     assert worker["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "2048Mi"}

@@ -31,12 +31,14 @@ from airflow_rover.core.job_dir import (
     ENV_TOKEN_FILE,
     JobDir,
 )
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, TrainingConfig
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.http_guard import MAX_BODY_BYTES
 from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.master_api import API_PREFIX
+from airflow_rover.rpc.tls import http_verify
 
 MiB = 1 << 20
 LARGE = 200 * MiB
@@ -49,15 +51,22 @@ class Master:
     process: subprocess.Popen[bytes]
     address: str
     token: str
+    tls: JobTLS | None = None
 
     def get(self, path: str) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token}"}
-        return httpx.get(f"{self.address}{API_PREFIX}{path}", headers=headers, timeout=10)
+        url = f"{self.address}{API_PREFIX}{path}"
+        return httpx.get(url, headers=headers, timeout=10, verify=http_verify(self.tls))
 
 
 @pytest.fixture
 def job_dir(tmp_path: Path) -> JobDir:
-    data = generate_dataset(tmp_path / "data", SyntheticConfig(num_train=200, num_eval=100))
+    return small_job(tmp_path)
+
+
+def small_job(root: Path) -> JobDir:
+    """A job of one small table in ``root / "job"``, its dataset beside it."""
+    data = generate_dataset(root / "data", SyntheticConfig(num_train=200, num_eval=100))
     spec = JobSpec(
         job_id="limits",
         train_data=str(data.train_dir),
@@ -66,7 +75,7 @@ def job_dir(tmp_path: Path) -> JobDir:
         ),
         training=TrainingConfig(batch_size=64, shard_size=100),
     )
-    layout = JobDir(tmp_path / "job")
+    layout = JobDir(root / "job")
     write_job(layout, spec)
     return layout
 
@@ -91,9 +100,17 @@ def _process(args: list[str], env: dict[str, str] | None = None) -> Iterator[sub
 
 @pytest.fixture
 def master(job_dir: JobDir) -> Iterator[Master]:
+    with lone_master(job_dir) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def lone_master(job_dir: JobDir, tls: JobTLS | None = None) -> Iterator[Master]:
+    """The job's master process (``fixtures/lone_master.py``), once its API answers (``tls``:
+    the certificate its client trusts)."""
     with _process([sys.executable, str(FIXTURES / "lone_master.py"), str(job_dir.root)]) as proc:
         _started(proc, lambda: "address" in job_dir.master_info(), "the master")
-        served = Master(proc, job_dir.master_info()["address"], job_dir.read_token())
+        served = Master(proc, job_dir.master_info()["address"], job_dir.read_token(), tls)
         _started(proc, lambda: _answers(served), "the master's API")
         yield served
 

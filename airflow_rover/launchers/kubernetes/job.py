@@ -1,4 +1,4 @@
-"""Airflow's side of a Kubernetes job: its master pod, Services and token Secret.
+"""Airflow's side of a Kubernetes job: its master pod, Services and Secret (token, TLS).
 
 The operator launches a job through the cncf-kubernetes provider's ``KubernetesHook``
 (``kubernetes_conn_id``: in-cluster, a kubeconfig, or the default); the trigger checks and
@@ -58,7 +58,7 @@ def pod_alive(pod: dict[str, Any] | None) -> bool:
 
 # -- what to do (pure: each step is an Op, its answer comes back through send) ---------------
 def launch_steps(
-    job: KubernetesJob, names: m.JobNames, job_dir: PurePosixPath, token: str
+    job: KubernetesJob, names: m.JobNames, job_dir: PurePosixPath, secrets: m.JobSecrets
 ) -> Steps[str]:
     """Create the master pod, then its Secret and Services owned by it; returns its uid.
     Repeating it creates nothing twice: an existing object of this master pod is kept, one
@@ -69,7 +69,7 @@ def launch_steps(
         if created is None:
             raise RuntimeError(f"pod {names.master_pod} exists and does not: retry the launch")
     uid: str = created["metadata"]["uid"]
-    for plural, obj in m.master_dependents(job.config, names, token):
+    for plural, obj in m.master_dependents(job.config, names, secrets):
         body = m.owned(obj, names.master_pod, uid)
         if (yield Op("create", plural, obj["metadata"]["name"], body)) is None:
             yield from _adopt(plural, body, uid)
@@ -88,14 +88,14 @@ def _adopt(plural: str, body: dict[str, Any], uid: str) -> Steps[None]:
         raise RuntimeError(f"{plural}/{name} is being deleted; launch again")
 
 
-def ensure_steps(job: KubernetesJob, names: m.JobNames, token: str) -> Steps[bool]:
+def ensure_steps(job: KubernetesJob, names: m.JobNames, secrets: m.JobSecrets) -> Steps[bool]:
     """Recreate a missing Secret or Service of a running master pod (reads only when all are
     there, so a re-created trigger creates nothing); False if the master pod is not running."""
     pod = yield Op("read", "pods", names.master_pod)
     if not pod_alive(pod):
         return False
     uid = pod["metadata"]["uid"]
-    for plural, obj in m.master_dependents(job.config, names, token):
+    for plural, obj in m.master_dependents(job.config, names, secrets):
         name = obj["metadata"]["name"]
         found = yield Op("read", plural, name)
         if found is not None and m.owner_uid(found) == uid:

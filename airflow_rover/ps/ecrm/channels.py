@@ -13,7 +13,9 @@ import numpy as np
 
 from airflow_rover.core.ecrm import Fields, ParityDelta
 from airflow_rover.core.ecrm.messages import encode_frame
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.tls import grpc_channel
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +27,10 @@ RETRY_S = 0.2
 class Peers:
     """gRPC channels to the other PS of the job, by index (addresses change on replacement)."""
 
-    def __init__(self, addresses: list[str], token: str) -> None:
+    def __init__(self, addresses: list[str], token: str, tls: JobTLS | None = None) -> None:
         self.addresses = list(addresses)
         self._token = token
+        self._tls = tls
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -36,7 +39,7 @@ class Peers:
         with self._channels_lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS)
+                channel = grpc_channel(address, self._tls, ps_service.CHANNEL_OPTIONS)
                 self._channels[address] = channel
         stub = channel.unary_unary(ps_service.method_path("Ecrm"))
         reply = stub(
