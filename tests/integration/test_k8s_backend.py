@@ -151,6 +151,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
     ]
     for request in list(api):
         kubernetes_validate.validate(request.data, "1.33", strict=True)
@@ -237,6 +238,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert f"last lines of {NAMES.master_pod}" in hook.job_dir.log_file("master").read_text()
     assert v1.list_namespaced_pod(NS).items == []
@@ -252,6 +254,7 @@ def ensure_reads() -> list[str]:
         f"fetch secrets/{NAMES.secret}",
         f"fetch services/{NAMES.master_service}",
         f"fetch services/{NAMES.ps_service}",
+        f"fetch networkpolicies/{NAMES.network_policy}",
     ]
 
 
@@ -309,6 +312,7 @@ def test_killing_the_task_removes_the_job(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert api.calls(mark) == cleanup
     assert v1.list_namespaced_pod(NS).items == [] and v1.list_namespaced_secret(NS).items == []
@@ -334,11 +338,13 @@ def test_a_retry_relaunches_in_the_same_directory(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
         f"fetch pods/{NAMES.master_pod}",  # gone?
         f"create pods/{NAMES.master_pod}",
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
     ]
     new_uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid
     assert new_uid != old_uid

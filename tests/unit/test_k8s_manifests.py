@@ -91,7 +91,7 @@ def test_every_manifest_validates_against_the_schema(
     cfg: KubernetesConfig, plan: ResourcePlan
 ) -> None:
     objects = job_objects(cfg, plan)
-    assert len(objects) == 4 + plan.num_ps + plan.num_workers + 1
+    assert len(objects) == 5 + plan.num_ps + plan.num_workers + 1
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -215,6 +215,32 @@ def test_the_certificate_names_the_master_and_every_ps() -> None:
     assert "*." + ps_host.split(".", 1)[1] in dns and len(dns) == 2
 
 
+@pytest.mark.parametrize("airflow_namespace", [None, "ml-training", "airflow"])
+def test_the_network_policy_admits_the_job_s_pods_and_airflow_s_only(
+    airflow_namespace: str | None,
+) -> None:
+    """Every pod of the job is selected; the job's pods may reach the master and PS ports,
+    pods labelled ``airflow-rover/client=true`` in Airflow's namespace the master's only."""
+    cfg = FULL.model_copy(update={"airflow_namespace": airflow_namespace})
+    objects = job_objects(cfg, PLANS["fractional"])
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["metadata"]["name"] == NAMES.network_policy
+    spec = policy["spec"]
+    job = {"matchLabels": {m.LABEL_JOB: NAMES.slug}}
+    assert spec["podSelector"] == job and spec["policyTypes"] == ["Ingress"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert all(p["metadata"]["labels"][m.LABEL_JOB] == NAMES.slug for p in pods)
+    own, airflow = spec["ingress"]
+    assert own["from"] == [{"podSelector": job}]
+    assert [p["port"] for p in own["ports"]] == [8080, 50051]
+    assert [p["port"] for p in airflow["ports"]] == [8080]
+    peer = {"podSelector": {"matchLabels": {"airflow-rover/client": "true"}}}
+    if airflow_namespace == "airflow":
+        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": "airflow"}}
+    assert airflow["from"] == [peer]
+
+
 def test_only_the_master_pod_has_a_service_account_token() -> None:
     master, *rest = [o for o in job_objects(FULL, PLANS["fractional"]) if o["kind"] == "Pod"]
     assert master["spec"]["automountServiceAccountToken"] is True
@@ -235,7 +261,7 @@ def test_every_object_is_labelled_and_owned_by_the_master_pod() -> None:
     pods = [o for o in dependents if o["kind"] == "Pod"]
     assert all(m.owner_uid(p) == "uid-master" for p in pods)
     owned = [m.owned(o, NAMES.master_pod, "uid-1") for o in dependents if o["kind"] != "Pod"]
-    assert [m.owner_uid(o) for o in owned] == ["uid-1"] * 3
+    assert [m.owner_uid(o) for o in owned] == ["uid-1"] * 4
 
 
 def test_node_pods_get_the_plan_s_sizes_and_the_settings() -> None:

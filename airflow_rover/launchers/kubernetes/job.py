@@ -1,4 +1,5 @@
-"""Airflow's side of a Kubernetes job: its master pod, Services and Secret (token, TLS).
+"""Airflow's side of a Kubernetes job: its master pod, Services, Secret (token, TLS) and
+NetworkPolicy.
 
 The operator launches a job through the cncf-kubernetes provider's ``KubernetesHook``
 (``kubernetes_conn_id``: in-cluster, a kubeconfig, or the default); the trigger checks and
@@ -23,7 +24,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Verb = Literal["read", "create", "delete", "log"]
-_SINGULAR = {"pods": "pod", "secrets": "secret", "services": "service"}
+_KINDS = {  # plural -> (API class, the kind in its method names)
+    "pods": ("CoreV1Api", "pod"),
+    "secrets": ("CoreV1Api", "secret"),
+    "services": ("CoreV1Api", "service"),
+    "networkpolicies": ("NetworkingV1Api", "network_policy"),
+}
 MASTER_GRACE_S = 30  # the master stops its nodes on SIGTERM before it exits
 LOG_TAIL_LINES = 500
 
@@ -109,12 +115,13 @@ def ensure_steps(job: KubernetesJob, names: m.JobNames, secrets: m.JobSecrets) -
 
 def cleanup_steps(names: m.JobNames, grace_s: int = MASTER_GRACE_S) -> Steps[str | None]:
     """Delete the master pod (its node pods go with it, by owner reference) and, explicitly,
-    its Secret and Services; returns the tail of the master's log."""
+    its Secret, Services and NetworkPolicy; returns the tail of the master's log."""
     tail = yield Op("log", "pods", names.master_pod)
     yield Op("delete", "pods", names.master_pod, grace_s=grace_s)
     yield Op("delete", "secrets", names.secret)
     yield Op("delete", "services", names.master_service)
     yield Op("delete", "services", names.ps_service)
+    yield Op("delete", "networkpolicies", names.network_policy)
     return tail
 
 
@@ -147,8 +154,17 @@ def run_sync(steps: Steps[T], api: Any, namespace: str) -> T:
             answer = None
 
 
-def _call_sync(api: Any, op: Op, namespace: str) -> Any:
-    kind = _SINGULAR[op.plural]
+def _api_of(core: Any, client_module: Any, plural: str) -> tuple[Any, str]:
+    """The API object that serves ``plural`` (sharing the core API's client) and its kind."""
+    group, kind = _KINDS[plural]
+    api = core if group == "CoreV1Api" else getattr(client_module, group)(core.api_client)
+    return api, kind
+
+
+def _call_sync(core: Any, op: Op, namespace: str) -> Any:
+    from kubernetes import client
+
+    api, kind = _api_of(core, client, op.plural)
     if op.verb == "log":
         return str(api.read_namespaced_pod_log(op.name, namespace, tail_lines=LOG_TAIL_LINES) or "")
     if op.verb == "delete":
@@ -182,8 +198,10 @@ async def run_async(steps: Steps[T], api: Any, namespace: str) -> T:
             answer = None
 
 
-async def _call_async(api: Any, op: Op, namespace: str) -> Any:
-    kind = _SINGULAR[op.plural]
+async def _call_async(core: Any, op: Op, namespace: str) -> Any:
+    from kubernetes_asyncio import client
+
+    api, kind = _api_of(core, client, op.plural)
     if op.verb == "log":
         return str(
             await api.read_namespaced_pod_log(op.name, namespace, tail_lines=LOG_TAIL_LINES) or ""

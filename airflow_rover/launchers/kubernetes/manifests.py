@@ -46,6 +46,10 @@ LABEL_NODE = "airflow-rover/node"
 LABEL_INCARNATION = "airflow-rover/incarnation"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_JOB_ID = "airflow-rover/job-id"
+LABEL_CLIENT = "airflow-rover/client"
+"""The label (value ``"true"``) that lets an Airflow worker's or triggerer's pod reach the
+masters of jobs (``network_policy``)."""
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"
 TOKEN_KEY = "token"
 TLS_CERT_KEY = "tls.crt"
 TLS_KEY_KEY = "tls.key"
@@ -98,6 +102,10 @@ class JobNames:
     @property
     def secret(self) -> str:
         return f"{self.prefix}-token"
+
+    @property
+    def network_policy(self) -> str:
+        return f"{self.prefix}-network"
 
     def node_pod(self, node_id: str) -> str:
         check_node_id(node_id)
@@ -381,6 +389,32 @@ def ps_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
     }
 
 
+def network_policy(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
+    """Who may connect to the job's pods: the job's own pods (to the master's API and the PS),
+    and pods labelled ``LABEL_CLIENT`` in Airflow's namespace (to the master's API: the
+    Airflow workers and triggerer). Nothing else reaches them, whatever it knows."""
+    tcp = [{"protocol": "TCP", "port": cfg.master_port}, {"protocol": "TCP", "port": cfg.ps_port}]
+    airflow: dict[str, Any] = {"podSelector": {"matchLabels": {LABEL_CLIENT: "true"}}}
+    if cfg.airflow_namespace and cfg.airflow_namespace != cfg.namespace:
+        airflow["namespaceSelector"] = {
+            "matchLabels": {LABEL_NAMESPACE_NAME: cfg.airflow_namespace}
+        }
+    job = {"matchLabels": {LABEL_JOB: names.slug}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(cfg, names, names.network_policy, "network"),
+        "spec": {
+            "podSelector": job,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job}], "ports": tcp},
+                {"from": [airflow], "ports": tcp[:1]},
+            ],
+        },
+    }
+
+
 def master_dependents(
     cfg: KubernetesConfig, names: JobNames, secrets: JobSecrets
 ) -> list[tuple[str, dict[str, Any]]]:
@@ -389,6 +423,7 @@ def master_dependents(
         ("secrets", token_secret(cfg, names, secrets)),
         ("services", master_service(cfg, names)),
         ("services", ps_service(cfg, names)),
+        ("networkpolicies", network_policy(cfg, names)),
     ]
 
 
