@@ -128,8 +128,8 @@ class ElasticJobHook(BaseHook):
 
     async def async_cleanup(self) -> None:
         """The job ended: remove what its backend created for it (on Kubernetes the master
-        pod, Services and Secret, keeping the master's log in the job dir). Local processes
-        exit by themselves."""
+        pod, Services, Secret and NetworkPolicy, keeping the master's log in the job dir).
+        Local processes exit by themselves."""
         await self.backend.async_cleanup(self.job_dir)
 
     # -- plans -------------------------------------------------------------------------------

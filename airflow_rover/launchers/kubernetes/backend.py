@@ -97,9 +97,10 @@ class KubernetesBackend(JobBackend):
 
     # -- the operator's side (sync) ----------------------------------------------------------
     def launch(self, job_dir: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> str:
-        """Remove a stale master of an earlier try, write the job's files, create the master
-        pod, Secret and Services. The master announces itself in ``master.json`` once its pod
-        runs (the trigger waits for it, not the task)."""
+        """Remove a stale master of an earlier try, write the job's files (and its TLS
+        certificate), create the master pod, its Secret, Services and NetworkPolicy. The master
+        announces itself in ``master.json`` once its pod runs (the trigger waits for it, not
+        the task)."""
         if env:
             raise ValueError("extra environment for the master: local launcher only")
         pod = self.start_job(job_dir, spec)
@@ -196,7 +197,7 @@ class KubernetesBackend(JobBackend):
             await self._arun(ensure_steps(self.job, self.names(job_dir), secrets))
 
     async def async_cleanup(self, job_dir: JobDir) -> None:
-        """Delete the master pod, Services and Secret (node pods go with the master pod),
+        """Delete the master pod and what it owns (node pods, Services, Secret, NetworkPolicy),
         keeping the master's log in the job dir."""
         tail = await self._arun(cleanup_steps(self.names(job_dir)))
         await asyncio.to_thread(self._save_master_log, job_dir, tail)

@@ -66,9 +66,9 @@ def pod_alive(pod: dict[str, Any] | None) -> bool:
 def launch_steps(
     job: KubernetesJob, names: m.JobNames, job_dir: PurePosixPath, secrets: m.JobSecrets
 ) -> Steps[str]:
-    """Create the master pod, then its Secret and Services owned by it; returns its uid.
-    Repeating it creates nothing twice: an existing object of this master pod is kept, one
-    left by an earlier master pod is replaced."""
+    """Create the master pod, then its Secret, Services and NetworkPolicy owned by it; returns
+    its uid. Repeating it creates nothing twice: an existing object of this master pod is kept,
+    one left by an earlier master pod is replaced."""
     created = yield Op("create", "pods", names.master_pod, m.master_pod(job.config, names, job_dir))
     if created is None:
         created = yield Op("read", "pods", names.master_pod)
