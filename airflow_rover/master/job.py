@@ -59,7 +59,7 @@ class JobMaster:
         ready: a relaunched PS, say, that the workers wait for); ``tls``: the job's
         certificate, which its PS serve with."""
         self.wake = wake or threading.Event()
-        self.job_dir, self.spec, self.token = job_dir, spec, token
+        self.job_dir, self.spec = job_dir, spec
         self.state, self.message = JobState.PENDING, "starting parameter servers"
         self.started_at = time.time()
         self.finished_at: float | None = None
