@@ -25,6 +25,7 @@ from airflow_rover.core.checkpoint_files import (
     fsync_path,
     verify_checkpoint,
 )
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,15 @@ class JobDir:
     @property
     def token_file(self) -> Path:
         return self.root / "token"
+
+    @property
+    def tls_cert_file(self) -> Path:
+        """The job's certificate (``core.job_tls``), where it has one: Airflow trusts it."""
+        return self.root / "tls.crt"
+
+    @property
+    def tls_key_file(self) -> Path:
+        return self.root / "tls.key"
 
     @property
     def master_file(self) -> Path:
@@ -182,6 +192,26 @@ class JobDir:
     def read_token(self) -> str:
         return self.token_file.read_text().strip()
 
+    def write_tls(self, cert: bytes, key: bytes) -> None:
+        """Keep the job's certificate and key (0600, like the token) for whoever must recreate
+        the job's Secret; each is replaced whole."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path, data, mode in (
+            (self.tls_key_file, key, 0o600),
+            (self.tls_cert_file, cert, 0o644),
+        ):
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, path)
+
+    def tls(self) -> JobTLS | None:
+        """The job's certificate and key in this directory; None for a job without TLS."""
+        if not self.tls_cert_file.exists():
+            return None
+        return JobTLS(self.tls_cert_file, self.tls_key_file)
+
     def master_info(self) -> dict[str, Any]:
         """What the master announced (``address``, ``pid``); empty before it listens."""
         return self.read_json(self.master_file) or {}
@@ -256,6 +286,7 @@ class NodeContext:
     node_id: str
     master_addr: str
     token: str
+    tls: JobTLS | None = None
 
     @classmethod
     def from_env(cls) -> NodeContext:
@@ -271,4 +302,5 @@ class NodeContext:
             node_id=os.environ[ENV_NODE_ID],
             master_addr=os.environ[ENV_MASTER_ADDR],
             token=Path(os.environ[ENV_TOKEN_FILE]).read_text().strip(),
+            tls=JobTLS.from_env(),
         )

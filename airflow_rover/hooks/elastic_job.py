@@ -7,6 +7,7 @@ so the trigger, the sensor and the CLI need nothing but the directory.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.backends import backend_for
 from airflow_rover.launchers.base import JobBackend, JobLaunchError
 from airflow_rover.rpc.master_api import API_PREFIX
+from airflow_rover.rpc.tls import http_verify
 
 __all__ = ["ABSENT", "UNREACHABLE", "ElasticJobHook", "JobLaunchError", "resolve_status"]
 
@@ -63,6 +65,14 @@ class ElasticJobHook(BaseHook):
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.job_dir.read_token()}"}
 
+    def _verify(self) -> ssl.SSLContext | bool:
+        """The job's certificate (in its directory where the master serves HTTPS): the only
+        one trusted."""
+        return http_verify(self.job_dir.tls())
+
+    def _async_client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(timeout=self._timeout, verify=self._verify())
+
     def _url(self, path: str) -> str:
         address = self._address()
         if not address:
@@ -97,6 +107,7 @@ class ElasticJobHook(BaseHook):
                     json={"reason": reason},
                     headers=self._headers(),
                     timeout=self._timeout,
+                    verify=self._verify(),
                 )
             except httpx.HTTPError as exc:
                 self.log.warning("Stop request failed (%s); terminating the master", exc)
@@ -105,7 +116,7 @@ class ElasticJobHook(BaseHook):
     async def async_stop(self, reason: str) -> None:
         if self._address() and await self.async_master_alive():
             try:
-                async with httpx.AsyncClient(timeout=self._timeout) as client:
+                async with self._async_client() as client:
                     await client.post(
                         self._url("/stop"), json={"reason": reason}, headers=self._headers()
                     )
@@ -120,8 +131,8 @@ class ElasticJobHook(BaseHook):
 
     async def async_cleanup(self) -> None:
         """The job ended: remove what its backend created for it (on Kubernetes the master
-        pod, Services and Secret, keeping the master's log in the job dir). Local processes
-        exit by themselves."""
+        pod, Services, Secret and NetworkPolicy, keeping the master's log in the job dir).
+        Local processes exit by themselves."""
         await self.backend.async_cleanup(self.job_dir)
 
     # -- plans -------------------------------------------------------------------------------
@@ -132,14 +143,18 @@ class ElasticJobHook(BaseHook):
         job's trigger applies it (PS counts change by live migration). Returns its record."""
         body = {"num_workers": num_workers, "num_ps": num_ps, "reason": reason}
         reply = httpx.post(
-            self._url("/plans"), json=body, headers=self._headers(), timeout=self._timeout
+            self._url("/plans"),
+            json=body,
+            headers=self._headers(),
+            timeout=self._timeout,
+            verify=self._verify(),
         )
         reply.raise_for_status()
         return PlanRecord.model_validate(reply.json())
 
     async def async_apply_plan(self, plan_id: int) -> PlanRecord:
         """Ask the master to apply its proposed plan ``plan_id``; returns the plan's record."""
-        async with httpx.AsyncClient(timeout=self._timeout) as client:
+        async with self._async_client() as client:
             reply = await client.post(self._url(f"/plans/{plan_id}/apply"), headers=self._headers())
             reply.raise_for_status()
             return PlanRecord.model_validate(reply.json())
@@ -150,7 +165,10 @@ class ElasticJobHook(BaseHook):
         if self._address():
             try:
                 reply = httpx.get(
-                    self._url("/status"), headers=self._headers(), timeout=self._timeout
+                    self._url("/status"),
+                    headers=self._headers(),
+                    timeout=self._timeout,
+                    verify=self._verify(),
                 )
                 reply.raise_for_status()
                 api_status = reply.json()
@@ -170,7 +188,7 @@ class ElasticJobHook(BaseHook):
         api_status = None
         if self._address():
             try:
-                async with httpx.AsyncClient(timeout=self._timeout) as client:
+                async with self._async_client() as client:
                     reply = await client.get(self._url("/status"), headers=self._headers())
                     reply.raise_for_status()
                     api_status = reply.json()

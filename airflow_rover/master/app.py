@@ -1,50 +1,32 @@
-"""The master's HTTP control API (FastAPI). Every route requires the job's bearer token."""
+"""The master's HTTP control API (FastAPI). Every request needs the job's bearer token, checked
+(with the body's size) before its body is read (``http_guard``)."""
 
 from __future__ import annotations
 
-import hmac
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, status
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from airflow_rover.master.http_guard import MAX_BODY_BYTES, TokenAndSizeGuard
 from airflow_rover.master.job import JobMaster
 from airflow_rover.master.ps_set import MAX_WAIT_S
 from airflow_rover.rpc import master_api
 
 P = master_api.API_PREFIX
-BearerCredentials = Annotated[
-    HTTPAuthorizationCredentials | None, Depends(HTTPBearer(auto_error=False))
-]
 T = TypeVar("T")
 
 
-def create_app(master: JobMaster, token: str) -> FastAPI:
-    expected = token.encode()
-
-    def authenticate(creds: BearerCredentials) -> None:
-        if creds is None or not hmac.compare_digest(creds.credentials.encode(), expected):
-            raise HTTPException(
-                status.HTTP_401_UNAUTHORIZED,
-                "missing or wrong job token",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-
-    app = FastAPI(
-        title="airflow-rover job master",
-        dependencies=[Depends(authenticate)],
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+def create_app(master: JobMaster, token: str, max_body: int = MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="airflow-rover job master", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.include_router(_node_routes(master), prefix=P)
     app.include_router(_job_routes(master), prefix=P)
+    app.add_middleware(TokenAndSizeGuard, token=token, max_body=max_body)
     return app
 
 

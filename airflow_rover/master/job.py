@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.spec import JobSpec, ResourcePlan
@@ -52,11 +53,13 @@ class JobMaster:
         token: str,
         master_restarts: int = 0,
         wake: threading.Event | None = None,
+        tls: JobTLS | None = None,
     ) -> None:
         """``wake``: set when the supervisor should tick now, not at its next tick (a node is
-        ready: a relaunched PS, say, that the workers wait for)."""
+        ready: a relaunched PS, say, that the workers wait for); ``tls``: the job's
+        certificate, which its PS serve with."""
         self.wake = wake or threading.Event()
-        self.job_dir, self.spec, self.token = job_dir, spec, token
+        self.job_dir, self.spec = job_dir, spec
         self.state, self.message = JobState.PENDING, "starting parameter servers"
         self.started_at = time.time()
         self.finished_at: float | None = None
@@ -64,7 +67,7 @@ class JobMaster:
         self.samples_resumed = 0  # samples whose batches every PS had applied at the start
         self._lock = threading.RLock()
         self.nodes, self.ps_set = NodeSet(launcher), PsSet(self._lock)
-        self.ps = PsAccess(lambda: self.cluster().ps, token)
+        self.ps = PsAccess(lambda: self.cluster().ps, token, tls)
         mirror = checkpoint_mirror(spec)
         start = starting_point(job_dir, spec, mirror)
         self.queue, self.resumed_from, self.lost = start.queue, start.resumed_from, start.lost
@@ -94,7 +97,7 @@ class JobMaster:
                 if waits:
                     self.ps_set.wait_past(after or 0, wait_s)
                 ps = [n.address if n else None for n in self.nodes.ps(self.spec.plan.num_ps)]
-                if any(a is None for a in ps):
+                if not all(ps):
                     raise LookupError("parameter servers are not all ready yet")
                 return master_api.ClusterInfo(
                     job_id=self.spec.job_id,

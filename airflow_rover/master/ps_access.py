@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import grpc
 
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.policies import PsCalls, PsUnreachable
 from airflow_rover.rpc.ps_client import PSClient
 
@@ -18,9 +19,13 @@ log = logging.getLogger(__name__)
 class PsAccess:
     """Clients of the job's PS; ``addresses`` raises LookupError while they are not all up."""
 
-    def __init__(self, addresses: Callable[[], list[str]], token: str) -> None:
+    def __init__(
+        self, addresses: Callable[[], list[str]], token: str, tls: JobTLS | None = None
+    ) -> None:
+        """``tls``: the job's certificate, the only one its PS are trusted with."""
         self._addresses = addresses
         self._token = token
+        self._tls = tls
 
     def addresses(self) -> list[str]:
         """Every PS's address; LookupError while they are not all up."""
@@ -28,7 +33,11 @@ class PsAccess:
 
     def client(self) -> PSClient:
         """A client of every PS (close it); LookupError while they are not all up."""
-        return PSClient(self._addresses(), self._token)
+        return self.client_of(self._addresses())
+
+    def client_of(self, addresses: list[str]) -> PSClient:
+        """A client of the PS at ``addresses`` (a resize's old and new PS together)."""
+        return PSClient(addresses, self._token, tls=self._tls)
 
     @contextlib.contextmanager
     def calls(self) -> Iterator[PsCalls]:

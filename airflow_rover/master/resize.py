@@ -19,8 +19,8 @@ from airflow_rover.master.checkpointer import Checkpointer
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability, Role
+from airflow_rover.master.ps_access import PsAccess
 from airflow_rover.master.ps_set import PsSet
-from airflow_rover.rpc.ps_client import PSClient
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class ResizingJob(JobCore, Protocol):
     dispatch: ShardDispatch
     autoscaler: Autoscaler
     ps_set: PsSet
-    token: str
+    ps: PsAccess
 
     @property
     def checkpointer(self) -> Checkpointer: ...
@@ -190,7 +190,7 @@ class PlanExecutor:
         started = time.time()
         top = max(resize.old_num_ps, resize.plan.num_ps)
         addresses = [str(job.nodes[f"ps-{i}"].address) for i in range(top)]
-        client = PSClient(addresses, job.token)
+        client = job.ps.client_of(addresses)
         try:
             ledgers = [applied for applied, _ in client.ledgers()[: resize.old_num_ps]]
             if any(applied != ledgers[0] for applied in ledgers):

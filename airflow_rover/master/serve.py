@@ -19,13 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.master.app import create_app
 from airflow_rover.master.job import JobMaster
 from airflow_rover.master.node_launcher import NodeLauncher
+from airflow_rover.rpc.tls import http_scheme
 from airflow_rover.storage import ForeignCheckpoint
 
 log = logging.getLogger("airflow_rover.master")
@@ -39,13 +42,15 @@ LauncherFactory = Callable[[str, threading.Event], NodeLauncher]
 @dataclass(frozen=True)
 class MasterEndpoint:
     """Where the master listens, the address its nodes and Airflow reach it at (default: the
-    one it binds), its bearer token, and what else it announces in ``master.json``."""
+    one it binds), its bearer token, the job's certificate and key if it serves TLS (then its
+    PS do too), and what else it announces in ``master.json``."""
 
     host: str
     token: str
     port: int = 0  # 0: a free port
     advertise: str | None = None
     announce: dict[str, Any] = field(default_factory=dict)
+    tls: JobTLS | None = None
 
 
 class _MasterServer(uvicorn.Server):
@@ -82,11 +87,21 @@ def supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> Non
     server.should_exit = True
 
 
+def _server_config(app: FastAPI, tls: JobTLS | None) -> uvicorn.Config:
+    """The API's server: HTTPS with the job's certificate where it has one."""
+    cert = key = None
+    if tls is not None:
+        cert, key = str(tls.cert_file), str(tls.key_file)
+    return uvicorn.Config(
+        app, log_level="warning", access_log=False, ssl_certfile=cert, ssl_keyfile=key
+    )
+
+
 def _bind(endpoint: MasterEndpoint) -> tuple[socket.socket, str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((endpoint.host, endpoint.port))
-    address = f"http://{endpoint.host}:{sock.getsockname()[1]}"
+    address = f"{http_scheme(endpoint.tls)}://{endpoint.host}:{sock.getsockname()[1]}"
     return sock, endpoint.advertise or address
 
 
@@ -109,17 +124,14 @@ def serve(
     spec = job_dir.read_spec()
     sock, address = _bind(endpoint)
     wake = threading.Event()  # a node process ended (local nodes only: pods are polled)
+    launcher = launcher_for(address, wake)
     try:
-        master = JobMaster(
-            job_dir, spec, launcher_for(address, wake), endpoint.token, restarts, wake
-        )
+        master = JobMaster(job_dir, spec, launcher, endpoint.token, restarts, wake, endpoint.tls)
     except ForeignCheckpoint as exc:  # ends the job: a relaunch would refuse it again
         log.error("job %s refused: %s", spec.job_id, exc)
         refuse(job_dir, spec, str(exc))
         return
-    server = _MasterServer(
-        uvicorn.Config(create_app(master, endpoint.token), log_level="warning", access_log=False)
-    )
+    server = _MasterServer(_server_config(create_app(master, endpoint.token), endpoint.tls))
     master.mirror_state(force=True)
     announced = {"address": address, "pid": os.getpid(), "keeper_pid": keeper_pid}
     atomic_write_json(job_dir.master_file, {**announced, **endpoint.announce})

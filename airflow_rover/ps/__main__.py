@@ -29,6 +29,7 @@ from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.ps_service import receive_limit
 
 log = logging.getLogger("airflow_rover.ps")
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     ctx = NodeContext.from_env()
-    master = MasterClient(ctx.master_addr, ctx.token)  # ~30 ms: a spare has it made already
+    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)  # ~30 ms: a spare has it made
     if ctx.node_id.startswith(STANDBY_PREFIX):
         ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
     spec = ctx.job_dir.read_spec()
@@ -180,7 +181,14 @@ def main(argv: list[str] | None = None) -> None:
             orphan.remove()  # an earlier PS of this index (the job was smaller in between)
     policy.setup_ps(ps, job)
     host = os.environ.get(ENV_BIND_HOST, "127.0.0.1")
-    server, port = start_server(ps, ctx.token, host, port=int(os.environ.get(ENV_PS_PORT, "0")))
+    server, port = start_server(
+        ps,
+        ctx.token,
+        host,
+        port=int(os.environ.get(ENV_PS_PORT, "0")),
+        receive_bytes=receive_limit(spec.resolved_features, spec.training.batch_size),
+        tls=ctx.tls,
+    )
     stop = threading.Event()
     stop_on_signals(stop)
     advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")

@@ -1,14 +1,14 @@
 """The parameter-server process: serves pull/push of embedding rows and dense weights over gRPC.
 
-Messages are ``rpc.frames`` frames. Every call must carry the job's bearer token. A malformed or
-non-finite update is rejected whole (nothing of it is applied) with INVALID_ARGUMENT.
+Messages are ``rpc.frames`` frames. Every call must carry the job's bearer token, checked on its
+metadata before its request is read (``rpc.ps_service.TokenCheck``). A malformed or non-finite
+update is rejected whole (nothing of it is applied) with INVALID_ARGUMENT.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hmac
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -22,12 +22,15 @@ import numpy as np
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
 from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.partition import Partition
+from airflow_rover.ps.pieces import in_pieces
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.tls import add_port, grpc_channel
 
 log = logging.getLogger(__name__)
 
@@ -288,6 +291,8 @@ class ParameterServer(Partition):
 
     token: str = ""
     """The job token, for the calls this PS makes to the others (a resize's row hand-over)."""
+    tls: JobTLS | None = None
+    """The job's certificate: this PS serves with it, and trusts it in the others."""
 
     def reshard(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Go from this job's PS count to ``num_ps`` (``addresses``: the new PS set, in
@@ -295,7 +300,8 @@ class ParameterServer(Partition):
         travel) is removed here and handed to its new owner's ``Absorb`` with this PS's batch
         ledger (a new PS adopts it). Called on every PS of both sets while no worker trains;
         the rows are copied out under the locks and sent after them, so two PS handing rows to
-        each other cannot deadlock."""
+        each other cannot deadlock. They go in pieces (``ps.pieces``), the first with the
+        ledger."""
         num_ps = int(frames.one(req, "num_ps"))
         addresses = req["addresses"].tobytes().decode().split("\n")
         if num_ps < 1 or len(addresses) != num_ps:
@@ -321,16 +327,19 @@ class ParameterServer(Partition):
         for dest, arrays in enumerate(outgoing):
             if dest != self.index:  # even with no rows: a new PS needs the ledger
                 arrays["ledger/applied"] = applied
-                self._send(addresses[dest], "Absorb", arrays)
+                self._hand_over(addresses[dest], arrays)
         return {
             "moved_rows": np.array([moved_rows], dtype=np.int64),
             "seconds": np.array([time.perf_counter() - started], dtype=np.float64),
         }
 
-    def _send(self, address: str, method: str, arrays: dict[str, np.ndarray]) -> None:
-        with grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS) as channel:
-            call = channel.unary_unary(ps_service.method_path(method))
-            call(frames.encode(arrays), metadata=ps_service.auth_metadata(self.token), timeout=120)
+    def _hand_over(self, address: str, arrays: dict[str, np.ndarray]) -> None:
+        """``arrays`` to the PS at ``address``'s ``Absorb``, in pieces its limit takes."""
+        with grpc_channel(address, self.tls, ps_service.CHANNEL_OPTIONS) as channel:
+            absorb = channel.unary_unary(ps_service.method_path("Absorb"))
+            metadata = ps_service.auth_metadata(self.token)
+            for piece in in_pieces(arrays, ps_service.PIECE_BYTES):
+                absorb(frames.encode(piece), metadata=metadata, timeout=120)
 
     def absorb(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Rows and dense variables another PS hands over in a resize (``reshard``). A PS with
@@ -425,6 +434,7 @@ class ParameterServer(Partition):
                 read_text(req["addresses"]).split("\n"),
                 [int(e) for e in req["epochs"]],
                 self.token,
+                self.tls,
             )
             if op == "rebuild":
                 replacement = Replacement(*args)
@@ -458,13 +468,10 @@ class ParameterServer(Partition):
         }
 
 
-def _unary(handler: Handler, token: str) -> grpc.RpcMethodHandler:
-    expected = f"Bearer {token}".encode()
+def _unary(handler: Handler) -> grpc.RpcMethodHandler:
+    """The handler of a call whose token ``ps_service.TokenCheck`` has checked already."""
 
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
-        given = dict(context.invocation_metadata()).get("authorization", "")
-        if not hmac.compare_digest(str(given).encode(), expected):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
         try:
             return frames.encode(handler(frames.decode(request)))
         except (ValueError, KeyError) as exc:
@@ -480,17 +487,23 @@ def start_server(
     host: str = "127.0.0.1",
     threads: int = ps_service.SERVER_THREADS,
     port: int = 0,
+    receive_bytes: int = ps_service.MAX_MESSAGE_BYTES,
+    tls: JobTLS | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start serving ``ps`` on ``host:port``; returns the server and the port it bound (0 picks a
-    free one)."""
+    free one). A call without the token is refused before its request is read, and a request
+    over ``receive_bytes`` (a job's PS: ``ps_service.receive_limit``) as it arrives. With
+    ``tls`` (the job's certificate and key) it serves TLS only."""
     server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=threads), options=ps_service.CHANNEL_OPTIONS
+        futures.ThreadPoolExecutor(max_workers=threads),
+        interceptors=[ps_service.TokenCheck(token)],
+        options=ps_service.server_options(receive_bytes),
     )
-    ps.token = token
-    handlers = {name: _unary(fn, token) for name, fn in ps.handlers().items()}
+    ps.token, ps.tls = token, tls
+    handlers = {name: _unary(fn) for name, fn in ps.handlers().items()}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(ps_service.SERVICE, handlers),)
     )
-    port = server.add_insecure_port(f"{host}:{port}")
+    port = add_port(server, f"{host}:{port}", tls)
     server.start()
     return server, port

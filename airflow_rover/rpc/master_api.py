@@ -24,7 +24,10 @@ class _Body(BaseModel):
 
 
 class NodeReady(_Body):
-    address: str | None = Field(default=None, max_length=200)
+    # host:port where a PS serves (an IP, a DNS name, or a bracketed IPv6 address)
+    address: str | None = Field(
+        default=None, max_length=200, pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"
+    )
 
 
 class Heartbeat(_Body):

@@ -7,7 +7,9 @@ from typing import Any
 
 import httpx
 
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.rpc import master_api
+from airflow_rover.rpc.tls import http_verify
 
 P = master_api.API_PREFIX
 
@@ -15,9 +17,15 @@ P = master_api.API_PREFIX
 class MasterClient:
     """Calls the master with the job token; retries while the master is briefly unreachable."""
 
-    def __init__(self, address: str, token: str, retry_s: float = 30.0) -> None:
+    def __init__(
+        self, address: str, token: str, tls: JobTLS | None = None, retry_s: float = 30.0
+    ) -> None:
+        """``tls``: the job's certificate, the only one trusted at an ``https`` address."""
         self._http = httpx.Client(
-            base_url=address, headers={"Authorization": f"Bearer {token}"}, timeout=30.0
+            base_url=address,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30.0,
+            verify=http_verify(tls),
         )
         self._retry_s = retry_s
 

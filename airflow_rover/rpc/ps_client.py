@@ -13,8 +13,10 @@ import numpy as np
 from airflow_rover.core.checkpoint_files import PartDigest
 from airflow_rover.core.ecrm.degraded import EcrmReads, LostPS
 from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.tls import grpc_channel
 
 LOST_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
@@ -150,9 +152,11 @@ class PSClient:
         timeout_s: float = 60.0,
         channels: Mapping[str, grpc.Channel] | None = None,
         ecrm: EcrmReads | None = None,
+        tls: JobTLS | None = None,
     ) -> None:
         """``ecrm``: the job keeps ECRM parity, so a lost PS's rows can be decoded: PushPulls
-        and pushes go on without it (``lost``) until the client is moved to its replacement."""
+        and pushes go on without it (``lost``) until the client is moved to its replacement.
+        ``tls``: the job's certificate, the only one its PS are trusted with."""
         if not addresses:
             raise ValueError("addresses: at least one parameter server is needed")
         self.num_ps = len(addresses)
@@ -160,10 +164,10 @@ class PSClient:
         self._token = token
         self._metadata = ps_service.auth_metadata(token)
         self._timeout = timeout_s
+        self._tls = tls
         given = channels or {}
         self._channels = [
-            given.get(a) or grpc.insecure_channel(a, options=ps_service.CHANNEL_OPTIONS)
-            for a in addresses
+            given.get(a) or grpc_channel(a, tls, ps_service.CHANNEL_OPTIONS) for a in addresses
         ]
         self._stubs = [
             {m: ch.unary_unary(ps_service.method_path(m)) for m in ps_service.METHODS}
@@ -174,8 +178,8 @@ class PSClient:
         """The PS this client lost (ECRM only): its rows are decoded, its pushes held."""
 
     def connected_to(self, addresses: list[str]) -> PSClient:
-        """A client of another PS list with this one's token and timeout (own channels)."""
-        return PSClient(addresses, self._token, self._timeout, ecrm=self.ecrm)
+        """A client of another PS list with this one's token, timeout and TLS (own channels)."""
+        return PSClient(addresses, self._token, self._timeout, ecrm=self.ecrm, tls=self._tls)
 
     def reconnect(self, addresses: list[str]) -> PSClient:
         """This client moved to another PS list (a relaunched PS, a resized job): the new
@@ -184,7 +188,7 @@ class PSClient:
         this client is not to be used after."""
         both = zip(self.addresses, self._channels, strict=True)
         kept = {a: ch for a, ch in both if a in addresses}
-        client = PSClient(addresses, self._token, self._timeout, kept, self.ecrm)
+        client = PSClient(addresses, self._token, self._timeout, kept, self.ecrm, self._tls)
         self.close(keep=set(kept))
         return client
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
 
     _configure_tensorflow()
     spec = ctx.job_dir.read_spec()
-    master = MasterClient(ctx.master_addr, ctx.token)
+    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
     model = _ps_model(spec, ctx, args.role, cluster, optimizer)
@@ -76,7 +76,7 @@ def _ps_model(
         reads = policy.degraded_reads(node_job(spec, ctx.job_dir), optimizer)
     if reads is not None:  # worked out now, so a lost PS's first decoded read does not wait
         threading.Thread(target=reads.warm, args=(len(cluster.ps),), daemon=True).start()
-    ps = PSClient(cluster.ps, ctx.token, ecrm=reads)
+    ps = PSClient(cluster.ps, ctx.token, ecrm=reads, tls=ctx.tls)
     keras.utils.set_random_seed(spec.training.seed)
     return PSModel(
         load_factory(spec.model)(features),

@@ -8,8 +8,10 @@ connection; the master side through the kubernetes client, as in its pod."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import socket
+import stat
 import sys
 import threading
 import time
@@ -149,10 +151,14 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
     ]
     for request in list(api):
         kubernetes_validate.validate(request.data, "1.33", strict=True)
     assert KubernetesJob.read(hook.job_dir) == JOB and hook.job_dir.read_spec() == SPEC
+    # The job's certificate, made at launch: in its Secret, and in its directory for Airflow.
+    assert secret_cert(v1) == hook.job_dir.tls_cert_file.read_bytes()
+    assert stat.S_IMODE(hook.job_dir.tls_key_file.stat().st_mode) == 0o600
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
 
@@ -232,9 +238,14 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert f"last lines of {NAMES.master_pod}" in hook.job_dir.log_file("master").read_text()
     assert v1.list_namespaced_pod(NS).items == []
+
+
+def secret_cert(v1: client.CoreV1Api) -> bytes:
+    return base64.b64decode(v1.read_namespaced_secret(NAMES.secret, NS).data[m.TLS_CERT_KEY])
 
 
 def ensure_reads() -> list[str]:
@@ -243,6 +254,7 @@ def ensure_reads() -> list[str]:
         f"fetch secrets/{NAMES.secret}",
         f"fetch services/{NAMES.master_service}",
         f"fetch services/{NAMES.ps_service}",
+        f"fetch networkpolicies/{NAMES.network_policy}",
     ]
 
 
@@ -300,6 +312,7 @@ def test_killing_the_task_removes_the_job(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert api.calls(mark) == cleanup
     assert v1.list_namespaced_pod(NS).items == [] and v1.list_namespaced_secret(NS).items == []
@@ -315,6 +328,7 @@ def test_a_retry_relaunches_in_the_same_directory(
     """A failed try's objects are removed (and gone) before the new master pod is created."""
     api, v1 = cluster
     hook, old_uid = launched(tmp_path, v1)
+    old_cert = secret_cert(v1)
     set_status(v1, NAMES.master_pod, {"phase": "Failed"})
     mark = api.count()
     hook.launch(SPEC)
@@ -324,16 +338,19 @@ def test_a_retry_relaunches_in_the_same_directory(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
         f"fetch pods/{NAMES.master_pod}",  # gone?
         f"create pods/{NAMES.master_pod}",
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
     ]
     new_uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid
     assert new_uid != old_uid
     secret = v1.read_namespaced_secret(NAMES.secret, NS)
     assert secret.metadata.owner_references[0].uid == new_uid
+    assert secret_cert(v1) == hook.job_dir.tls_cert_file.read_bytes() != old_cert  # a new one
 
 
 def test_nodes_die_restart_and_survive_a_master_relaunch(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,12 @@ def standin_master(job_root: Path) -> Iterator[tuple[subprocess.Popen[bytes], di
     argv = ["-m", MASTER_PROCESS_MODULE, "--job-dir", str(job_root)]
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", *argv])
     try:
-        yield proc, {"pid": proc.pid, "identity": ProcessRecord.of(proc.pid).to_json()}
+        record = ProcessRecord.of(proc.pid)
+        deadline = time.monotonic() + 10
+        while not record.cmdline and time.monotonic() < deadline:  # read while it still execs
+            time.sleep(0.01)
+            record = ProcessRecord.of(proc.pid)
+        yield proc, {"pid": proc.pid, "identity": record.to_json()}
     finally:
         proc.kill()
         proc.wait()

@@ -206,6 +206,7 @@ def test_failure_notes_say_why() -> None:
 # -- the Airflow side's steps, against scripted answers ------------------------------------------
 JOB = KubernetesJob(config=KubernetesConfig(**SETTINGS, namespace="ml"))
 NAMES = m.JobNames("daily.train-0123456789", "ml")
+SECRETS = m.JobSecrets("tok", b"-----BEGIN CERTIFICATE-----", b"-----BEGIN PRIVATE KEY-----")
 
 
 def created(op: k8s_job.Op) -> Any:
@@ -236,13 +237,14 @@ def drive(
 
 
 def test_launch_creates_the_master_pod_then_what_it_owns() -> None:
-    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), "tok"))
+    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), SECRETS))
     assert uid == "uid-new"
     assert calls == [
         f"create pods/{NAMES.master_pod}",
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
     ]
 
 
@@ -260,6 +262,8 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
         ("read", "services", NAMES.master_service): mine,
         ("create", "services", NAMES.ps_service): None,
         ("read", "services", NAMES.ps_service): mine,
+        ("create", "networkpolicies", NAMES.network_policy): None,
+        ("read", "networkpolicies", NAMES.network_policy): mine,
     }
 
     def respond(op: k8s_job.Op) -> Any:
@@ -267,7 +271,9 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
             answers[("create", "secrets", NAMES.secret)] = {"metadata": {}}
         return answers.get((op.verb, op.plural, op.name))
 
-    uid, calls = drive(k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), "t"), respond)
+    uid, calls = drive(
+        k8s_job.launch_steps(JOB, NAMES, PurePosixPath("/rover/j"), SECRETS), respond
+    )
     assert uid == "uid-now"
     assert calls == [
         f"create pods/{NAMES.master_pod}",
@@ -280,6 +286,8 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
         f"read services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
         f"read services/{NAMES.ps_service}",
+        f"create networkpolicies/{NAMES.network_policy}",
+        f"read networkpolicies/{NAMES.network_policy}",
     ]
 
 
@@ -293,21 +301,23 @@ def test_ensure_only_reads_when_everything_is_there() -> None:
         ("read", "secrets", NAMES.secret): owned,
         ("read", "services", NAMES.master_service): owned,
         ("read", "services", NAMES.ps_service): owned,
+        ("read", "networkpolicies", NAMES.network_policy): owned,
     }
-    alive, calls = drive(k8s_job.ensure_steps(JOB, NAMES, "tok"), answers)
-    assert alive and all(c.startswith("read ") for c in calls) and len(calls) == 4
+    alive, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
+    assert alive and all(c.startswith("read ") for c in calls) and len(calls) == 5
     del answers[("read", "services", NAMES.ps_service)]
-    _, calls = drive(k8s_job.ensure_steps(JOB, NAMES, "tok"), answers)
-    assert calls[-2:] == [
+    _, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
+    assert calls[-3:] == [
         f"read services/{NAMES.ps_service}",
         f"create services/{NAMES.ps_service}",
+        f"read networkpolicies/{NAMES.network_policy}",
     ]
 
 
 def test_ensure_leaves_an_ended_master_pod_alone() -> None:
     done = {"metadata": {"uid": "u1"}, "status": {"phase": "Succeeded"}}
     alive, calls = drive(
-        k8s_job.ensure_steps(JOB, NAMES, "tok"), {("read", "pods", NAMES.master_pod): done}
+        k8s_job.ensure_steps(JOB, NAMES, SECRETS), {("read", "pods", NAMES.master_pod): done}
     )
     assert not alive and calls == [f"read pods/{NAMES.master_pod}"]
 
@@ -321,6 +331,7 @@ def test_cleanup_deletes_the_master_pod_and_what_it_owns() -> None:
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete networkpolicies/{NAMES.network_policy}",
     ]
 
 

@@ -9,21 +9,26 @@ import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes_validate
 import pytest
 import yaml
+from cryptography import x509
 
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes import rbac
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, Toleration
 from airflow_rover.master.node_launcher import Role
+from airflow_rover.rpc.tls import make_certificate
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.33"
 JOB_DIR = PurePosixPath("/rover/jobs/daily/run-1/train")
 TOKEN = "s3cr3t-token-value-that-must-never-leak"
+TLS_CERT, TLS_KEY = make_certificate(m.JobNames("x", "ns").tls_hosts())
+SECRETS = m.JobSecrets(TOKEN, TLS_CERT, TLS_KEY)
 DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 MINIMAL = KubernetesConfig(
@@ -70,7 +75,7 @@ def job_objects(cfg: KubernetesConfig, plan: ResourcePlan) -> list[dict[str, Any
     """Everything one job creates: the master's objects and every node pod of ``plan``."""
     names = m.JobNames(NAMES.job_id, cfg.namespace)
     objects = [m.master_pod(cfg, names, JOB_DIR)]
-    objects += [obj for _, obj in m.master_dependents(cfg, names, TOKEN)]
+    objects += [obj for _, obj in m.master_dependents(cfg, names, SECRETS)]
     nodes: list[tuple[str, Role]] = [(f"ps-{i}", "ps") for i in range(plan.num_ps)]
     nodes += [(f"worker-{i}", "worker") for i in range(plan.num_workers)]
     nodes.append(("evaluator", "evaluator"))
@@ -86,7 +91,7 @@ def test_every_manifest_validates_against_the_schema(
     cfg: KubernetesConfig, plan: ResourcePlan
 ) -> None:
     objects = job_objects(cfg, plan)
-    assert len(objects) == 4 + plan.num_ps + plan.num_workers + 1
+    assert len(objects) == 5 + plan.num_ps + plan.num_workers + 1
     for obj in objects:
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -177,6 +182,65 @@ def test_the_token_is_in_the_secret_only() -> None:
         assert token_volume["secret"]["secretName"] == NAMES.secret
 
 
+def test_the_tls_key_goes_only_where_a_server_runs() -> None:
+    """The Secret holds the certificate and key; the master and PS pods mount both and are
+    told where, workers and the evaluator only the certificate; no manifest but the Secret
+    carries either."""
+    objects = job_objects(FULL, PLANS["fractional"])
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert base64.b64decode(secret["data"][m.TLS_CERT_KEY]) == TLS_CERT
+    assert base64.b64decode(secret["data"][m.TLS_KEY_KEY]) == TLS_KEY
+    others = json.dumps([o for o in objects if o["kind"] != "Secret"])
+    assert base64.b64encode(TLS_KEY).decode() not in others and "PRIVATE KEY" not in others
+    for pod in (o for o in objects if o["kind"] == "Pod"):
+        component = pod["metadata"]["labels"][m.LABEL_COMPONENT]
+        serves = component in ("master", "ps")
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "token")
+        keys = [item["key"] for item in volume["secret"]["items"]]
+        want = [m.TOKEN_KEY, m.TLS_CERT_KEY, *([m.TLS_KEY_KEY] if serves else [])]
+        assert keys == want, component
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["ROVER_TLS_CERT_FILE"] == m.TLS_CERT_PATH
+        assert env.get("ROVER_TLS_KEY_FILE") == (m.TLS_KEY_PATH if serves else None)
+
+
+def test_the_certificate_names_the_master_and_every_ps() -> None:
+    """The addresses the job's processes and Airflow use are the certificate's names."""
+    cert = x509.load_pem_x509_certificate(make_certificate(NAMES.tls_hosts())[0])
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = sans.get_values_for_type(x509.DNSName)
+    assert urlsplit(NAMES.master_address(8080)).hostname in dns
+    assert NAMES.master_address(8080).startswith("https://")
+    ps_host = NAMES.ps_host("ps-15")
+    assert "*." + ps_host.split(".", 1)[1] in dns and len(dns) == 2
+
+
+@pytest.mark.parametrize("airflow_namespace", [None, "ml-training", "airflow"])
+def test_the_network_policy_admits_the_job_s_pods_and_airflow_s_only(
+    airflow_namespace: str | None,
+) -> None:
+    """Every pod of the job is selected; the job's pods may reach the master and PS ports,
+    pods labelled ``airflow-rover/client=true`` in Airflow's namespace the master's only."""
+    cfg = FULL.model_copy(update={"airflow_namespace": airflow_namespace})
+    objects = job_objects(cfg, PLANS["fractional"])
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy")
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    assert policy["metadata"]["name"] == NAMES.network_policy
+    spec = policy["spec"]
+    job = {"matchLabels": {m.LABEL_JOB: NAMES.slug}}
+    assert spec["podSelector"] == job and spec["policyTypes"] == ["Ingress"]
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    assert all(p["metadata"]["labels"][m.LABEL_JOB] == NAMES.slug for p in pods)
+    own, airflow = spec["ingress"]
+    assert own["from"] == [{"podSelector": job}]
+    assert [p["port"] for p in own["ports"]] == [8080, 50051]
+    assert [p["port"] for p in airflow["ports"]] == [8080]
+    peer = {"podSelector": {"matchLabels": {"airflow-rover/client": "true"}}}
+    if airflow_namespace == "airflow":
+        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": "airflow"}}
+    assert airflow["from"] == [peer]
+
+
 def test_only_the_master_pod_has_a_service_account_token() -> None:
     master, *rest = [o for o in job_objects(FULL, PLANS["fractional"]) if o["kind"] == "Pod"]
     assert master["spec"]["automountServiceAccountToken"] is True
@@ -197,7 +261,7 @@ def test_every_object_is_labelled_and_owned_by_the_master_pod() -> None:
     pods = [o for o in dependents if o["kind"] == "Pod"]
     assert all(m.owner_uid(p) == "uid-master" for p in pods)
     owned = [m.owned(o, NAMES.master_pod, "uid-1") for o in dependents if o["kind"] != "Pod"]
-    assert [m.owner_uid(o) for o in owned] == ["uid-1"] * 3
+    assert [m.owner_uid(o) for o in owned] == ["uid-1"] * 4
 
 
 def test_node_pods_get_the_plan_s_sizes_and_the_settings() -> None:
@@ -211,7 +275,7 @@ def test_node_pods_get_the_plan_s_sizes_and_the_settings() -> None:
     assert ps["hostname"] == NAMES.node_pod("ps-1") and ps["subdomain"] == NAMES.ps_service
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ROVER_ADVERTISE_HOST"] == NAMES.ps_host("ps-1")
-    assert env["ROVER_MASTER_ADDR"] == "http://" + NAMES.master_service + ".ml-training.svc:8080"
+    assert env["ROVER_MASTER_ADDR"] == "https://" + NAMES.master_service + ".ml-training.svc:8080"
     assert env["AWS_REGION"] == "eu-west-1" and env["ROVER_NODE_ID"] == "ps-1"
     worker = pods["worker-2"]["spec"]
     assert worker["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "2048Mi"}

@@ -376,6 +376,9 @@ MALFORMED: list[tuple[str, str, object]] = [
     ("POST", "/nodes/worker-0/heartbeat", [1, 2, 3]),
     ("POST", "/nodes/ps-0/ready", {"address": "10.0.0.1:1", "port": 1}),
     ("POST", "/nodes/ps-0/ready", {"address": "x" * 201}),
+    ("POST", "/nodes/ps-0/ready", {"address": ""}),  # found by the fuzz test: a 500 once
+    ("POST", "/nodes/ps-0/ready", {"address": "10.0.0.1"}),
+    ("POST", "/nodes/ps-0/ready", {"address": "http://10.0.0.1:1"}),
     ("POST", "/shards/lease", {"node_id": "worker-0", "greedy": True}),
     ("POST", "/shards/lease", {"node_id": ""}),
     ("POST", "/shards/lease", {}),

@@ -12,7 +12,7 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import schemathesis
@@ -29,20 +29,7 @@ EXAMPLES_PER_ROUTE = 80
 WAIT_CAP_S = 0.05  # GET /cluster may hold a request up to wait_s: not worth the suite's time
 
 OPENAPI = create_app(cast(JobMaster, None), TOKEN).openapi()  # the schema needs no job
-
-
-def _without_auth(openapi: dict[str, Any]) -> dict[str, Any]:
-    """The schema minus its bearer scheme: every case carries the job's token (refusals of a
-    missing or wrong one: ``test_master_api.py``), so that inputs are what is fuzzed."""
-    paths = {
-        path: {m: {k: v for k, v in op.items() if k != "security"} for m, op in item.items()}
-        for path, item in openapi["paths"].items()
-    }
-    components = {k: v for k, v in openapi["components"].items() if k != "securitySchemes"}
-    return {**openapi, "paths": paths, "components": components}
-
-
-SCHEMA = schemathesis.openapi.from_dict(_without_auth(OPENAPI))
+SCHEMA = schemathesis.openapi.from_dict(OPENAPI)
 ROUTES = [(method.upper(), path) for path, item in OPENAPI["paths"].items() for method in item]
 KNOWN = {  # ids the running job knows, so that requests reach its state and not only 404
     "node_id": ["ps-0", "worker-0", "worker-1", "evaluator-0"],

@@ -311,18 +311,19 @@ def test_the_job_is_submitted_with_its_deadline_max_runtime_from_now(
 
 
 @pytest.mark.parametrize(
-    ("deadline", "timeout"),
+    ("runtime_left", "timeout"),
     [
-        (JobDeadline.after(timedelta(minutes=30)), timedelta(minutes=31, seconds=30)),
+        (timedelta(minutes=30), timedelta(minutes=31, seconds=30)),
         (None, timedelta(hours=2)),
     ],
     ids=["deadline", "none"],
 )
 def test_the_task_defers_until_the_jobs_deadline_and_a_grace(
-    monkeypatch: pytest.MonkeyPatch, deadline: JobDeadline | None, timeout: timedelta
+    monkeypatch: pytest.MonkeyPatch, runtime_left: timedelta | None, timeout: timedelta
 ) -> None:
     """Airflow's deferral timeout falls after the deadline (three polls later here), so the
     trigger reports the master's stop first; a job without a deadline waits ``max_runtime``."""
+    deadline = JobDeadline.after(runtime_left) if runtime_left is not None else None
     operator = build(max_runtime=timedelta(hours=2), poll_interval=30)
     monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook(deadline=deadline))
     with pytest.raises(TaskDeferred) as info:

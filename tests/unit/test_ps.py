@@ -567,6 +567,50 @@ def test_wrong_or_missing_token_is_unauthenticated(three_ps: Cluster, token: str
     assert all(t.size == 0 for ps in three_ps.ps for t in ps.tables.values())
 
 
+def test_an_unknown_method_without_the_token_is_unauthenticated(one_ps: Cluster) -> None:
+    """The token is checked for every call, before its method is looked up."""
+    with grpc.insecure_channel(one_ps.addresses[0]) as channel:
+        stub = channel.unary_unary(f"/{ps_service.SERVICE}/Nope")
+        with pytest.raises(grpc.RpcError) as err:
+            stub(b"", timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as err:
+            stub(b"", metadata=ps_service.auth_metadata(TOKEN), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_ps_takes_requests_up_to_what_its_job_needs() -> None:
+    """A batch's rows (every id distinct) plus a piece of a hand-over plus the dense weights;
+    capped at what any message may carry."""
+    features = FeatureConfig(
+        num_dense=13,
+        tables=(
+            TableConfig(name="a", column="a", vocab_size=10, dim=16),
+            TableConfig(name="b", column="b", vocab_size=10, dim=1),
+        ),
+    )
+    fixed = ps_service.PIECE_BYTES + ps_service.DENSE_BYTES
+    assert ps_service.receive_limit(features, 512) == 512 * (24 + 192 + 24 + 12) + fixed
+    wide = FeatureConfig(
+        num_dense=0, tables=(TableConfig(name="w", column="w", vocab_size=10, dim=256),)
+    )
+    assert ps_service.receive_limit(wide, 1 << 20) == ps_service.MAX_MESSAGE_BYTES
+
+
+def test_a_request_over_the_limit_is_refused(one_ps: Cluster) -> None:
+    """With the token, a request over the server's limit is RESOURCE_EXHAUSTED, unread."""
+    server, port = start_server(one_ps.ps[0], TOKEN, threads=2, receive_bytes=1024)
+    try:
+        address = f"127.0.0.1:{port}"
+        assert _raw_call(address, "Stats", {})["rows"][0] == 0
+        with pytest.raises(grpc.RpcError) as err:
+            _raw_call(address, "Pull", {"ids/dim4": np.arange(200, dtype=np.int64)})
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert one_ps.ps[0].tables["dim4"].size == 0
+    finally:
+        server.stop(None)
+
+
 def test_stats_counts_rows_and_pushes(one_ps: Cluster) -> None:
     """Stats reports created rows over all groups and accepted pushes."""
     address = one_ps.addresses[0]

@@ -17,11 +17,14 @@ from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, VOCAB, Clust
 
 from airflow_rover.core.ecrm.degraded import EcrmReads
 from airflow_rover.core.ecrm.messages import read_text
+from airflow_rover.core.ecrm.propagation import ParityDelta, TableDelta
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.ps.ecrm import channels as ecrm_channels
 from airflow_rover.ps.ecrm import holder as ecrm_holder
 from airflow_rover.ps.ecrm import peer as ecrm_peer
 from airflow_rover.ps.ecrm.channels import Peers
 from airflow_rover.ps.server import ParameterServer, start_server
+from airflow_rover.rpc import ps_service
 from airflow_rover.rpc.ps_client import PSClient
 
 K = 2
@@ -530,3 +533,20 @@ def test_a_worker_trains_through_a_lost_ps_and_its_held_pushes_reach_the_replace
     assert_same_rows(rows_of(coded.ps), rows_of(plain.ps), coded.ps[1], atol=1e-4)
     assert all(set(ps.ledger.applied) == set(range(28)) for ps in coded.ps)
     back.close()
+
+
+def test_a_parity_frame_stays_within_a_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backlog of large messages goes in frames of at most ``PIECE_BYTES`` of rows (one
+    message over it alone), so a holder's request limit takes every frame; small ones still go
+    ``MAX_FRAME_ENTRIES`` at a time."""
+    monkeypatch.setattr(ps_service, "PIECE_BYTES", 1000)
+
+    def entry(rows: int) -> ecrm_channels._Entry:
+        ids = np.arange(rows, dtype=np.int64)
+        part = TableDelta("t", ids, {"row": np.zeros((rows, 4), np.float32)})  # 24 B a row
+        return ecrm_channels._Entry(0, ParityDelta(0, 0, 1, 0, 0, (part,)), 0)
+
+    assert [len(ecrm_channels._frame([entry(20)] * n)) for n in (1, 2, 3, 5)] == [1, 2, 2, 2]
+    assert len(ecrm_channels._frame([entry(50)] * 3)) == 1  # over a piece alone: it still goes
+    keys_only = [ecrm_channels._Entry(0, None, k) for k in range(300)]
+    assert len(ecrm_channels._frame(keys_only)) == ecrm_channels.MAX_FRAME_ENTRIES

@@ -12,7 +12,9 @@ import pytest
 from test_ps import ADAGRAD, DENSE_INIT, DIMS, LAYOUT, SEED, TOKEN, Cluster
 
 from airflow_rover.core.hashing import owner_of, partition_of
+from airflow_rover.ps.pieces import in_pieces
 from airflow_rover.ps.server import ParameterServer
+from airflow_rover.rpc import ps_service
 from airflow_rover.rpc.ps_client import PSClient
 
 
@@ -70,9 +72,13 @@ def grown() -> Iterator[Cluster]:
     cluster.stop()
 
 
+@pytest.mark.parametrize("piece_bytes", [ps_service.PIECE_BYTES, 300], ids=["one", "pieces"])
 def test_going_from_2_to_3_ps_moves_only_the_new_ps_rows_and_keeps_every_value(
-    grown: Cluster,
+    grown: Cluster, piece_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """In one ``Absorb`` per PS, or in pieces of 300 bytes (a few rows each) as a job whose
+    moving rows are over its PS's request limit sends them."""
+    monkeypatch.setattr(ps_service, "PIECE_BYTES", piece_bytes)
     before = all_rows(grown.ps)
     dense_before = {k: v for ps in grown.ps for k, v in ps.dense.read().items()}
     moving = sum(
@@ -143,3 +149,37 @@ def test_a_checkpoint_of_2_ps_restores_into_3_ps(grown: Cluster) -> None:
     assert_placed(restored, 3)
     assert {k for ps in restored for k in ps.dense.values} == set(DENSE_INIT)
     assert all(ps.ledger.applied == set(range(5)) for ps in restored)  # what every part had
+
+
+def test_a_hand_over_goes_in_pieces_within_the_budget() -> None:
+    """Every row once, in runs of at most the budget (a row over it alone), aligned across a
+    table's fields; the dense variables and the ledger whole in the first piece."""
+    rng = np.random.default_rng(0)
+    arrays = {
+        "table/a/ids": np.arange(1000, dtype=np.int64),
+        "table/a/rows": rng.normal(size=(1000, 4)).astype(np.float32),
+        "table/a/state/acc": rng.normal(size=(1000, 4)).astype(np.float32),
+        "table/b/ids": np.arange(10, dtype=np.int64),
+        "table/b/rows": rng.normal(size=(10, 2)).astype(np.float32),
+        "dense/w": np.ones(50, np.float32),
+        "ledger/applied": np.arange(7, dtype=np.int64),
+    }
+    pieces = list(in_pieces(arrays, 4096))
+    assert len(pieces) == 10  # 40 bytes a row of a: 102 rows a piece
+    rows = [{k: v for k, v in p.items() if k.startswith("table/")} for p in pieces]
+    assert all(sum(v.nbytes for v in r.values()) <= 4096 for r in rows)
+    assert {k for k in pieces[0] if not k.startswith("table/")} == {"dense/w", "ledger/applied"}
+    assert all(k.startswith("table/") for p in pieces[1:] for k in p)
+    for key, value in arrays.items():
+        got = [p[key] for p in pieces if key in p]
+        np.testing.assert_array_equal(np.concatenate(got) if len(got) > 1 else got[0], value)
+    for p in pieces:
+        for table in ("a", "b"):
+            if f"table/{table}/ids" in p:
+                sizes = {len(v) for k, v in p.items() if k.startswith(f"table/{table}/")}
+                assert len(sizes) == 1
+    only_ledger = {"ledger/applied": np.arange(3, dtype=np.int64)}
+    assert list(in_pieces(only_ledger, 10)) == [only_ledger]  # a new PS needs it, rows or not
+    assert [len(p["table/a/ids"]) for p in in_pieces(arrays, 16) if "table/a/ids" in p] == [
+        1
+    ] * 1000

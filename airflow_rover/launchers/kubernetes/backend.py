@@ -1,6 +1,7 @@
 """The Kubernetes backend: Airflow creates, checks and removes a job's master pod, Services
-and token Secret (through the cncf-kubernetes hooks, ``job``); the master, in its pod, creates
-and deletes its node pods (``nodes.KubernetesNodeLauncher``).
+and Secret (through the cncf-kubernetes hooks, ``job``); the master, in its pod, creates
+and deletes its node pods (``nodes.KubernetesNodeLauncher``). The job's processes talk TLS with
+a certificate made for the job when it is launched (``core.job_tls``).
 
 A job directory holding ``kubernetes.json`` runs here (``launchers.backends.backend_for``).
 """
@@ -16,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
 from airflow_rover.core.job_dir import ENV_TOKEN_FILE, JobDir
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.launchers.base import JobBackend, check_job_dir, write_job
 from airflow_rover.launchers.kubernetes import manifests as m
@@ -42,6 +44,7 @@ from airflow_rover.launchers.kubernetes.job import (
 from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
 from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.serve import MasterEndpoint
+from airflow_rover.rpc.tls import make_certificate
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +97,10 @@ class KubernetesBackend(JobBackend):
 
     # -- the operator's side (sync) ----------------------------------------------------------
     def launch(self, job_dir: JobDir, spec: JobSpec, env: dict[str, str] | None = None) -> str:
-        """Remove a stale master of an earlier try, write the job's files, create the master
-        pod, Secret and Services. The master announces itself in ``master.json`` once its pod
-        runs (the trigger waits for it, not the task)."""
+        """Remove a stale master of an earlier try, write the job's files (and its TLS
+        certificate), create the master pod, its Secret, Services and NetworkPolicy. The master
+        announces itself in ``master.json`` once its pod runs (the trigger waits for it, not
+        the task)."""
         if env:
             raise ValueError("extra environment for the master: local launcher only")
         pod = self.start_job(job_dir, spec)
@@ -111,10 +115,14 @@ class KubernetesBackend(JobBackend):
             KubernetesBackend(previous).remove_stale(job_dir, wait_s)
         api = self.sync_api()
         write_job(job_dir, spec)
-        token = job_dir.read_token()
+        cert, key = make_certificate(names.tls_hosts())  # kept for a Secret made again
+        job_dir.write_tls(cert, key)
         self.job.write(job_dir)
+        secrets = m.JobSecrets(job_dir.read_token(), cert, key)
         run_sync(
-            launch_steps(self.job, names, PurePosixPath(job_dir.root), token), api, self.namespace
+            launch_steps(self.job, names, PurePosixPath(job_dir.root), secrets),
+            api,
+            self.namespace,
         )
         return names.master_pod
 
@@ -185,11 +193,12 @@ class KubernetesBackend(JobBackend):
     async def async_ensure(self, job_dir: JobDir) -> None:
         """Recreate a missing Service or Secret of the running master pod (only reads when
         nothing is missing)."""
-        if job_dir.token_file.exists():
-            await self._arun(ensure_steps(self.job, self.names(job_dir), job_dir.read_token()))
+        secrets = job_secrets(job_dir)
+        if secrets is not None:
+            await self._arun(ensure_steps(self.job, self.names(job_dir), secrets))
 
     async def async_cleanup(self, job_dir: JobDir) -> None:
-        """Delete the master pod, Services and Secret (node pods go with the master pod),
+        """Delete the master pod and what it owns (node pods, Services, Secret, NetworkPolicy),
         keeping the master's log in the job dir."""
         tail = await self._arun(cleanup_steps(self.names(job_dir)))
         await asyncio.to_thread(self._save_master_log, job_dir, tail)
@@ -212,8 +221,8 @@ class KubernetesBackend(JobBackend):
 
     # -- the master pod's side -----------------------------------------------------------------
     def master_endpoint(self, job_dir: JobDir, host: str) -> MasterEndpoint:
-        """The pod's address (all interfaces, its port, reached through its Service) and the
-        token from the mounted Secret."""
+        """The pod's address (all interfaces, its port, reached through its Service), the
+        token and the TLS certificate and key from the mounted Secret."""
         token_file = os.environ.get(ENV_TOKEN_FILE)
         token = Path(token_file).read_text().strip() if token_file else job_dir.read_token()
         return MasterEndpoint(
@@ -222,12 +231,21 @@ class KubernetesBackend(JobBackend):
             port=int(os.environ.get(ENV_MASTER_PORT, "0")),
             advertise=os.environ.get(ENV_MASTER_ADVERTISE),
             announce={"pod": os.environ.get(ENV_POD_NAME)},
+            tls=JobTLS.from_env(),
         )
 
     def node_launcher(
         self, job_dir: JobDir, master_address: str, restarts: int, exited: threading.Event
     ) -> NodeLauncher:
         return kubernetes_node_launcher(job_dir, restarts)
+
+
+def job_secrets(job_dir: JobDir) -> m.JobSecrets | None:
+    """The job's Secret as its directory keeps it (None before its launch wrote it)."""
+    tls = job_dir.tls()
+    if not job_dir.token_file.exists() or tls is None:
+        return None
+    return m.JobSecrets(job_dir.read_token(), tls.cert(), tls.key())
 
 
 def kubernetes_node_launcher(job_dir: JobDir, restarts: int) -> NodeLauncher:

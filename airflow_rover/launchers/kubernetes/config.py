@@ -90,6 +90,14 @@ class KubernetesConfig(_Strict):
     master_cpu: float = Field(default=1.0, gt=0, le=64)
     master_memory_mb: int = Field(default=1024, ge=256)
     master_port: int = Field(default=8080, ge=1024, le=65535)
+    airflow_namespace: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=_DNS_LABEL,
+        description="where the Airflow workers and triggerer run (default: the job's "
+        "namespace); the job's NetworkPolicy admits their pods labelled "
+        "airflow-rover/client=true",
+    )
     ps_port: int = Field(default=50051, ge=1024, le=65535)
     node_selector: dict[str, str] = {}
     tolerations: tuple[Toleration, ...] = ()

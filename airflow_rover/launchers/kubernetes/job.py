@@ -1,4 +1,5 @@
-"""Airflow's side of a Kubernetes job: its master pod, Services and token Secret.
+"""Airflow's side of a Kubernetes job: its master pod, Services, Secret (token, TLS) and
+NetworkPolicy.
 
 The operator launches a job through the cncf-kubernetes provider's ``KubernetesHook``
 (``kubernetes_conn_id``: in-cluster, a kubeconfig, or the default); the trigger checks and
@@ -23,7 +24,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Verb = Literal["read", "create", "delete", "log"]
-_SINGULAR = {"pods": "pod", "secrets": "secret", "services": "service"}
+_KINDS = {  # plural -> (API class, the kind in its method names)
+    "pods": ("CoreV1Api", "pod"),
+    "secrets": ("CoreV1Api", "secret"),
+    "services": ("CoreV1Api", "service"),
+    "networkpolicies": ("NetworkingV1Api", "network_policy"),
+}
 MASTER_GRACE_S = 30  # the master stops its nodes on SIGTERM before it exits
 LOG_TAIL_LINES = 500
 
@@ -58,18 +64,18 @@ def pod_alive(pod: dict[str, Any] | None) -> bool:
 
 # -- what to do (pure: each step is an Op, its answer comes back through send) ---------------
 def launch_steps(
-    job: KubernetesJob, names: m.JobNames, job_dir: PurePosixPath, token: str
+    job: KubernetesJob, names: m.JobNames, job_dir: PurePosixPath, secrets: m.JobSecrets
 ) -> Steps[str]:
-    """Create the master pod, then its Secret and Services owned by it; returns its uid.
-    Repeating it creates nothing twice: an existing object of this master pod is kept, one
-    left by an earlier master pod is replaced."""
+    """Create the master pod, then its Secret, Services and NetworkPolicy owned by it; returns
+    its uid. Repeating it creates nothing twice: an existing object of this master pod is kept,
+    one left by an earlier master pod is replaced."""
     created = yield Op("create", "pods", names.master_pod, m.master_pod(job.config, names, job_dir))
     if created is None:
         created = yield Op("read", "pods", names.master_pod)
         if created is None:
             raise RuntimeError(f"pod {names.master_pod} exists and does not: retry the launch")
     uid: str = created["metadata"]["uid"]
-    for plural, obj in m.master_dependents(job.config, names, token):
+    for plural, obj in m.master_dependents(job.config, names, secrets):
         body = m.owned(obj, names.master_pod, uid)
         if (yield Op("create", plural, obj["metadata"]["name"], body)) is None:
             yield from _adopt(plural, body, uid)
@@ -88,14 +94,14 @@ def _adopt(plural: str, body: dict[str, Any], uid: str) -> Steps[None]:
         raise RuntimeError(f"{plural}/{name} is being deleted; launch again")
 
 
-def ensure_steps(job: KubernetesJob, names: m.JobNames, token: str) -> Steps[bool]:
+def ensure_steps(job: KubernetesJob, names: m.JobNames, secrets: m.JobSecrets) -> Steps[bool]:
     """Recreate a missing Secret or Service of a running master pod (reads only when all are
     there, so a re-created trigger creates nothing); False if the master pod is not running."""
     pod = yield Op("read", "pods", names.master_pod)
     if not pod_alive(pod):
         return False
     uid = pod["metadata"]["uid"]
-    for plural, obj in m.master_dependents(job.config, names, token):
+    for plural, obj in m.master_dependents(job.config, names, secrets):
         name = obj["metadata"]["name"]
         found = yield Op("read", plural, name)
         if found is not None and m.owner_uid(found) == uid:
@@ -109,12 +115,13 @@ def ensure_steps(job: KubernetesJob, names: m.JobNames, token: str) -> Steps[boo
 
 def cleanup_steps(names: m.JobNames, grace_s: int = MASTER_GRACE_S) -> Steps[str | None]:
     """Delete the master pod (its node pods go with it, by owner reference) and, explicitly,
-    its Secret and Services; returns the tail of the master's log."""
+    its Secret, Services and NetworkPolicy; returns the tail of the master's log."""
     tail = yield Op("log", "pods", names.master_pod)
     yield Op("delete", "pods", names.master_pod, grace_s=grace_s)
     yield Op("delete", "secrets", names.secret)
     yield Op("delete", "services", names.master_service)
     yield Op("delete", "services", names.ps_service)
+    yield Op("delete", "networkpolicies", names.network_policy)
     return tail
 
 
@@ -147,8 +154,17 @@ def run_sync(steps: Steps[T], api: Any, namespace: str) -> T:
             answer = None
 
 
-def _call_sync(api: Any, op: Op, namespace: str) -> Any:
-    kind = _SINGULAR[op.plural]
+def _api_of(core: Any, client_module: Any, plural: str) -> tuple[Any, str]:
+    """The API object that serves ``plural`` (sharing the core API's client) and its kind."""
+    group, kind = _KINDS[plural]
+    api = core if group == "CoreV1Api" else getattr(client_module, group)(core.api_client)
+    return api, kind
+
+
+def _call_sync(core: Any, op: Op, namespace: str) -> Any:
+    from kubernetes import client
+
+    api, kind = _api_of(core, client, op.plural)
     if op.verb == "log":
         return str(api.read_namespaced_pod_log(op.name, namespace, tail_lines=LOG_TAIL_LINES) or "")
     if op.verb == "delete":
@@ -182,8 +198,10 @@ async def run_async(steps: Steps[T], api: Any, namespace: str) -> T:
             answer = None
 
 
-async def _call_async(api: Any, op: Op, namespace: str) -> Any:
-    kind = _SINGULAR[op.plural]
+async def _call_async(core: Any, op: Op, namespace: str) -> Any:
+    from kubernetes_asyncio import client
+
+    api, kind = _api_of(core, client, op.plural)
     if op.verb == "log":
         return str(
             await api.read_namespaced_pod_log(op.name, namespace, tail_lines=LOG_TAIL_LINES) or ""

@@ -26,6 +26,7 @@ from airflow_rover.core.job_dir import (
     ENV_PS_PORT,
     ENV_TOKEN_FILE,
 )
+from airflow_rover.core.job_tls import ENV_TLS_CERT_FILE, ENV_TLS_KEY_FILE
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.launchers.base import KEEPER_MODULE, ROLE_MODULES
 from airflow_rover.launchers.kubernetes.config import (
@@ -45,9 +46,17 @@ LABEL_NODE = "airflow-rover/node"
 LABEL_INCARNATION = "airflow-rover/incarnation"
 LABEL_COMPONENT = "app.kubernetes.io/component"
 ANNOTATION_JOB_ID = "airflow-rover/job-id"
+LABEL_CLIENT = "airflow-rover/client"
+"""The label (value ``"true"``) that lets an Airflow worker's or triggerer's pod reach the
+masters of jobs (``network_policy``)."""
+LABEL_NAMESPACE_NAME = "kubernetes.io/metadata.name"
 TOKEN_KEY = "token"
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
 TOKEN_DIR = "/var/run/secrets/airflow-rover"
 TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_KEY}"
+TLS_CERT_PATH = f"{TOKEN_DIR}/{TLS_CERT_KEY}"
+TLS_KEY_PATH = f"{TOKEN_DIR}/{TLS_KEY_KEY}"
 FLASH_DIR = "/var/run/airflow-rover/flash"
 MAX_SLUG = 44  # "rover-" + slug + "-worker-1023" stays within a 63-character DNS label
 _NODE_ID = re.compile(r"^(ps|worker)-(\d{1,4})$|^evaluator$")
@@ -94,16 +103,29 @@ class JobNames:
     def secret(self) -> str:
         return f"{self.prefix}-token"
 
+    @property
+    def network_policy(self) -> str:
+        return f"{self.prefix}-network"
+
     def node_pod(self, node_id: str) -> str:
         check_node_id(node_id)
         return f"{self.prefix}-{node_id}"
 
     def master_address(self, port: int) -> str:
-        return f"http://{self.master_service}.{self.namespace}.svc:{port}"
+        return f"https://{self.master_service}.{self.namespace}.svc:{port}"
+
+    def tls_hosts(self) -> list[str]:
+        """The names the job's certificate is for: its master's Service, and every PS under
+        the headless PS Service."""
+        return [f"{self.master_service}.{self.namespace}.svc", f"*.{self.ps_host_suffix}"]
+
+    @property
+    def ps_host_suffix(self) -> str:
+        return f"{self.ps_service}.{self.namespace}.svc"
 
     def ps_host(self, node_id: str) -> str:
         """The stable DNS name of a PS pod (its hostname under the headless PS Service)."""
-        return f"{self.node_pod(node_id)}.{self.ps_service}.{self.namespace}.svc"
+        return f"{self.node_pod(node_id)}.{self.ps_host_suffix}"
 
     def job_selector(self) -> str:
         return f"{LABEL_JOB}={self.slug}"
@@ -112,6 +134,16 @@ class JobNames:
         """Label selector of the job's node pods (of one master incarnation if given)."""
         selector = f"{self.job_selector()},{LABEL_NODE}"
         return selector if incarnation is None else f"{selector},{LABEL_INCARNATION}={incarnation}"
+
+
+@dataclass(frozen=True)
+class JobSecrets:
+    """What the job's Secret holds: its bearer token, and its TLS certificate and key
+    (``rpc.tls.make_certificate`` for ``JobNames.tls_hosts``), both PEM."""
+
+    token: str
+    tls_cert: bytes
+    tls_key: bytes
 
 
 def check_node_id(node_id: str) -> str:
@@ -197,8 +229,11 @@ def _pod_spec(
     volumes: list[dict[str, Any]],
     *,
     service_account: str | None,
+    serves: bool,
     restart_policy: str = "Never",
 ) -> dict[str, Any]:
+    """``serves``: the pod serves the job's API or a PS, so it gets the TLS key too."""
+    secret_keys = [TOKEN_KEY, TLS_CERT_KEY, *([TLS_KEY_KEY] if serves else [])]
     spec: dict[str, Any] = {
         "restartPolicy": restart_policy,
         "automountServiceAccountToken": service_account is not None,
@@ -218,7 +253,7 @@ def _pod_spec(
                 "secret": {
                     "secretName": names.secret,
                     "defaultMode": 0o440,
-                    "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}],
+                    "items": [{"key": k, "path": k} for k in secret_keys],
                 },
             },
             *volumes,
@@ -249,6 +284,14 @@ def _env(cfg: KubernetesConfig, values: dict[str, str]) -> list[dict[str, Any]]:
     return [{"name": k, "value": v} for k, v in {**cfg.env, **values}.items()]
 
 
+def _tls_env(serves: bool) -> dict[str, str]:
+    """Where a process finds the job's certificate (every one trusts it) and key (a server's)."""
+    env = {ENV_TLS_CERT_FILE: TLS_CERT_PATH}
+    if serves:
+        env[ENV_TLS_KEY_FILE] = TLS_KEY_PATH
+    return env
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -271,6 +314,7 @@ def master_pod(cfg: KubernetesConfig, names: JobNames, job_dir: PurePosixPath) -
                     ENV_MASTER_PORT: str(cfg.master_port),
                     ENV_MASTER_ADVERTISE: names.master_address(cfg.master_port),
                     ENV_TOKEN_FILE: TOKEN_PATH,
+                    **_tls_env(serves=True),
                     "PYTHONUNBUFFERED": "1",
                 },
             ),
@@ -287,19 +331,27 @@ def master_pod(cfg: KubernetesConfig, names: JobNames, job_dir: PurePosixPath) -
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata(cfg, names, names.master_pod, "master"),
-        "spec": _pod_spec(cfg, names, container, [], service_account=cfg.master_service_account),
+        "spec": _pod_spec(
+            cfg, names, container, [], service_account=cfg.master_service_account, serves=True
+        ),
     }
 
 
-def token_secret(cfg: KubernetesConfig, names: JobNames, token: str) -> dict[str, Any]:
-    """The job's bearer token, mounted as a file by every pod (never an env value)."""
+def token_secret(cfg: KubernetesConfig, names: JobNames, secrets: JobSecrets) -> dict[str, Any]:
+    """The job's bearer token and TLS certificate and key, mounted as files by the pods (never
+    an env value; the key only where a server runs)."""
+    data = {
+        TOKEN_KEY: secrets.token.encode(),
+        TLS_CERT_KEY: secrets.tls_cert,
+        TLS_KEY_KEY: secrets.tls_key,
+    }
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": metadata(cfg, names, names.secret, "token"),
         "type": "Opaque",
         "immutable": True,
-        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
     }
 
 
@@ -337,14 +389,41 @@ def ps_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
     }
 
 
+def network_policy(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
+    """Who may connect to the job's pods: the job's own pods (to the master's API and the PS),
+    and pods labelled ``LABEL_CLIENT`` in Airflow's namespace (to the master's API: the
+    Airflow workers and triggerer). Nothing else reaches them, whatever it knows."""
+    tcp = [{"protocol": "TCP", "port": cfg.master_port}, {"protocol": "TCP", "port": cfg.ps_port}]
+    airflow: dict[str, Any] = {"podSelector": {"matchLabels": {LABEL_CLIENT: "true"}}}
+    if cfg.airflow_namespace and cfg.airflow_namespace != cfg.namespace:
+        airflow["namespaceSelector"] = {
+            "matchLabels": {LABEL_NAMESPACE_NAME: cfg.airflow_namespace}
+        }
+    job = {"matchLabels": {LABEL_JOB: names.slug}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": metadata(cfg, names, names.network_policy, "network"),
+        "spec": {
+            "podSelector": job,
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [{"podSelector": job}], "ports": tcp},
+                {"from": [airflow], "ports": tcp[:1]},
+            ],
+        },
+    }
+
+
 def master_dependents(
-    cfg: KubernetesConfig, names: JobNames, token: str
+    cfg: KubernetesConfig, names: JobNames, secrets: JobSecrets
 ) -> list[tuple[str, dict[str, Any]]]:
     """The objects created beside the master pod, as (resource plural, object)."""
     return [
-        ("secrets", token_secret(cfg, names, token)),
+        ("secrets", token_secret(cfg, names, secrets)),
         ("services", master_service(cfg, names)),
         ("services", ps_service(cfg, names)),
+        ("networkpolicies", network_policy(cfg, names)),
     ]
 
 
@@ -417,9 +496,12 @@ def node_pod(
             {"name": "flash", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory_mb}Mi"}}
         )
         extra_mounts.append({"name": "flash", "mountPath": FLASH_DIR})
+    env.update(_tls_env(serves=role == "ps"))
     container["env"] = _env(cfg, env)
     container["volumeMounts"] = _mounts(cfg, *extra_mounts)
-    spec = _pod_spec(cfg, names, container, extra_volumes, service_account=None)
+    spec = _pod_spec(
+        cfg, names, container, extra_volumes, service_account=None, serves=role == "ps"
+    )
     spec["terminationGracePeriodSeconds"] = 10
     if role == "ps":
         spec["hostname"] = name

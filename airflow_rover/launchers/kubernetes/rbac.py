@@ -3,7 +3,8 @@
 - The job master creates, lists and deletes its node pods, reads their logs when they die
   and resizes them in place: pods only, in its own namespace.
 - Airflow (the task's worker and the triggerer) creates and deletes each job's master pod, its
-  Services and its token Secret, and reads the master pod and its log.
+  Services, its Secret (token, TLS) and its NetworkPolicy, and reads the master pod and its
+  log.
 - PS and worker pods get no service account token at all.
 """
 
@@ -23,6 +24,11 @@ AIRFLOW_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["get", "create", "delete"]},
+    {
+        "apiGroups": ["networking.k8s.io"],
+        "resources": ["networkpolicies"],
+        "verbs": ["get", "create", "delete"],
+    },
 ]
 
 

@@ -13,7 +13,9 @@ import numpy as np
 
 from airflow_rover.core.ecrm import Fields, ParityDelta
 from airflow_rover.core.ecrm.messages import encode_frame
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.rpc import frames, ps_service
+from airflow_rover.rpc.tls import grpc_channel
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +27,10 @@ RETRY_S = 0.2
 class Peers:
     """gRPC channels to the other PS of the job, by index (addresses change on replacement)."""
 
-    def __init__(self, addresses: list[str], token: str) -> None:
+    def __init__(self, addresses: list[str], token: str, tls: JobTLS | None = None) -> None:
         self.addresses = list(addresses)
         self._token = token
+        self._tls = tls
         self._channels: dict[str, grpc.Channel] = {}
         self._channels_lock = threading.Lock()
 
@@ -36,7 +39,7 @@ class Peers:
         with self._channels_lock:
             channel = self._channels.get(address)
             if channel is None:
-                channel = grpc.insecure_channel(address, options=ps_service.CHANNEL_OPTIONS)
+                channel = grpc_channel(address, self._tls, ps_service.CHANNEL_OPTIONS)
                 self._channels[address] = channel
         stub = channel.unary_unary(ps_service.method_path("Ecrm"))
         reply = stub(
@@ -56,6 +59,27 @@ class _Entry:
     holder_epoch: int
     delta: ParityDelta | None
     key: int | None
+
+    @property
+    def nbytes(self) -> int:
+        if self.delta is None:
+            return 0
+        return sum(
+            part.ids.nbytes + sum(v.nbytes for v in part.fields.values())
+            for part in self.delta.tables
+        )
+
+
+def _frame(queue: list[_Entry]) -> list[_Entry]:
+    """The entries at the head of ``queue`` that go in one frame: at most
+    ``MAX_FRAME_ENTRIES``, and no more than ``ps_service.PIECE_BYTES`` of rows but the first
+    (a backlog of large pushes stays within what the holder takes in one request)."""
+    size = 0
+    for n, entry in enumerate(queue[:MAX_FRAME_ENTRIES]):
+        size += entry.nbytes
+        if n and size > ps_service.PIECE_BYTES:
+            return queue[:n]
+    return queue[:MAX_FRAME_ENTRIES]
 
 
 class ParityChannel:
@@ -140,7 +164,7 @@ class ParityChannel:
                 self._urgent = False
                 if self._closed:
                     return
-                entries = self._queue[:MAX_FRAME_ENTRIES]
+                entries = _frame(self._queue)
                 dense = self._dense
                 self._dense = None
                 epoch = self.holder_epoch

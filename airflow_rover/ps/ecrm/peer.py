@@ -32,6 +32,7 @@ from airflow_rover.core.ecrm.degraded import (
     state_of,
 )
 from airflow_rover.core.ecrm.messages import ints, read_text, text
+from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.ps.ecrm.channels import ParityChannel, Peers
 from airflow_rover.ps.ecrm.holder import ParityHolder
 from airflow_rover.ps.partition import Partition
@@ -77,6 +78,7 @@ class EcrmPeer:
         addresses: list[str],
         epochs: list[int],
         token: str,
+        tls: JobTLS | None = None,
     ) -> None:
         self.ps = ps
         self.index = ps.index
@@ -94,7 +96,7 @@ class EcrmPeer:
         for h in self.placement.holders_of(self.index):  # its messages carry each holder's
             self.propagator.reset_holder(h, self.epochs[h])  # epoch: a holder drops older ones
         self.buffer = UpdateBuffer()
-        self.peers = Peers(addresses, token)
+        self.peers = Peers(addresses, token, tls)
         self.channels = {
             h: ParityChannel(self.peers, self.index, self.epoch, h, self.epochs[h])
             for h in self.placement.holders_of(self.index)
