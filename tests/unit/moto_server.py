@@ -29,6 +29,7 @@ from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import FeatureConfig, TableConfig
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.server import ParameterServer
+from airflow_rover.storage import AwsSettings, S3Store
 
 ACCESS_KEY = "AKIAROVERTEST"
 SECRET_KEY = "rover-test-secret-do-not-log"
@@ -109,6 +110,12 @@ def new_bucket(endpoint: str) -> str:
     name = f"rover-{uuid.uuid4().hex[:12]}"
     s3_client(endpoint).create_bucket(Bucket=name)
     return name
+
+
+def new_store(endpoint: str, prefix: str) -> S3Store:
+    """An ``S3Store`` at ``prefix`` of a new bucket on the moto server at ``endpoint``."""
+    settings = AwsSettings(ACCESS_KEY, SECRET_KEY, endpoint_url=endpoint, region_name="us-east-1")
+    return S3Store(new_bucket(endpoint), prefix, settings)
 
 
 def connection_env(endpoint: str) -> str:

@@ -17,12 +17,10 @@ from pathlib import Path
 
 import pytest
 from moto_server import (
-    ACCESS_KEY,
-    SECRET_KEY,
     commit_checkpoint,
     flip_byte,
     moto_server,
-    new_bucket,
+    new_store,
     s3_client,
     trained_ps,
 )
@@ -43,7 +41,6 @@ from airflow_rover.launchers.local import LocalBackend
 from airflow_rover.operators.job_identity import path_segment
 from airflow_rover.ps.server import ParameterServer
 from airflow_rover.storage import (
-    AwsSettings,
     ForeignCheckpoint,
     LocalStore,
     S3Store,
@@ -64,10 +61,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def s3_store(s3_endpoint: str) -> S3Store:
-    settings = AwsSettings(
-        ACCESS_KEY, SECRET_KEY, endpoint_url=s3_endpoint, region_name="us-east-1"
-    )
-    return S3Store(new_bucket(s3_endpoint), PREFIX, settings)
+    return new_store(s3_endpoint, PREFIX)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+from master_rig import FakeLauncher
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
@@ -27,7 +28,6 @@ from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, gene
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.job import JobMaster
-from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -39,32 +39,6 @@ BATCH_SIZE = 64
 NUM_SHARDS = NUM_TRAIN // SHARD_SIZE  # 4, one epoch
 PER_SHARD = -(-SHARD_SIZE // BATCH_SIZE)  # 4 batches: 64, 64, 64, 58 samples
 NUM_BATCHES = NUM_SHARDS * PER_SHARD
-
-
-class FakeLauncher(NodeLauncher):
-    """Records what the master starts and stops; exit codes are whatever the test sets."""
-
-    def __init__(self) -> None:
-        self.started: list[tuple[str, str]] = []
-        self.stopped: list[str] = []
-        self.codes: dict[str, int | None] = {}
-
-    def start(self, node_id: str, role: str) -> None:
-        self.started.append((node_id, role))
-        self.codes[node_id] = None
-
-    def exit_codes(self) -> dict[str, int | None]:
-        return dict(self.codes)
-
-    def stop(self, node_id: str) -> None:
-        self.stopped.append(node_id)
-
-    def stop_all(self) -> None:
-        pass
-
-    def exit(self, node_id: str, code: int) -> None:
-        assert node_id in self.codes, f"{node_id} was never started"
-        self.codes[node_id] = code
 
 
 class Rig:

@@ -25,6 +25,7 @@ from moto_server import (
     flip_byte,
     moto_server,
     new_bucket,
+    new_store,
     s3_client,
     shard_queue,
     trained_ps,
@@ -65,10 +66,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture
 def s3_store(s3_endpoint: str) -> S3Store:
-    settings = AwsSettings(
-        ACCESS_KEY, SECRET_KEY, endpoint_url=s3_endpoint, region_name="us-east-1"
-    )
-    return S3Store(new_bucket(s3_endpoint), "jobs/job-1/checkpoints", settings)
+    return new_store(s3_endpoint, "jobs/job-1/checkpoints")
 
 
 @pytest.fixture(params=["file", "s3"])
