@@ -5,6 +5,7 @@ it. Without a certificate (the local backend) everything stays plaintext on loop
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,6 @@ import httpx
 import numpy as np
 import pytest
 from test_ps import ADAGRAD, DENSE_INIT, LAYOUT, SEED, TOKEN
-from test_request_limits import lone_master, small_job
 
 from airflow_rover.core.job_dir import (
     ENV_JOB_DIR,
@@ -32,6 +32,9 @@ from airflow_rover.rpc.master_api import API_PREFIX
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.rpc.tls import make_certificate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from lone_master import lone_master, small_job
 
 HOSTS = ["localhost", "127.0.0.1"]
 

@@ -7,14 +7,13 @@ is refused as it arrives, so neither process holds more than a small margin of i
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -24,39 +23,17 @@ import httpx
 import psutil
 import pytest
 
-from airflow_rover.core.job_dir import (
-    ENV_JOB_DIR,
-    ENV_MASTER_ADDR,
-    ENV_NODE_ID,
-    ENV_TOKEN_FILE,
-    JobDir,
-)
-from airflow_rover.core.job_tls import JobTLS
-from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, TrainingConfig
-from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.launchers.base import write_job
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.master.http_guard import MAX_BODY_BYTES
 from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.master_api import API_PREFIX
-from airflow_rover.rpc.tls import http_verify
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+from lone_master import Master, cluster, lone_master, ps_node, small_job
 
 MiB = 1 << 20
 LARGE = 200 * MiB
 MARGIN = 24 * MiB  # what a process may grow by while refusing LARGE (measured: under 10 MiB)
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-@dataclass
-class Master:
-    process: subprocess.Popen[bytes]
-    address: str
-    token: str
-    tls: JobTLS | None = None
-
-    def get(self, path: str) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self.token}"}
-        url = f"{self.address}{API_PREFIX}{path}"
-        return httpx.get(url, headers=headers, timeout=10, verify=http_verify(self.tls))
 
 
 @pytest.fixture
@@ -64,62 +41,10 @@ def job_dir(tmp_path: Path) -> JobDir:
     return small_job(tmp_path)
 
 
-def small_job(root: Path) -> JobDir:
-    """A job of one small table in ``root / "job"``, its dataset beside it."""
-    data = generate_dataset(root / "data", SyntheticConfig(num_train=200, num_eval=100))
-    spec = JobSpec(
-        job_id="limits",
-        train_data=str(data.train_dir),
-        features=FeatureConfig(
-            num_dense=13, tables=(TableConfig(name="C1", column="C1", vocab_size=100, dim=4),)
-        ),
-        training=TrainingConfig(batch_size=64, shard_size=100),
-    )
-    layout = JobDir(root / "job")
-    write_job(layout, spec)
-    return layout
-
-
-def _started(process: subprocess.Popen[bytes], ready: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not ready():
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not start (exit code {process.poll()})")
-        time.sleep(0.05)
-
-
-@contextlib.contextmanager
-def _process(args: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    process = subprocess.Popen(args, env={**os.environ, **(env or {})})
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait(10)
-
-
 @pytest.fixture
 def master(job_dir: JobDir) -> Iterator[Master]:
     with lone_master(job_dir) as served:
         yield served
-
-
-@contextlib.contextmanager
-def lone_master(job_dir: JobDir, tls: JobTLS | None = None) -> Iterator[Master]:
-    """The job's master process (``fixtures/lone_master.py``), once its API answers (``tls``:
-    the certificate its client trusts)."""
-    with _process([sys.executable, str(FIXTURES / "lone_master.py"), str(job_dir.root)]) as proc:
-        _started(proc, lambda: "address" in job_dir.master_info(), "the master")
-        served = Master(proc, job_dir.master_info()["address"], job_dir.read_token(), tls)
-        _started(proc, lambda: _answers(served), "the master's API")
-        yield served
-
-
-def _answers(master: Master) -> bool:
-    try:
-        return master.get("/status").status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 class Growth:
@@ -237,31 +162,11 @@ class PS:
         return grpc.StatusCode.OK
 
 
-def _cluster(master: Master) -> list[str]:
-    try:
-        reply = master.get("/cluster")
-    except httpx.TransportError:
-        return []
-    return list(reply.json()["ps"]) if reply.status_code == 200 else []
-
-
-def _asked_for(master: Master, node_id: str) -> bool:
-    return any(node["id"] == node_id for node in master.get("/status").json()["nodes"])
-
-
 @pytest.fixture
 def ps(master: Master, job_dir: JobDir) -> Iterator[PS]:
     """ps-0 of the job, from its entry point, once the master has asked for it."""
-    _started(master.process, lambda: _asked_for(master, "ps-0"), "the master")
-    env = {
-        ENV_JOB_DIR: str(job_dir.root),
-        ENV_NODE_ID: "ps-0",
-        ENV_MASTER_ADDR: master.address,
-        ENV_TOKEN_FILE: str(job_dir.token_file),
-    }
-    with _process([sys.executable, "-m", "airflow_rover.ps", "--role", "ps"], env) as proc:
-        _started(proc, lambda: bool(_cluster(master)), "ps-0")
-        yield PS(proc, _cluster(master)[0], master.token)
+    with ps_node(master, job_dir) as proc:
+        yield PS(proc, cluster(master)[0], master.token)
 
 
 @pytest.mark.parametrize(
