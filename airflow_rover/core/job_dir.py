@@ -89,7 +89,12 @@ class JobDir:
 
     @property
     def model_dir(self) -> Path:
+        """The job's published model: a link to one folder of ``saved_models``."""
         return self.root / "model"
+
+    @property
+    def saved_models(self) -> Path:
+        return self.root / "models"
 
     def log_file(self, node_id: str) -> Path:
         return self.logs / f"{node_id}.log"

@@ -204,6 +204,12 @@ class JobSpec(_Strict):
         description="the master stops the job at this time (set at submission from the "
         "task's max_runtime); none: the job runs until it ends",
     )
+    fingerprint: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="digest of what the job trains (data.fingerprint): its checkpoints carry "
+        "it, and a job resumes only checkpoints of the same one",
+    )
 
     @field_validator("model")
     @classmethod

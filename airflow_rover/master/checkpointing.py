@@ -75,6 +75,7 @@ class Checkpoints:
         return {
             **job.queue.to_dict(),
             "job_id": job.spec.job_id,  # whose it is
+            "fingerprint": job.spec.fingerprint,  # and of what
             LOST_UPDATES_KEY: job.lost.to_dict(),
         }
 

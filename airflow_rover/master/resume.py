@@ -44,14 +44,16 @@ def starting_point(
     fresh = fresh_queue(spec)
     checkpoint = job_dir.latest_checkpoint()
     if checkpoint is None and mirror is not None:  # e.g. a retry on another machine
-        fetched = restore_latest_checkpoint(mirror.store, job_dir.checkpoints, spec.job_id)
+        fetched = restore_latest_checkpoint(
+            mirror.store, job_dir.checkpoints, spec.job_id, spec.fingerprint
+        )
         if fetched is not None:
             job_dir.commit_checkpoint(fetched)
             checkpoint = job_dir.latest_checkpoint()
     if checkpoint is None or not (checkpoint / "queue.json").exists():
         return StartingPoint(fresh, checkpoint, None, LostUpdates())
     saved = job_dir.read_json(checkpoint / "queue.json") or {}
-    check_owner(saved, spec.job_id, str(checkpoint))
+    check_owner(saved, spec.job_id, str(checkpoint), spec.fingerprint)
     queue = ShardQueue.from_dict(saved)
     queue.release_all()
     lost = LostUpdates.from_dict(saved.get(LOST_UPDATES_KEY))

@@ -5,11 +5,13 @@ that the task pushes to XCom."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.ledger import batch_accounting
+from airflow_rover.core.model_release import new_model_folder, publish_model
 from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.job_core import JobCore
@@ -76,25 +78,29 @@ class WrapUp:
         return self.job.checkpointing.durable()
 
     def complete(self) -> None:
-        """Save the model from the PS, write the result, and mark the job succeeded."""
+        """Save the model from the PS into a folder of its own, publish it as ``model``,
+        write the result, and mark the job succeeded."""
         job = self.job
+        folder = new_model_folder(job.job_dir)
         client = job.ps_client()
         try:
-            rows = client.save(job.job_dir.model_dir)
+            rows = client.save(folder)
             ledgers = client.ledgers()
         finally:
             client.close()
-        self._write_model_card()
+        self._write_model_card(folder)
+        publish_model(job.job_dir, folder)
         self.result = self._result(rows, ledgers)
         job.finish(JobState.SUCCEEDED, self._message())
 
-    def _write_model_card(self) -> None:
+    def _write_model_card(self, folder: Path) -> None:
         spec = self.job.spec
         features = spec.resolved_features
         atomic_write_json(
-            self.job.job_dir.model_dir / "model.json",
+            folder / "model.json",
             {
                 "job_id": spec.job_id,
+                "fingerprint": spec.fingerprint,
                 "model": spec.model,
                 "features": features.model_dump(),
                 "embedding_groups": [
@@ -109,7 +115,8 @@ class WrapUp:
     def _result(self, rows: int, ledgers: list[tuple[set[int], int]]) -> dict[str, Any]:
         job, evaluation = self.job, self.evaluation
         now = time.time()
-        train_s = (self.train_finished_at or now) - (job.train_started_at or now)
+        # a resumed job whose queue was already done trains nothing: no negative time
+        train_s = max(0.0, (self.train_finished_at or now) - (job.train_started_at or now))
         samples = job.queue.done_samples
         this_run = samples - job.samples_resumed
         result = {

@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context, ResumableJobMixin
+from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
@@ -31,6 +31,7 @@ from airflow_rover.core.spec import (
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
+from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.preflight import PreflightError, preflight
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
@@ -48,6 +49,12 @@ from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
 from airflow_rover.operators._validation import describe
 from airflow_rover.operators.job_deadline import deferral_timeout
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
+from airflow_rover.operators.job_rerun import (
+    Rerun,
+    clear_job,
+    clear_stored_checkpoints,
+    rerun_decision,
+)
 from airflow_rover.operators.job_result import event_status_of, job_result
 from airflow_rover.operators.training_params import (
     as_param_dict,
@@ -72,12 +79,15 @@ from airflow_rover.storage import StorageError, latest_remote_checkpoint
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 
 
-class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
+class ElasticTrainingOperator(BaseOperator):
     """Train a model on parameter servers and workers as an elastic job, deferring while it runs.
 
-    The task is idempotent per run: the job is keyed by dag, task, run id and map index, its
-    identity is kept in ``task_state_store``, and a retry reattaches to a running job or returns
-    the result of a finished one instead of training twice.
+    The task is idempotent per run: the job is keyed by dag, task, run id and map index and
+    found again in its directory by every try. A retry reattaches to the running job or
+    resumes it from its last checkpoint. A cleared or re-triggered task returns the finished
+    job's result when the data, the spec and the model code are those it trained
+    (``data.fingerprint``), and else trains a new model, which replaces the one published in
+    ``output_dir/model`` once it succeeds.
 
     :param train_data: dataset directory of the training split. (templated)
     :param eval_data: dataset directory of the held-out split scored at the end. (templated)
@@ -296,19 +306,51 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
     def hook_for(self, job_dir: str | Path, backend: JobBackend | None = None) -> ElasticJobHook:
         return ElasticJobHook(job_dir, backend=backend)
 
-    # -- ResumableJobMixin -------------------------------------------------------------------
+    # -- running the job ---------------------------------------------------------------------
     def execute(self, context: Context) -> dict[str, Any]:
-        result: dict[str, Any] = self.execute_resumable(context)
-        return result
+        """Follow the job an earlier try left running (its directory is in the task's
+        ``task_state_store``), else submit one; then wait for it and return its result."""
+        store = context.get("task_state_store")
+        earlier = store.get(self.external_id_key) if store is not None else None
+        if earlier and self.is_job_active(self.get_job_status(earlier, context)):
+            self.log.info("Reattaching to the job in %s, still running", earlier)
+            job_dir = str(earlier)
+        else:
+            job_dir = self.submit_job(context)
+            if store is not None:
+                store.set(self.external_id_key, job_dir)
+        self.poll_until_complete(job_dir, context)
+        return self.get_job_result(job_dir, context)
 
     def submit_job(self, context: Context) -> str:
+        """Launch the job in the task's directory, or resume, follow or return the one there
+        (``operators.job_rerun``). Returns the job directory."""
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:
             preflight(spec)  # data, features and model checked before any process starts
-        except PreflightError as exc:  # a retry cannot fix the spec
+            spec = spec.model_copy(update={"fingerprint": training_fingerprint(spec)})
+        except (PreflightError, OSError, ValueError) as exc:  # a retry cannot fix the spec
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+        hook = self.hook_for(job_dir)
+        try:
+            decision = rerun_decision(hook.job_dir, spec, hook.get_status())
+        except JobDirInUse as exc:  # another job's directory: a retry cannot fix it
+            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+        self.log.info("%s", decision.message)
+        context["ti"].xcom_push(key="job_dir", value=str(job_dir))
+        if decision.rerun in (Rerun.REATTACH, Rerun.RETURN):
+            return str(job_dir)
+        if decision.rerun is Rerun.RETRAIN:
+            hook.stop("a new job replaces it: its data, spec or model code changed")
+            clear_job(hook.job_dir)
+        self._launch(context, job_dir, spec, decision.replaced)
+        return str(job_dir)
+
+    def _launch(self, context: Context, job_dir: Path, spec: JobSpec, replaced: str | None) -> None:
+        """Complete ``spec`` (warm start, failure rate, deadline) and launch its job
+        (``replaced``: the id of the job it replaces in ``job_dir``)."""
         if self.warm_start:
             spec = self._warm_started(context, spec)
         spec = self._with_failure_rate(context, spec)
@@ -323,23 +365,24 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
                 check_visible(self._owner, k8s.config, paths)
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
-        env = self._storage_env(spec, k8s is not None)
+        env = self._storage_env(spec, k8s is not None, replaced)
         spec = spec.model_copy(update={"deadline": JobDeadline.after(self.max_runtime)})
         self._launched_job_dir = str(job_dir)
         try:
             self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
         except (KubernetesPermissionError, JobDirInUse) as exc:  # a retry cannot fix them
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
-        context["ti"].xcom_push(key="job_dir", value=str(job_dir))
-        return str(job_dir)
 
-    def _storage_env(self, spec: JobSpec, on_kubernetes: bool) -> dict[str, str]:
+    def _storage_env(
+        self, spec: JobSpec, on_kubernetes: bool, replaced: str | None
+    ) -> dict[str, str]:
         """The durable store's credentials (``aws_conn_id``) for the job's master, resolved
         here in the task: they go to the master's environment only, never to the job files,
-        the logs or XCom. A store that cannot be opened fails the task before any process."""
+        the logs or XCom. A store that cannot be opened fails the task before any process.
+        ``replaced``: the job this one replaces, whose checkpoints there are deleted."""
         if spec.checkpoint_uri is None:
             return {}
-        self._check_store_is_this_jobs(spec)
+        self._check_store_is_this_jobs(spec, replaced)
         if not self.aws_conn_id:
             return {}
         if on_kubernetes:
@@ -352,18 +395,25 @@ class ElasticTrainingOperator(ResumableJobMixin, BaseOperator):
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
 
-    def _check_store_is_this_jobs(self, spec: JobSpec) -> None:
+    def _check_store_is_this_jobs(self, spec: JobSpec, replaced: str | None) -> None:
         """A job resumes from the newest checkpoint at ``checkpoint_uri`` (a retry, another
         machine) and keeps the last two there: one of another job would be resumed from or
-        deleted. So the newest one there must be this job's (or none)."""
+        deleted. So the newest one there must be this job's (or none), or the ``replaced``
+        job's: a new job deletes those."""
         assert spec.checkpoint_uri is not None
         try:
             store = CheckpointStoreHook(self.aws_conn_id).get_store(spec.checkpoint_uri)
             latest = latest_remote_checkpoint(store)
             raw = store.read_bytes(f"{latest.name}/queue.json") if latest else None
+            owner = json.loads(raw).get("job_id") if raw else spec.job_id
+            if replaced is not None and owner in (spec.job_id, replaced) and raw:
+                deleted = clear_stored_checkpoints(store)
+                self.log.info(
+                    "Deleted the replaced job's %d checkpoint(s) at %s", deleted, store.uri
+                )
+                owner = spec.job_id
         except (ValueError, StorageError) as exc:
             raise AirflowFailException(f"{self.task_id}: checkpoint_uri: {exc}") from None
-        owner = json.loads(raw).get("job_id") if raw else spec.job_id
         if owner != spec.job_id:
             whose = f"job {owner!r}" if owner else "no job (their queue.json names none)"
             raise AirflowFailException(

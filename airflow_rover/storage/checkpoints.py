@@ -261,14 +261,19 @@ def _prune(store: CheckpointStore, number: int, keep: int) -> None:
 
 # -- download ----------------------------------------------------------------------------------
 def download_checkpoint(
-    store: CheckpointStore, name: str, local_dir: Path | str, job_id: str | None = None
+    store: CheckpointStore,
+    name: str,
+    local_dir: Path | str,
+    job_id: str | None = None,
+    fingerprint: str | None = None,
 ) -> Path:
     """Copy stored checkpoint ``name`` into ``local_dir/name`` and verify every part's
     checksum before it appears there (it is assembled in a hidden sibling, then renamed).
     Returns the directory. Raises ``CorruptCheckpoint`` (the message says which part and
     why) when it is incomplete or does not verify; ``local_dir`` is then left as it was.
     Only the parts the manifest lists are read, each to a plain file of that directory.
-    With ``job_id``: a checkpoint of another job (or of none) raises ``ForeignCheckpoint``.
+    With ``job_id``: a checkpoint of another job (or of none), or with ``fingerprint`` one
+    of this job that trained something else, raises ``ForeignCheckpoint``.
 
     ``local_dir`` may be a job's ``checkpoints/`` folder; naming the checkpoint in its
     ``LATEST`` (``JobDir.commit_checkpoint``) is the caller's decision."""
@@ -287,7 +292,7 @@ def download_checkpoint(
     except CorruptCheckpoint as exc:
         raise CorruptCheckpoint(f"{where}: {exc}") from None
     if job_id is not None:
-        check_owner(data, job_id, where)
+        check_owner(data, job_id, where, fingerprint)
     here = target / QUEUE_FILE
     if here.is_file() and here.read_bytes() == raw and verify_checkpoint(target) is None:
         return target  # already here, whole
@@ -316,7 +321,7 @@ def download_checkpoint(
 
 
 def restore_latest_checkpoint(
-    store: CheckpointStore, local_dir: Path | str, job_id: str
+    store: CheckpointStore, local_dir: Path | str, job_id: str, fingerprint: str | None = None
 ) -> Path | None:
     """Download the newest published checkpoint of job ``job_id`` that verifies into
     ``local_dir``; one that does not (a part missing, truncated, or failing its checksum) is
@@ -325,7 +330,7 @@ def restore_latest_checkpoint(
     job's: nothing of it is resumed)."""
     for name in candidates(store):
         try:
-            return download_checkpoint(store, name, local_dir, job_id)
+            return download_checkpoint(store, name, local_dir, job_id, fingerprint)
         except ForeignCheckpoint:
             raise
         except CorruptCheckpoint as exc:
@@ -338,14 +343,25 @@ class ForeignCheckpoint(StorageError):
     (or skip training, its queue being done)."""
 
 
-def check_owner(queue: dict[str, Any], job_id: str, where: str) -> None:
-    """Raise ``ForeignCheckpoint`` unless the checkpoint's ``queue.json`` names ``job_id``."""
+def check_owner(
+    queue: dict[str, Any], job_id: str, where: str, fingerprint: str | None = None
+) -> None:
+    """Raise ``ForeignCheckpoint`` unless the checkpoint's ``queue.json`` names ``job_id``
+    and, where both are known, the same ``fingerprint`` (an earlier run of the job on other
+    data or with another spec: its rows and queue are not this run's)."""
     owner = queue.get("job_id")
     if owner != job_id:
         whose = f"job {owner!r}" if owner else "no job (its queue.json names none)"
         raise ForeignCheckpoint(
             f"{where} is a checkpoint of {whose}, not of job {job_id!r}: a job resumes only "
             "its own; give each run its own output_dir and checkpoint_uri (e.g. with {{ ds }})"
+        )
+    trained = queue.get("fingerprint")
+    if fingerprint is not None and trained is not None and trained != fingerprint:
+        raise ForeignCheckpoint(
+            f"{where} is a checkpoint of an earlier run of job {job_id!r} that trained other "
+            f"data or another spec (fingerprint {trained}, this run {fingerprint}): a run "
+            "resumes only what it trains itself"
         )
 
 

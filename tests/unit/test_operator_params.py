@@ -15,7 +15,9 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_rover.core.deadline import JobDeadline
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
@@ -253,8 +255,10 @@ def test_a_rendered_recovery_template_is_validated_at_run_time() -> None:
 class FakeJobHook:
     """A job as the operator sees it through its hook; records what it launches and stops."""
 
-    def __init__(self, state: str = "running", deadline: JobDeadline | None = None) -> None:
-        self.state, self.deadline = state, deadline
+    def __init__(
+        self, state: str = "running", deadline: JobDeadline | None = None, job_dir: Path = Path()
+    ) -> None:
+        self.state, self.deadline, self.job_dir = state, deadline, JobDir(job_dir)
         self.launched: list[JobSpec] = []
         self.stopped: list[str] = []
 
@@ -297,8 +301,11 @@ def test_the_job_is_submitted_with_its_deadline_max_runtime_from_now(
 ) -> None:
     """The spec the task launches carries the deadline, ``max_runtime`` after submission, in
     the JSON that the master (and a relaunched one) reads."""
-    operator = build(max_runtime=timedelta(hours=2), output_dir=str(tmp_path / "job"))
-    hook = FakeJobHook()
+    data = generate_dataset(tmp_path / "data", SyntheticConfig(num_train=200, num_eval=100))
+    operator = build(
+        train_data=str(data.train_dir), max_runtime=timedelta(hours=2), output_dir=str(tmp_path)
+    )
+    hook = FakeJobHook("absent", job_dir=tmp_path)
     monkeypatch.setattr(operator, "hook_for", lambda *_: hook)
     monkeypatch.setattr("airflow_rover.operators.training.preflight", lambda _spec: None)
     monkeypatch.setattr(operator, "_with_failure_rate", lambda _context, spec: spec)
