@@ -1,7 +1,9 @@
 """Daily retraining of a CTR model on the embedded (local-process) backend.
 
 Each logical date gets its own data and its own model folder, so a backfill of three dates
-trains three independent models and re-running a date replaces only that date's model.
+trains three independent models. Running a date again trains a new model for that date only
+when its data or the training parameters changed, and replaces the date's model once the new
+one has succeeded; otherwise it returns the model already trained.
 
 generate_day_data -> warm_start -> train -> quality_gate (held-out AUC >= params.min_auc)
 -> publish_metrics

@@ -11,6 +11,7 @@ checkpoint did not hold. The DAG run succeeds with every batch applied exactly o
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -158,7 +159,9 @@ def test_the_first_try_failed_beyond_recovery_and_the_retry_succeeded(
     log = retried["log"]
     reason = f"{kill['node']} exited with code -9; no restarts left"
     assert reason in log and "recovery.max_node_restarts=0" in log, log[-6000:]
-    assert "Prior job in terminal state, resubmitting fresh" in log
+    assert "Prior job in terminal state, resubmitting fresh" not in log
+    resumed = re.search(r"Resuming job \S+ in \S+ \(failed\): from checkpoint (ckpt-\d+), ", log)
+    assert resumed is not None and resumed.group(1) >= kill["checkpoint"], log[-6000:]
     assert log.count("Pausing task as DEFERRED") == 2  # each try deferred once
     assert retried["state"] == "success", retried["tasks"]
     assert retried["tasks"]["train"] == ["success", 2]
