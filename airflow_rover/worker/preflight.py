@@ -54,7 +54,6 @@ def preflight(spec: JobSpec) -> FeatureConfig:
     Raises ``PreflightError`` naming the field, the column or the model."""
     started = time.monotonic()
     features = check_data(spec)
-    check_model_importable(spec.model)
     data_s = time.monotonic() - started
     check_model(spec, features)
     log.info(
@@ -69,9 +68,10 @@ def preflight(spec: JobSpec) -> FeatureConfig:
 
 
 def check_model(spec: JobSpec, features: FeatureConfig) -> None:
-    """Build ``spec.model`` from ``features`` as a worker does and call it on the first rows
-    of the training data; it must return one float logit per row, shape (rows, 1)."""
-    with tensorflow_stderr_to_debug():
+    """Import ``spec.model``, build it from ``features`` as a worker does and call it on the
+    first rows of the training data; it must return one float logit per row, shape (rows, 1)."""
+    with tensorflow_stderr_to_debug():  # a user's module imports TensorFlow too
+        check_model_importable(spec.model)
         _check_model(spec, features)
 
 

@@ -5,6 +5,7 @@ before any process starts, with the model named and what it raised or returned."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -100,21 +101,24 @@ def test_the_reference_models_and_a_user_model_pass(data, model: str) -> None:
     preflight(spec(data, model))
 
 
-def test_preflight_writes_no_tensorflow_notes_to_stderr(data) -> None:
+@pytest.mark.parametrize("model", ["wide_deep", "user_models:small_tower"])
+def test_preflight_writes_no_tensorflow_notes_to_stderr(data, model: str) -> None:
     """A task log shows stderr as errors: TensorFlow's start-up notes, written to file
-    descriptor 2 when preflight first imports it, go to the debug log instead. In a fresh
-    interpreter, as a task process is."""
+    descriptor 2 when preflight first imports it (itself, or the user's module does), go to the
+    debug log instead. In a fresh interpreter, as a task process is."""
     code = (
         "import json, sys; from airflow_rover.core.spec import JobSpec; "
         "from airflow_rover.worker.preflight import preflight; "
         "preflight(JobSpec.model_validate(json.loads(sys.argv[1]))); "
         "print('tensorflow' in sys.modules)"
     )
+    path = os.pathsep.join(p for p in (str(FIXTURES), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps(spec(data, "wide_deep").model_dump(mode="json"))],
+        [sys.executable, "-c", code, json.dumps(spec(data, model).model_dump(mode="json"))],
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"  # it did import TensorFlow
