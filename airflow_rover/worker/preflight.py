@@ -11,15 +11,11 @@ file imports the operator.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 import sys
-import tempfile
 import time
 import traceback
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +26,7 @@ from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.spec import FeatureConfig, JobSpec
 from airflow_rover.data.preflight import PreflightError, check_data, check_model_importable
 from airflow_rover.data.reader import Batch, open_dataset
+from airflow_rover.worker.tensorflow_notes import tensorflow_stderr_to_debug
 
 if TYPE_CHECKING:
     import keras
@@ -40,13 +37,6 @@ CHECK_ROWS = 64  # rows of the training data the model is called on
 _QUOTE_CHARS = 400  # of an exception's message
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _KERAS_CALL = re.compile(r"Exception encountered when calling (\S+?)\.?\s+")
-# absl's "I0000 00:00:1795697615.859026    2548 port.cc:153] ...", its preamble, and the line
-# that continues TensorFlow's CPU-instructions note.
-_TENSORFLOW_NOTE = re.compile(
-    r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]"
-    r"|WARNING: All log messages before absl::InitializeLog"
-    r"|To enable the following instructions: .* rebuild TensorFlow"
-)
 
 
 def preflight(spec: JobSpec) -> FeatureConfig:
@@ -196,34 +186,3 @@ def _tables(features: FeatureConfig, shown: int = 3) -> str:
     names = [f"{t.name} (dim {t.dim})" for t in features.tables[:shown]]
     more = len(features.tables) - shown
     return ", ".join(names) + (f", ... {more} more" if more > 0 else "")
-
-
-@contextlib.contextmanager
-def tensorflow_stderr_to_debug() -> Iterator[None]:
-    """TensorFlow's C++ notes (oneDNN, CPU features, a failed op's rendezvous) are written to
-    file descriptor 2, which a task log shows as errors: while the model is checked, they go to
-    this module's debug log instead; anything else written there is passed on unchanged."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            _pass_on(captured.read().decode(errors="replace"))
-
-
-def _pass_on(text: str) -> None:
-    others = []
-    for line in text.splitlines(keepends=True):
-        if _TENSORFLOW_NOTE.match(line):
-            log.debug("tensorflow: %s", line.rstrip())
-        elif line.strip():
-            others.append(line)
-    if others:
-        sys.stderr.write("".join(others))
-        sys.stderr.flush()

@@ -5,6 +5,7 @@ before any process starts, with the model named and what it raised or returned."
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.preflight import PreflightError
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.worker.preflight import CHECK_ROWS, preflight
+from airflow_rover.worker.tensorflow_notes import tensorflow_stderr_to_debug
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 BAD_MODELS = FIXTURES / "bad_models.py"
@@ -123,3 +125,23 @@ def test_preflight_writes_no_tensorflow_notes_to_stderr(data, model: str) -> Non
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"  # it did import TensorFlow
     assert proc.stderr == ""
+
+
+def test_tensorflow_notes_go_to_the_debug_log_and_other_output_to_stderr(
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the block's code writes to file descriptor 2: TensorFlow's notes (as TensorFlow
+    2.21 writes them) are logged at debug level, anything else reaches stderr unchanged."""
+    notes = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795697615.859026    2548 port.cc:153] oneDNN custom operations are on.\n"
+        "W0000 00:00:1795697618.195768    2548 local_rendezvous.cc:412] Local rendezvous is "
+        "aborting with status: INVALID_ARGUMENT\n"
+    )
+    caplog.set_level(logging.DEBUG, logger="airflow_rover.worker.tensorflow_notes")
+    with tensorflow_stderr_to_debug():
+        os.write(2, notes.encode())
+        os.write(2, b"a line of the user's own\n")
+    assert capfd.readouterr().err == "a line of the user's own\n"
+    logged = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert logged == [(logging.DEBUG, f"tensorflow: {line}") for line in notes.splitlines()]
