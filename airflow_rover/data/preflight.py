@@ -88,8 +88,8 @@ def check_ids(
     raise PreflightError(
         f"{field}={path!r}: column {found.column!r} holds id {found.id} at row {found.row}; "
         f"table {found.table!r} reads it with vocab_size {found.vocab_size}, so its ids must be "
-        f"in [0, {found.vocab_size}) ({found.bad_rows} of {found.sampled_rows} rows sampled "
-        "hold others), and every batch holding one fails on every worker. Map the column's "
+        f"in [0, {found.vocab_size}); {found.bad_rows} of the {found.sampled_rows} rows sampled "
+        "hold one outside, and every batch holding one fails on every worker. Map the column's "
         "ids into that range, or raise the vocab_size (the table's in features.tables, or the "
         "column's in the dataset's manifest.json where the features are left to default)"
     )

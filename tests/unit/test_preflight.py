@@ -102,8 +102,8 @@ def test_an_id_outside_a_tables_vocabulary_is_found_in_the_last_shard(data, tmp_
         preflight(bad)
     assert str(info.value).startswith(
         f"train_data='{copy / 'train'}': column 'C2' holds id 507 at row 455; table 'C2' reads "
-        "it with vocab_size 500, so its ids must be in [0, 500) (1 of 400 rows sampled hold "
-        "others)"
+        "it with vocab_size 500, so its ids must be in [0, 500); 1 of the 400 rows sampled "
+        "hold one outside"
     ), info.value
 
 
