@@ -3,6 +3,7 @@ field; ids outside a table's vocabulary are found on a bounded sample of the dat
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -154,14 +155,26 @@ def test_a_bad_table_config_is_rejected_by_the_schema() -> None:
         TableConfig(**table(dim=0))
 
 
-def test_rover_train_rejects_a_bad_config_before_starting_anything(data, tmp_path) -> None:
-    """The CLI exits 2 with the field named, and no job directory or process appears."""
+@pytest.mark.parametrize(
+    ("yaml", "named"),
+    [
+        (
+            "features:\n  num_dense: 13\n  tables:\n"
+            "    - {name: t, column: C77, vocab_size: 10, dim: 4}\n",
+            "features.tables[0].column='C77'",
+        ),
+        ("model: bad_models:four_wide\n", "model='bad_models:four_wide' returned shape (64, 4)"),
+    ],
+)
+def test_rover_train_rejects_a_bad_config_before_starting_anything(
+    data, tmp_path, yaml: str, named: str
+) -> None:
+    """The CLI exits 2 with the field or the model named, and no job directory or process
+    appears."""
     config = tmp_path / "job.yaml"
-    config.write_text(
-        f"train_data: {data.train_dir}\nfeatures:\n  num_dense: 13\n  tables:\n"
-        "    - {name: t, column: C77, vocab_size: 10, dim: 4}\n"
-    )
+    config.write_text(f"train_data: {data.train_dir}\n{yaml}")
     job_dir = tmp_path / "job"
+    path = os.pathsep.join(p for p in (str(FIXTURES), os.environ.get("PYTHONPATH")) if p)
     proc = subprocess.run(
         [
             sys.executable,
@@ -176,9 +189,10 @@ def test_rover_train_rejects_a_bad_config_before_starting_anything(data, tmp_pat
         capture_output=True,
         text=True,
         timeout=120,
+        env={**os.environ, "PYTHONPATH": path},
     )
     assert proc.returncode == 2, proc.stderr
-    assert "features.tables[0].column='C77'" in proc.stderr
+    assert named in proc.stderr
     assert not job_dir.exists()
 
 
