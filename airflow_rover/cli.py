@@ -31,8 +31,9 @@ from pydantic import ValidationError
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
-from airflow_rover.data.preflight import PreflightError, preflight
+from airflow_rover.data.preflight import PreflightError
 from airflow_rover.launchers.local import LocalBackend, local_job_status
+from airflow_rover.worker.preflight import preflight
 
 
 def load_spec(path: Path) -> JobSpec:

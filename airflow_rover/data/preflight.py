@@ -1,8 +1,9 @@
-"""Checks run before any process of a job starts, shared by the operator and the CLI.
+"""The data half of the checks run before any process of a job starts (``worker.preflight``
+runs them, then builds the model).
 
-A job that would fail in its first seconds on every node (a missing dataset, a table reading
-a column the data lacks, a model path that does not import) fails here instead, with a
-message naming the field and what is accepted.
+A job that would fail on every node (a missing dataset, a table reading a column the data
+lacks, ids outside a table's vocabulary, a model path that does not import) fails here instead,
+with a message naming the field and what is accepted.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib
 from airflow_rover.core.spec import REFERENCE_MODELS, FeatureConfig, JobSpec
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.reader import SampleReader, open_dataset
+from airflow_rover.data.vocab_check import first_id_outside_vocab
 
 
 class PreflightError(ValueError):
@@ -41,16 +43,19 @@ def check_model_importable(ref: str) -> None:
         raise PreflightError(f"model={ref!r}: {module_name!r} has no callable {attr!r}")
 
 
-def preflight(spec: JobSpec) -> FeatureConfig:
-    """Validate ``spec`` against its data and code; returns the resolved feature config."""
+def check_data(spec: JobSpec) -> FeatureConfig:
+    """Check ``spec``'s datasets and features against each other; returns the resolved
+    feature config."""
     train = _open("train_data", spec.train_data)
     schema = train.schema
+    readers = {"train_data": (spec.train_data, train)}
     if spec.eval_data is not None:
-        eval_schema = _open("eval_data", spec.eval_data).schema
-        if eval_schema != schema:
+        evaluated = _open("eval_data", spec.eval_data)
+        if evaluated.schema != schema:
             raise PreflightError(
                 f"eval_data={spec.eval_data!r}: its columns differ from train_data's"
             )
+        readers["eval_data"] = (spec.eval_data, evaluated)
     features = resolve_features(spec)
     if features.num_dense != schema.num_dense:
         raise PreflightError(
@@ -68,5 +73,23 @@ def preflight(spec: JobSpec) -> FeatureConfig:
                 f"features.tables[{i}].vocab_size={table.vocab_size} is smaller than column "
                 f"{table.column!r}'s vocabulary ({vocab[table.column]})"
             )
-    check_model_importable(spec.model)
+    for field, (path, reader) in readers.items():
+        check_ids(field, path, reader, features, spec.training.shard_size)
     return features
+
+
+def check_ids(
+    field: str, path: str, reader: SampleReader, features: FeatureConfig, shard_size: int
+) -> None:
+    """A sample of the dataset's ids fits each table's vocabulary (``data.vocab_check``)."""
+    found = first_id_outside_vocab(reader, features, shard_size)
+    if found is None:
+        return
+    raise PreflightError(
+        f"{field}={path!r}: column {found.column!r} holds id {found.id} at row {found.row}; "
+        f"table {found.table!r} reads it with vocab_size {found.vocab_size}, so its ids must be "
+        f"in [0, {found.vocab_size}); {found.bad_rows} of the {found.sampled_rows} rows sampled "
+        "hold one outside, and every batch holding one fails on every worker. Map the column's "
+        "ids into that range, or raise the vocab_size (the table's in features.tables, or the "
+        "column's in the dataset's manifest.json where the features are left to default)"
+    )

@@ -113,17 +113,14 @@ def registered_formats() -> tuple[str, ...]:
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse ``<path>/manifest.json``; ValueError naming the path if missing or malformed."""
+    """Parse ``<path>/manifest.json``; ValueError naming the path if missing or malformed (a
+    directory that does not exist is told apart from one without a manifest)."""
     directory = Path(path)
     manifest_path = directory / MANIFEST_NAME
-    accepted = ", ".join(registered_formats())
     try:
         text = manifest_path.read_text()
-    except FileNotFoundError:
-        raise ValueError(
-            f"{directory}: no {MANIFEST_NAME}; a dataset directory needs one naming its format "
-            f"(accepted formats: {accepted})"
-        ) from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise ValueError(_no_manifest(directory)) from None
     except OSError as exc:
         raise ValueError(f"{manifest_path}: cannot read manifest: {exc}") from exc
     try:
@@ -133,6 +130,20 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(manifest, dict):
         raise ValueError(f"{manifest_path}: manifest must be a JSON object")
     return manifest
+
+
+def _no_manifest(directory: Path) -> str:
+    """Why ``directory`` has no readable manifest: it is missing, not a directory, or lacks one."""
+    if not directory.exists():
+        return f"{directory} does not exist"
+    if not directory.is_dir():
+        return f"{directory} is not a directory: a dataset is a directory"
+    return (
+        f"{directory} has no {MANIFEST_NAME}: a dataset directory holds {MANIFEST_NAME} (its "
+        "format, num_samples, num_dense and categorical columns with their vocab_size) and the "
+        "format's files, e.g. dense.npy, categorical.npy and label.npy for npy-columns "
+        f"(accepted formats: {', '.join(registered_formats())}); `rover data gen` writes one"
+    )
 
 
 def schema_from_manifest(manifest: Mapping[str, Any], where: str | os.PathLike[str]) -> Schema:

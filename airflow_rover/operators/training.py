@@ -32,7 +32,7 @@ from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
-from airflow_rover.data.preflight import PreflightError, preflight
+from airflow_rover.data.preflight import PreflightError
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -77,6 +77,7 @@ from airflow_rover.operators.training_params import (
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.storage import StorageError, latest_remote_checkpoint
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
+from airflow_rover.worker.preflight import preflight
 
 
 class ElasticTrainingOperator(BaseOperator):

@@ -28,17 +28,22 @@ def main() -> None:
     dag = get_bagged_dag(bundle_names=None, dag_id=args.dag_id)
     run = dag.test(logical_date=pendulum.parse(args.logical_date), run_conf=json.loads(args.conf))
     with create_session() as session:
-        tis = {
-            ti.task_id: (str(ti.state), ti.try_number)
-            for ti in run.get_task_instances(session=session)
-        }
+        instances = run.get_task_instances(session=session)
+        tis = {ti.task_id: (str(ti.state), ti.try_number) for ti in instances}
+        times = {ti.task_id: (ti.start_date, ti.end_date, ti.duration) for ti in instances}
         xcoms = {
             f"{x.task_id}:{x.key}": XComModel.deserialize_value(x)
             for x in session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=args.dag_id))
         }
     args.out.write_text(
         json.dumps(
-            {"state": str(run.state), "run_id": run.run_id, "tasks": tis, "xcom": xcoms},
+            {
+                "state": str(run.state),
+                "run_id": run.run_id,
+                "tasks": tis,
+                "times": times,  # the last try's start, end and seconds, per task
+                "xcom": xcoms,
+            },
             default=str,
         )
     )

@@ -298,6 +298,15 @@ def test_missing_manifest_names_path(tmp_path: Path) -> None:
     assert "npy-columns" in str(info.value)
 
 
+def test_a_missing_directory_is_reported_as_missing(tmp_path: Path) -> None:
+    """Not as a directory without a manifest: it does not exist, or is a file."""
+    with pytest.raises(ValueError, match=r"/gone does not exist$"):
+        open_dataset(tmp_path / "gone")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=r"/file is not a directory"):
+        open_dataset(tmp_path / "file")
+
+
 def test_malformed_manifest_is_a_value_error(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
