@@ -32,7 +32,7 @@ from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
-from airflow_rover.data.preflight import PreflightError
+from airflow_rover.data.preflight import PreflightError, check_data
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -77,7 +77,7 @@ from airflow_rover.operators.training_params import (
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.storage import StorageError, latest_remote_checkpoint
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
-from airflow_rover.worker.preflight import preflight
+from airflow_rover.worker.preflight import check_model
 
 
 class ElasticTrainingOperator(BaseOperator):
@@ -329,20 +329,19 @@ class ElasticTrainingOperator(BaseOperator):
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
-        try:
-            preflight(spec)  # data, features and model checked before any process starts
+        try:  # what a retry cannot fix fails the task, before any process starts
+            features = check_data(spec)
             spec = spec.model_copy(update={"fingerprint": training_fingerprint(spec)})
-        except (PreflightError, OSError, ValueError) as exc:  # a retry cannot fix the spec
-            raise AirflowFailException(f"{self.task_id}: {exc}") from exc
-        hook = self.hook_for(job_dir)
-        try:
+            hook = self.hook_for(job_dir)
             decision = rerun_decision(hook.job_dir, spec, hook.get_status())
-        except JobDirInUse as exc:  # another job's directory: a retry cannot fix it
+            self.log.info("%s", decision.message)
+            if decision.rerun in (Rerun.REATTACH, Rerun.RETURN):
+                context["ti"].xcom_push(key="job_dir", value=str(job_dir))
+                return str(job_dir)
+            check_model(spec, features)  # built and called on real rows, as a worker does
+        except (PreflightError, JobDirInUse, OSError, ValueError) as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
-        self.log.info("%s", decision.message)
         context["ti"].xcom_push(key="job_dir", value=str(job_dir))
-        if decision.rerun in (Rerun.REATTACH, Rerun.RETURN):
-            return str(job_dir)
         if decision.rerun is Rerun.RETRAIN:
             hook.stop("a new job replaces it: its data, spec or model code changed")
             clear_job(hook.job_dir)

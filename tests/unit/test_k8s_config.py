@@ -140,7 +140,10 @@ def test_one_parameter_switches_the_backend() -> None:
 
 def test_the_pods_must_see_the_job_dir_and_the_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """Checked before anything is created: a path on no mounted volume fails without retries."""
-    monkeypatch.setattr("airflow_rover.operators.training.preflight", lambda spec: None)
+    training = "airflow_rover.operators.training"  # the paths are the pods', not this machine's
+    monkeypatch.setattr(f"{training}.check_data", lambda spec: None)
+    monkeypatch.setattr(f"{training}.training_fingerprint", lambda spec: "0" * 32)
+    monkeypatch.setattr(f"{training}.check_model", lambda spec, features: None)
     launched: list[Any] = []
     monkeypatch.setattr(
         "airflow_rover.hooks.elastic_job.ElasticJobHook.launch",

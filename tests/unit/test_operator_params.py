@@ -307,7 +307,7 @@ def test_the_job_is_submitted_with_its_deadline_max_runtime_from_now(
     )
     hook = FakeJobHook("absent", job_dir=tmp_path)
     monkeypatch.setattr(operator, "hook_for", lambda *_: hook)
-    monkeypatch.setattr("airflow_rover.operators.training.preflight", lambda _spec: None)
+    monkeypatch.setattr("airflow_rover.operators.training.check_model", lambda *_: None)
     monkeypatch.setattr(operator, "_with_failure_rate", lambda _context, spec: spec)
     before = datetime.now(UTC)
     operator.submit_job(task_context())
