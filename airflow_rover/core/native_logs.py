@@ -6,10 +6,11 @@ level, so TensorFlow's notices ("oneDNN custom operations are on", CPU instructi
 showed as errors in the task's log. Where the task process imports TensorFlow or builds a model
 (the operator's preflight), ``tensorflow_logs_routed`` catches what is written to descriptor 2
 meanwhile and logs each line at the level its prefix carries: glog's ``I``/``W``/``E``/``F``
-and absl's ``WARNING:``; a line without one continues the line before it, or else is logged as
-an error (it may be a real one). TensorFlow's Python logger, which adds its own handler on
-stderr when the root logger has none yet, is made to propagate to the process's logging
-instead.
+and absl's ``WARNING:`` (logger ``tensorflow.native``); a line TensorFlow is known to continue
+one with keeps that line's level, and any other line is logged as an error (logger
+``airflow_rover.stderr``: it may be a real one, a user's own). TensorFlow's Python logger,
+which adds its own handler on stderr when the root logger has none yet, is made to propagate
+to the process's logging instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 from collections.abc import Iterator
 
 log = logging.getLogger("tensorflow.native")
+other = logging.getLogger("airflow_rover.stderr")  # lines written meanwhile, not TensorFlow's
 
 _GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
 _GLOG_LEVELS = {
@@ -32,21 +34,27 @@ _GLOG_LEVELS = {
     "F": logging.CRITICAL,
 }
 _NAMED = re.compile(r"^(INFO|WARNING|ERROR|FATAL):")
+# The unprefixed lines TensorFlow continues a log line with (cpu_feature_guard.cc).
+_CONTINUED = re.compile(r"^To enable the following instructions: ")
 
 
-def line_levels(text: str) -> list[tuple[int, str]]:
-    """Each non-empty line of ``text`` with the level it is logged at."""
-    out: list[tuple[int, str]] = []
-    level: int | None = None  # the last TensorFlow line's: its continuations keep it
+def line_levels(text: str) -> list[tuple[int, str, bool]]:
+    """Each non-empty line of ``text``: the level it is logged at (its prefix's, the line's
+    before for a known continuation, else ``ERROR``) and whether it is TensorFlow's."""
+    out: list[tuple[int, str, bool]] = []
+    last = (logging.ERROR, False)  # the line before's level and origin
     for line in text.splitlines():
         if not line.strip():
             continue
         glog, named = _GLOG.match(line), _NAMED.match(line)
         if glog:
-            level = _GLOG_LEVELS[glog.group(1)]
+            level, ours = _GLOG_LEVELS[glog.group(1)], True
         elif named:
-            level = logging.getLevelName(named.group(1).replace("FATAL", "CRITICAL"))
-        out.append((level if level is not None else logging.ERROR, line))
+            level, ours = logging.getLevelName(named.group(1).replace("FATAL", "CRITICAL")), True
+        else:
+            level, ours = last if _CONTINUED.match(line) else (logging.ERROR, False)
+        out.append((level, line, ours))
+        last = (level, ours)
     return out
 
 
@@ -82,8 +90,8 @@ def tensorflow_logs_routed() -> Iterator[None]:
             os.close(saved)
             route_python_logger()
             caught.seek(0)
-            for level, line in line_levels(caught.read().decode("utf-8", "replace")):
-                log.log(level, "%s", line)
+            for level, line, tensorflows in line_levels(caught.read().decode("utf-8", "replace")):
+                (log if tensorflows else other).log(level, "%s", line)
 
 
 def _flush_stderr() -> None:

@@ -79,6 +79,7 @@ def test_real_errors_still_show(tmp_path: Path) -> None:
         tmp_path,
         """
         import sys
+        import tensorflow
         print("user_model: could not reach the feature store", file=sys.stderr)
         raise RuntimeError("no feature store")
         """,
@@ -107,7 +108,12 @@ def test_real_errors_still_show(tmp_path: Path) -> None:
             [logging.WARNING, logging.ERROR, logging.CRITICAL],
         ),
         ("Traceback (most recent call last):\n", [logging.ERROR]),  # not TensorFlow's
+        (
+            "I1126 13:00:00.1 1 port.cc:153] oneDNN custom operations are on.\n"
+            "user_model: could not reach the feature store\n",
+            [logging.INFO, logging.ERROR],  # a user's line after TensorFlow's stays an error
+        ),
     ],
 )
 def test_each_line_gets_the_level_its_prefix_says(text: str, levels: list[int]) -> None:
-    assert [level for level, _ in line_levels(text)] == levels
+    assert [level for level, _, _ in line_levels(text)] == levels
