@@ -11,7 +11,7 @@ pip_step() {
   local resolved last
   resolved=$(grep -c '^Collecting ' "$1" || true)
   last=$(grep -E '^ *(Collecting|Downloading|Building|Installing collected|Successfully)' "$1" |
-         tail -1 | sed 's/^ *//' | cut -c1-90 || true)
+         tail -1 | sed -e 's/^ *//' -e 's/ (from .*//' | cut -c1-80 || true)
   echo "$resolved packages resolved; ${last:-starting}"
 }
 

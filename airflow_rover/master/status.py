@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.policies import LostUpdates
+from airflow_rover.core.states import JobState
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.job_core import JobCore
@@ -18,6 +19,7 @@ from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.wrap_up import WrapUp
 
 THROUGHPUT_WINDOW_S = 10.0
+TRAINING = frozenset({JobState.RUNNING, JobState.RECOVERING})  # a rate is reported only then
 STATE_MIRROR_INTERVAL_S = 2.0
 
 
@@ -113,7 +115,7 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
             "fraction": round(done / total, 6),
             "shards": job.queue.counts(),
         },
-        "throughput": round(job.throughput.rate(), 1),
+        "throughput": round(job.throughput.rate(), 1) if job.state in TRAINING else 0.0,
         "plan": job.spec.plan.model_dump(),
         "nodes": job.nodes.to_dicts(),
         "evaluation": job.wrap_up.evaluation,

@@ -14,6 +14,7 @@ import time
 from master_rig import Job, start_running
 
 from airflow_rover.core.job_status import progress_line
+from airflow_rover.core.spec import RecoveryConfig
 
 
 def beat(job: Job, worker: str, samples: int) -> None:
@@ -65,6 +66,24 @@ def test_a_relaunched_worker_starts_its_own_count(make_job) -> None:
     assert after_relaunch >= 0
     assert job.master.throughput.trained == 640 + 128
     assert job.status()["throughput"] > 0
+
+
+def test_no_rate_once_training_is_over(make_job) -> None:
+    """Scoring the held-out split trains nothing: the status says 0 samples/s, not the last
+    window's rate (on main the evaluating job kept reporting it)."""
+    job = make_job(with_eval=True, recovery=RecoveryConfig(checkpoint_interval_s=0))
+    start_running(job)
+    beat(job, "worker-0", 0)
+    while (shard := job.lease("worker-0"))["status"] == "ok":
+        assert job.done("worker-0", shard["shard"]["shard_id"])
+    time.sleep(0.05)
+    beat(job, "worker-0", 4000)
+    training = job.status()["throughput"]
+    job.master.step()  # every shard done: the evaluator scores the held-out split
+    status = job.status()
+    print(f"training {training} samples/s, then {status['state']} {status['throughput']}")
+    assert training > 0
+    assert (status["state"], status["throughput"]) == ("evaluating", 0.0)
 
 
 def test_the_progress_line_says_apart_resumed_samples_and_shards() -> None:
