@@ -99,6 +99,6 @@ def test_the_progress_line_says_apart_resumed_samples_and_shards() -> None:
         "throughput": 25_000.0,
     }
     assert progress_line(status) == (
-        "running, 150000/200000 samples (100000 resumed from a checkpoint), "
+        "running, 150000/200000 samples (resumed from a checkpoint holding 100000), "
         "shards 28/40 done, 25000.0 samples/s"
     )
