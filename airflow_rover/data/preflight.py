@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 
-from airflow_rover.core.native_logs import tensorflow_logs_routed
 from airflow_rover.core.spec import REFERENCE_MODELS, FeatureConfig, JobSpec
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.reader import SampleReader, open_dataset
@@ -34,8 +33,7 @@ def check_model_importable(ref: str) -> None:
         return
     module_name, _, attr = ref.partition(":")
     try:
-        with tensorflow_logs_routed():  # it imports TensorFlow: its notices are no errors
-            module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
     except Exception as exc:  # any import-time failure of user code
         raise PreflightError(
             f"model={ref!r}: module {module_name!r} does not import: {exc}"

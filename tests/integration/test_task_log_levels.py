@@ -1,6 +1,6 @@
-"""The training task's log under Airflow's own task supervisor: TensorFlow's native notices are
-logged at their own level, not as the errors the supervisor makes of a task's stderr, and a
-real error line still is one.
+"""The training task's log under Airflow's own task supervisor: TensorFlow's native notes are
+not the errors the supervisor makes of a task's stderr (``worker/tensorflow_notes.py`` sends
+them to the debug log), and a real error line still is one.
 
 The fixture DAG ``rover_task_log_test`` (``tests/fixtures/dags/rover_task_log.py``) names a
 model module that imports TensorFlow and writes a line of its own to stderr; the preflight
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures"
 SUPERVISED = Path(__file__).with_name("supervised_task.py")
-TENSORFLOWS = ("oneDNN", "cpu_feature_guard", "absl::InitializeLog")
+TENSORFLOWS = ("oneDNN", "cpu_feature_guard", "absl::InitializeLog", "I0000 ")
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +63,17 @@ def task_log_lines(airflow_env: dict[str, str], tmp_path: Path) -> list[dict[str
     return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
 
 
-def test_tensorflows_notices_are_no_errors_and_a_real_error_still_is(
+def test_tensorflows_notes_are_no_errors_and_a_real_error_still_is(
     airflow_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """On main every line below was an ``error`` of logger ``task.stderr``."""
+    """On main before the preflight's capture, TensorFlow's notes and the user's line were
+    all ``error`` lines of logger ``task.stderr``."""
     lines = task_log_lines(airflow_env, tmp_path)
     for line in lines:
         if line.get("level") in ("error", "warning") or "tensorflow" in line.get("logger", ""):
             print(line["level"], line.get("logger"), str(line.get("event"))[:100])
     errors = [str(line.get("event")) for line in lines if line.get("level") == "error"]
-    tensorflows = [line for line in lines if any(t in str(line.get("event")) for t in TENSORFLOWS)]
     assert any("Pausing task as DEFERRED" in str(line.get("event")) for line in lines)
-    assert tensorflows, "TensorFlow's notices should be in the task's log"
     assert not [e for e in errors if any(t in e for t in TENSORFLOWS)]
-    assert {line["level"] for line in tensorflows} <= {"info", "warning"}
+    # the model module was imported in the task process (it writes this line on import)
     assert "stderr_model: a line of the user's own on stderr" in errors
