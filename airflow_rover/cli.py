@@ -29,6 +29,7 @@ import yaml
 from pydantic import ValidationError
 
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.job_status import progress_line
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.data.preflight import PreflightError
@@ -63,13 +64,7 @@ def run_job(
         if status["state"] in TERMINAL_STATES:
             return status
         if not quiet:
-            progress = status.get("progress") or {}
-            print(
-                f"{status['state']}: {progress.get('samples_done', 0)}/"
-                f"{progress.get('samples_total', '?')} samples, "
-                f"{status.get('throughput', 0)} samples/s",
-                file=sys.stderr,
-            )
+            print(progress_line(status), file=sys.stderr)
         time.sleep(poll_s)
 
 

@@ -33,3 +33,19 @@ def resolve_status(
         "state": str(JobState.FAILED),
         "message": f"master process died before the job finished; see {job_dir.log_file('master')}",
     }
+
+
+def progress_line(status: dict[str, Any]) -> str:
+    """The job's state, samples done (and how many the checkpoint it resumed from held),
+    shards and the master's samples/s (which counts only samples this job's processes
+    trained)."""
+    progress = status.get("progress") or {}
+    resumed = progress.get("samples_resumed") or 0
+    shards = progress.get("shards") or {}
+    line = f"{status.get('state')}, {progress.get('samples_done', 0)}"
+    line += f"/{progress.get('samples_total', '?')} samples"
+    if resumed:  # applied batches, partly in shards not done yet: may exceed samples done
+        line += f" (resumed from a checkpoint holding {resumed})"
+    if shards:
+        line += f", shards {shards.get('done', 0)}/{sum(shards.values())} done"
+    return line + f", {status.get('throughput', 0)} samples/s"

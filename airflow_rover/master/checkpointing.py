@@ -1,6 +1,7 @@
 """The job's checkpoints as a whole: the checkpointer that takes them, their copies in
 ``checkpoint_uri``, and, once a save has been timed, the plan its policy makes of the measured
-costs: a new interval, and the policy the job runs as (CPR may fall back to full recovery)."""
+costs: a new interval (never below ``interval_floor``), and the policy the job runs as (CPR may
+fall back to full recovery)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from airflow_rover.core.policies import (
     CheckpointPolicy,
     LostUpdates,
     MasterPort,
+    interval_floor,
     judge_choice,
 )
 from airflow_rover.core.spec import JobSpec
@@ -91,11 +93,13 @@ class Checkpoints:
         if cfg.mtbf_s is None:
             return
         restores = job.ps_recovery_seconds()
+        save_s = max(times.pause_s, 1e-3)
         costs = CheckpointCosts(
-            save_s=max(times.pause_s, 1e-3),
+            save_s=save_s,
             load_s=statistics.median(restores) if restores else times.durable_s,
             mtbf_s=cfg.mtbf_s,
             num_emb_ps=job.spec.plan.num_ps,
+            min_interval_s=interval_floor(save_s, job.spec.recovery.checkpoint_interval_s),
         )
         plan = self.requested.plan(costs)
         if plan.interval_s is not None:

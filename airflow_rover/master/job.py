@@ -122,6 +122,8 @@ class JobMaster:
         """Record a node's progress; returns True when the node should stop."""
         with self._lock:
             node = self.nodes.known(node_id)
+            if node.role == "worker":
+                self.throughput.report(node, body.samples)
             node.steps, node.samples, node.step_time_ms = (
                 body.steps,
                 body.samples,
@@ -129,7 +131,6 @@ class JobMaster:
             )
             node.last_seen = time.time()
             self.queue.renew(node_id, time.time(), self.spec.training.shard_lease_s)
-            self.record_samples()
             return self.state in TERMINAL_STATES
 
     def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
@@ -331,7 +332,7 @@ class JobMaster:
         return [e["seconds"] for e in events if e["role"] == "ps" and e["seconds"]]
 
     def record_samples(self) -> None:
-        self.throughput.record(self.nodes)
+        self.throughput.record()
 
     @property
     def checkpointer(self) -> Checkpointer:

@@ -19,6 +19,7 @@ class NodeInfo:
         self.address: str | None = None
         self.steps = 0
         self.samples = 0
+        self.reported = False  # whether this process has reported its progress yet
         self.step_time_ms = 0.0
         self.last_seen = time.time()
         self.exit_code: int | None = None

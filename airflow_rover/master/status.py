@@ -10,27 +10,46 @@ from typing import Any, Protocol
 
 from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.core.policies import LostUpdates
+from airflow_rover.core.states import JobState
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.job_core import JobCore
-from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.wrap_up import WrapUp
 
 THROUGHPUT_WINDOW_S = 10.0
+TRAINING = frozenset({JobState.RUNNING, JobState.RECOVERING})  # a rate is reported only then
 STATE_MIRROR_INTERVAL_S = 2.0
 
 
 class Throughput:
-    """Samples/s the workers trained over the last ``THROUGHPUT_WINDOW_S``."""
+    """Samples/s the workers trained over the last ``THROUGHPUT_WINDOW_S``.
+
+    Only what a worker process trained after its first progress report to this master counts:
+    that first count may hold samples trained before it (a relaunched master hears from
+    workers that trained on; any node's first report covers its start-up), which would read
+    as trained in the instant between two workers' first reports. A relaunched worker is a
+    new ``NodeInfo``: its first report is its own starting line.
+    """
 
     def __init__(self) -> None:
         self._log: collections.deque[tuple[float, int]] = collections.deque()
+        self.trained = 0  # samples trained since each worker process's first report
 
-    def record(self, nodes: NodeSet) -> None:
-        now = time.time()
-        self._log.append((now, sum(nodes.worker_samples().values())))
-        while self._log and self._log[0][0] < now - THROUGHPUT_WINDOW_S:
+    def report(self, node: NodeInfo, samples: int, now: float | None = None) -> None:
+        """Count a worker's progress report (before ``node.samples`` takes ``samples``)."""
+        if node.reported:
+            self.trained += max(0, samples - node.samples)
+        node.reported = True
+        self.record(now)
+
+    def record(self, now: float | None = None) -> None:
+        """A point of the window; the newest point at or before its start stays as its anchor,
+        so counts reported after a gap are spread over the time they took."""
+        now = time.time() if now is None else now
+        self._log.append((now, self.trained))
+        while len(self._log) > 1 and self._log[1][0] <= now - THROUGHPUT_WINDOW_S:
             self._log.popleft()
 
     def rate(self) -> float:
@@ -75,6 +94,7 @@ class ReportingJob(JobCore, Protocol):
     recovery: NodeRecovery
     checkpointing: Checkpoints
     resumed_from: str | None
+    samples_resumed: int
     lost: LostUpdates
 
     @property
@@ -90,11 +110,12 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
         "message": job.message,
         "progress": {
             "samples_done": done,
+            "samples_resumed": job.samples_resumed,  # done before this master, in a checkpoint
             "samples_total": total,
             "fraction": round(done / total, 6),
             "shards": job.queue.counts(),
         },
-        "throughput": round(job.throughput.rate(), 1),
+        "throughput": round(job.throughput.rate(), 1) if job.state in TRAINING else 0.0,
         "plan": job.spec.plan.model_dump(),
         "nodes": job.nodes.to_dicts(),
         "evaluation": job.wrap_up.evaluation,

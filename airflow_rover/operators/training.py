@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.policies import mtbf_from_history
+from airflow_rover.core.policies import FailureEvidence, describe_floor
 from airflow_rover.core.spec import (
     ClusterBudget,
     FeatureConfig,
@@ -522,14 +522,15 @@ class ElasticTrainingOperator(BaseOperator):
         except Exception as exc:  # planning without it is the default anyway
             self.log.warning("No failure history (%s); checkpoints at the given interval", exc)
             return spec
-        mtbf = mtbf_from_history(runs, spec.plan.num_ps)
+        evidence = FailureEvidence.of(runs)
+        mtbf = evidence.mtbf_s(spec.plan.num_ps)
         if mtbf is None:
             return spec
         self.log.info(
-            "Failure rate from %d past run(s) of this task: a PS fails every %.0f s on %d PS",
-            len(runs),
-            mtbf,
-            spec.plan.num_ps,
+            "Failure rate of this task: %s. The job plans its checkpoint interval from it and "
+            "the save time it measures, never shorter than %s",
+            evidence.describe(spec.plan.num_ps),
+            describe_floor(spec.recovery.checkpoint_interval_s),
         )
         checkpoint = spec.checkpoint.model_copy(update={"mtbf_s": mtbf})
         return spec.model_copy(update={"checkpoint": checkpoint})

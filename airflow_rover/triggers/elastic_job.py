@@ -26,6 +26,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_rover.core.cluster_budget import RunningJob, Verdict, running_job, ttl_for
+from airflow_rover.core.job_status import progress_line
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
 from airflow_rover.core.spec import ClusterBudget
@@ -119,13 +120,7 @@ class ElasticJobTrigger(BaseTrigger):
                     await self._apply_within_budget(hook, job, plans, self.cluster_budget)
                 elif self.apply_plans:
                     await self._apply_proposed(hook, plans)
-                self.log.info(
-                    "Job %s: %s, %s samples, %s samples/s",
-                    job.get("job_id", self.job_dir),
-                    job.get("state"),
-                    (job.get("progress") or {}).get("samples_done", 0),
-                    job.get("throughput", 0),
-                )
+                self.log.info("Job %s: %s", job.get("job_id", self.job_dir), progress_line(job))
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # report, never crash the triggerer
             self.log.exception("Polling job %s failed", self.job_dir)

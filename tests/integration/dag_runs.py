@@ -40,9 +40,9 @@ def start_dag_test(
         )
 
 
-def end_dag_test(proc: subprocess.Popen[bytes], job_dir: Path) -> None:
+def end_dag_test(proc: subprocess.Popen[bytes] | None, job_dir: Path) -> None:
     """Stop the run if it is still going, then the job and any process it left."""
-    if proc.poll() is None:
+    if proc is not None and proc.poll() is None:
         proc.kill()
         proc.wait()
     with contextlib.suppress(Exception):

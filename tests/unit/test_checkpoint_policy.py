@@ -318,11 +318,12 @@ def test_judge_choice_flags_a_clearly_worse_choice_only():
 
 def test_mtbf_from_history_scales_with_the_ps_count():
     runs = [FailureHistory(36_000, 4, 2), FailureHistory(72_000, 8, 6)]
-    # 720,000 PS-seconds, 8 failures: 90,000 s per PS; 6 PS fail 6 times as often
-    assert mtbf_from_history(runs, 6) == pytest.approx(15_000)
-    assert mtbf_from_history([FailureHistory(3600, 2, 0)], 2) == pytest.approx(3600)
+    # 720,000 PS-seconds, 8 failures (+ 1/2, the prior): 84,706 s per PS; 6 PS fail 6 times
+    # as often
+    assert mtbf_from_history(runs, 6) == pytest.approx(720_000 / 8.5 / 6)
+    assert mtbf_from_history([FailureHistory(3600, 2, 0)], 2) == pytest.approx(7200)
     assert mtbf_from_history([], 4) is None
-    assert CheckpointPolicyConfig().failure_interval(runs, 6) == pytest.approx(15_000)
+    assert CheckpointPolicyConfig().failure_interval(runs, 6) == pytest.approx(720_000 / 8.5 / 6)
     assert CheckpointPolicyConfig(mtbf_s=99.0).failure_interval(runs, 6) == 99.0
     with pytest.raises(ValueError, match="invalid history entry"):
         mtbf_from_history([FailureHistory(-1, 1, 0)], 1)

@@ -15,6 +15,7 @@ import pytest
 from airflow.sdk import DAG, Connection
 from airflow.sdk.exceptions import AirflowException
 from sqlalchemy import func, inspect, select
+from structlog.testing import capture_logs
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import (
@@ -463,8 +464,9 @@ def test_a_broken_history_store_never_fails_the_task(
 def test_the_task_plans_checkpoints_with_the_failure_rate_of_its_past_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two past runs of 8 s on 2 PS with 3 PS failures in all: 32 PS-seconds per failure /
-    3, so a PS of a 2-PS job fails every 32/3/2 s; a rate the user gave is kept."""
+    """Two past runs of 8 s on 2 PS with 3 PS failures in all: 32 PS-seconds over 3 failures
+    and the prior's 1/2, so a PS of a 2-PS job fails every 32/3.5/2 s; a rate the user gave is
+    kept."""
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
     operator, context = operator_and_context(tmp_path)
     spec = spec_for()
@@ -478,8 +480,34 @@ def test_the_task_plans_checkpoints_with_the_failure_rate_of_its_past_runs(
                 record_from_status(status, spec_for(f"job-{i}"), dag_id="daily", task_id="train")
             )
     planned = operator._with_failure_rate(context, spec_for(plan=SCALED))
-    assert planned.checkpoint.mtbf_s == pytest.approx(32 / 3 / 2)
+    assert planned.checkpoint.mtbf_s == pytest.approx(32 / 3.5 / 2)
     given = spec_for().model_copy(
         update={"checkpoint": spec.checkpoint.model_copy(update={"mtbf_s": 99.0})}
     )
     assert operator._with_failure_rate(context, given).checkpoint.mtbf_s == 99.0
+
+
+def test_one_clean_past_run_is_logged_as_the_little_evidence_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One past run of 10 s on 1 PS without a failure: the MTBF is twice that run (Jeffreys
+    prior: 10 PS-seconds / (0 + 1/2)), not the run itself (on main: one failure counted, 10 s),
+    and the log line says the evidence, the prior and the interval floor."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path / "home"))
+    operator, context = operator_and_context(tmp_path)
+    status = final_status("job-0", finished_at=100.0)
+    status["result"] = {**status["result"], "train_seconds": 10.0}
+    with HistoryStore(default_history_url()) as history:
+        history.record_job(
+            record_from_status(status, spec_for("job-0"), dag_id="daily", task_id="train")
+        )
+        assert [r.seconds for r in history.failure_history("daily", "train")] == [10.0]
+    with capture_logs() as logs:
+        planned = operator._with_failure_rate(context, spec_for())
+    assert planned.checkpoint.mtbf_s == pytest.approx(20.0)
+    lines = [e["event"] % e.get("positional_args", ()) for e in logs]
+    line = next(line for line in lines if "Failure rate" in line)
+    print(line)
+    assert "1 past run(s) trained 10.0 s (10 PS-seconds) with no PS failure" in line
+    assert "a job on 1 PS expects a PS failure every 20.0 s" in line
+    assert "Jeffreys prior" in line and "never shorter than max(30 s, 20 save pauses)" in line

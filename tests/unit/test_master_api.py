@@ -192,6 +192,7 @@ def test_status_shape_through_start_up(make_job) -> None:
     assert status["state"] == "pending"
     assert status["progress"] == {
         "samples_done": 0,
+        "samples_resumed": 0,
         "samples_total": NUM_TRAIN * EPOCHS,
         "fraction": 0.0,
         "shards": {"todo": NUM_SHARDS, "doing": 0, "done": 0, "quarantined": 0},
@@ -301,6 +302,7 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
     progress = job.status()["progress"]
     assert progress == {
         "samples_done": NUM_TRAIN * EPOCHS,
+        "samples_resumed": 0,
         "samples_total": NUM_TRAIN * EPOCHS,
         "fraction": 1.0,
         "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS, "quarantined": 0},

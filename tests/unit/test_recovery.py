@@ -301,17 +301,17 @@ def test_partial_saves_are_dropped_once_cpr_falls_back_to_full(
     saves (rows past their checkpoint) must not be restored once CPR's benefit check has
     switched the job to full: the commit that switches deletes them."""
     cpr = CheckpointPolicyConfig.model_validate(
-        {"policy": "cpr", "mtbf_s": 60.0, "cpr": {"variant": "mfu"}}
+        {"policy": "cpr", "mtbf_s": 600.0, "cpr": {"variant": "mfu"}}
     )
     rig = make_rig(job_spec().model_copy(update={"checkpoint": cpr}))
     rig.run()
     first = rig.master.checkpoint()
-    assert first is not None and rig.master.policy.name == "cpr"  # a save of ms against 60 s
+    assert first is not None and rig.master.policy.name == "cpr"  # a save of ms against 600 s
     partial = rig.layout.partial_dir(1, 1)
     partial.mkdir(parents=True)
     (partial / "ps-0.npz").write_bytes(b"rows past ckpt-1")
-    # A save of 30 s against a failure a minute: CPR's interval (12 s) costs 250%, full 50%.
-    rig.master.checkpointing.committed(first, CheckpointTimes(30.0, 30.0, 1))
+    # A save of 5 min against a failure every 10: CPR's interval (2 min) costs 300%, full 150%.
+    rig.master.checkpointing.committed(first, CheckpointTimes(300.0, 300.0, 1))
     assert rig.master.policy.name == "full"
     assert rig.layout.partial_dirs() == []
 

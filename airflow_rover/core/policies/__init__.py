@@ -25,8 +25,11 @@ from airflow_rover.core.policies.config import CheckpointPolicyConfig
 from airflow_rover.core.policies.costs import (
     CheckpointCosts,
     CheckpointPlan,
+    FailureEvidence,
     FailureHistory,
     Overhead,
+    describe_floor,
+    interval_floor,
     mtbf_from_history,
 )
 from airflow_rover.core.policies.cpr import (
@@ -69,6 +72,7 @@ __all__ = [
     "CprOptions",
     "EcrmOptions",
     "ErasureCoding",
+    "FailureEvidence",
     "FailureHistory",
     "FullOptions",
     "FullRecovery",
@@ -83,10 +87,12 @@ __all__ = [
     "PsUnreachable",
     "Recommendation",
     "cpr_interval",
+    "describe_floor",
     "ecrm_overhead",
     "ecrm_parity_fraction",
     "expected_pls",
     "full_overhead",
+    "interval_floor",
     "judge_choice",
     "mtbf_from_history",
     "optimal_full_interval",

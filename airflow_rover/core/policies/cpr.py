@@ -36,6 +36,7 @@ from airflow_rover.core.policies.costs import (
     CprVariant,
     Overhead,
     duration,
+    floored,
     pct,
     positive,
 )
@@ -152,7 +153,11 @@ class PartialRecovery(CheckpointPolicy):
 
     def plan(self, costs: CheckpointCosts) -> CheckpointPlan:
         opts = self.options
-        interval = opts.interval_s or cpr_interval(opts.target_pls, costs.num_emb_ps, costs.mtbf_s)
+        interval, raised = opts.interval_s, ""
+        if not interval:
+            target = cpr_interval(opts.target_pls, costs.num_emb_ps, costs.mtbf_s)
+            interval, how = floored(target, costs, "2*target_pls*N_emb*T_fail")
+            raised = f" ({how})" if interval > target else ""
         r = 1.0 if opts.variant == "vanilla" else opts.r
         part = partial_overhead(
             costs.save_s,
@@ -165,19 +170,12 @@ class PartialRecovery(CheckpointPolicy):
         )
         full = FullRecovery(FullOptions()).plan(costs)
         pls = expected_pls(interval, costs.mtbf_s, costs.num_emb_ps)
-        label = f"cpr ({opts.variant}, T_save={duration(interval)}, expected PLS {pls:.3g})"
-        benefit = full.overhead.total - part.total
-        needed = opts.min_benefit * full.overhead.total
+        label = f"cpr ({opts.variant}, T_save={duration(interval)}{raised}, expected PLS {pls:.3g})"
+        problem = self._problem(raised, pls, part.total, full.overhead.total, full.interval_s)
         kept = ""
-        if benefit <= needed and not opts.fallback:
-            kept = "; costs more than full recovery, kept (cpr.fallback=False)"
-        elif benefit <= needed:
-            why = (
-                f"{label} would cost {pct(part.total)} vs full recovery {pct(full.overhead.total)} "
-                f"(T_save={duration(full.interval_s or 0.0)}): no benefit"
-                + (f" of at least {pct(opts.min_benefit)} of it" if opts.min_benefit else "")
-                + ", falling back to full recovery"
-            )
+        if problem and not opts.fallback:
+            kept = f"; {problem}, kept (cpr.fallback=False)"
+        elif problem:
             return CheckpointPlan(
                 requested="cpr",
                 policy="full",
@@ -185,7 +183,7 @@ class PartialRecovery(CheckpointPolicy):
                 partial_interval_s=None,
                 overhead=full.overhead,
                 expected_pls=0.0,
-                reason=why,
+                reason=f"{label}{problem}, falling back to full recovery",
                 alternatives={"cpr": part.total},
             )
         return CheckpointPlan(
@@ -199,6 +197,22 @@ class PartialRecovery(CheckpointPolicy):
             variant=opts.variant,
             r=None if opts.variant == "vanilla" else opts.r,
             alternatives={"full": full.overhead.total},
+        )
+
+    def _problem(
+        self, raised: str, pls: float, cost: float, full_cost: float, full_interval: float | None
+    ) -> str:
+        """Why CPR should not run as planned ("" when it should): the interval floor puts its
+        expected PLS above the target, or it costs no less than full recovery."""
+        opts = self.options
+        if raised and pls > opts.target_pls:
+            return f": the interval floor puts it above cpr.target_pls={opts.target_pls:g}"
+        if full_cost - cost > opts.min_benefit * full_cost:
+            return ""
+        return (
+            f" would cost {pct(cost)} vs full recovery {pct(full_cost)} "
+            f"(T_save={duration(full_interval or 0.0)}): no benefit"
+            + (f" of at least {pct(opts.min_benefit)} of it" if opts.min_benefit else "")
         )
 
     # -- the master ------------------------------------------------------------------------------

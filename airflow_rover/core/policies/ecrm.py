@@ -167,7 +167,8 @@ class ErasureCoding(CheckpointPolicy):
     def _backup_interval(self, costs: CheckpointCosts) -> float | None:
         if self.options.backup_interval_s is not None:
             return self.options.backup_interval_s or None
-        return ECRM_BACKUP_FACTOR * optimal_full_interval(costs.save_s, costs.mtbf_s)
+        backup = ECRM_BACKUP_FACTOR * optimal_full_interval(costs.save_s, costs.mtbf_s)
+        return max(backup, costs.min_interval_s)
 
     def check_cluster(self, num_ps: int) -> None:
         k = self.options.k

@@ -19,6 +19,7 @@ from airflow_rover.core.policies.costs import (
     CheckpointPlan,
     Overhead,
     duration,
+    floored,
     pct,
     positive,
 )
@@ -70,8 +71,8 @@ class FullRecovery(CheckpointPolicy):
         if self.options.interval_s is not None:
             interval, how = self.options.interval_s, "set"
         else:
-            interval = optimal_full_interval(costs.save_s, costs.mtbf_s)
-            how = "sqrt(2*O_save*T_fail)"
+            optimum = optimal_full_interval(costs.save_s, costs.mtbf_s)
+            interval, how = floored(optimum, costs, "sqrt(2*O_save*T_fail)")
         over = full_overhead(costs.save_s, costs.load_s, costs.mtbf_s, interval, costs.reschedule_s)
         return CheckpointPlan(
             requested="full",
