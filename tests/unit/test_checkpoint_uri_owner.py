@@ -38,15 +38,24 @@ def store_uri(tmp_path: Path) -> str:
 
 def test_another_jobs_checkpoints_at_the_uri_are_refused(store_uri: str) -> None:
     with pytest.raises(AirflowFailException, match=r"holds checkpoints of job 'daily\.train-yest"):
-        operator(store_uri)._check_store_is_this_jobs(spec("daily.train-today", store_uri))
+        operator(store_uri)._check_store_is_this_jobs(spec("daily.train-today", store_uri), None)
 
 
 def test_the_same_jobs_checkpoints_and_an_empty_store_are_fine(
     store_uri: str, tmp_path: Path
 ) -> None:
-    operator(store_uri)._check_store_is_this_jobs(spec("daily.train-yesterday", store_uri))
+    operator(store_uri)._check_store_is_this_jobs(spec("daily.train-yesterday", store_uri), None)
     empty = f"file://{tmp_path / 'empty'}"
-    operator(empty)._check_store_is_this_jobs(spec("daily.train-today", empty))
+    operator(empty)._check_store_is_this_jobs(spec("daily.train-today", empty), None)
+
+
+def test_the_checkpoints_of_the_job_a_new_one_replaces_are_deleted(store_uri: str) -> None:
+    """A re-run that trains anew in the directory of an ended job (``job_rerun``): that job's
+    checkpoints at the URI go, so the new job neither resumes nor keeps them."""
+    today = spec("daily.train-today", store_uri)
+    operator(store_uri)._check_store_is_this_jobs(today, "daily.train-yesterday")
+    assert open_store(store_uri).list_checkpoints() == []
+    operator(store_uri)._check_store_is_this_jobs(today, None)  # nothing of another job left
 
 
 def test_a_bad_uri_is_refused_at_parse_time() -> None:
