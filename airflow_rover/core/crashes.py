@@ -34,15 +34,30 @@ _PLUMBING = (
     "httpx",
     "httpcore",
 )
-_NUMBER = re.compile(r"0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?")
+# a number on its own (an id, a count, a row, an address), not one inside a name like C1
+_NUMBER = re.compile(r"\b(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)\b")
 _SPACE = re.compile(r"\s+")
+_TF_NODE = re.compile(r"^\s*\{\{function_node [^}]*\}\}\s*")  # TensorFlow's op context
+_PYTHON_ERROR = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit): ")
+# TensorFlow's lines around the error of a Python function it ran (a py_function, tf.data)
+_BOILERPLATE = ("Graph execution error:", "Detected at node", "File ", "Traceback ")
+
+
+def headline(message: str) -> str:
+    """The line of ``message`` that says what went wrong: the Python error TensorFlow
+    relays from inside a graph or input pipeline where there is one, else its first line."""
+    lines = [_TF_NODE.sub("", line).strip() for line in message.splitlines()]
+    lines = [line for line in lines if line]
+    relayed = next((line for line in lines if _PYTHON_ERROR.match(line)), None)
+    if relayed is not None:
+        return relayed
+    return next((line for line in lines if not line.startswith(_BOILERPLATE)), "")
 
 
 def normalise(message: str) -> str:
-    """The first non-empty line of ``message`` with every number replaced by ``N``: two nodes
+    """``message``'s headline with every number on its own replaced by ``N``: two nodes
     that died of the same mistake on different rows or ids read the same."""
-    first = next((line for line in message.splitlines() if line.strip()), "")
-    return _SPACE.sub(" ", _NUMBER.sub("N", first)).strip()[:SIGNATURE_CHARS]
+    return _SPACE.sub(" ", _NUMBER.sub("N", headline(message))).strip()[:SIGNATURE_CHARS]
 
 
 def _is_plumbing(filename: str) -> bool:
@@ -95,8 +110,9 @@ class Crash:
 
     def summary(self) -> str:
         """One line for people: the exception's short name, its first line, where."""
-        first = next((line for line in self.message.splitlines() if line.strip()), "")
-        return f"{self.exc_type.rsplit('.', 1)[-1]}: {first.strip()[:500]} (at {self.where})"
+        return (
+            f"{self.exc_type.rsplit('.', 1)[-1]}: {headline(self.message)[:500]} (at {self.where})"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -57,12 +57,12 @@ class CrashWatch:
             "quarantined": quarantined,
         }
         places = [
-            d.node_id if d.shard_id is None else f"{d.node_id} on shard {_range(queue, d.shard_id)}"
+            d.node_id if d.shard_id is None else f"{d.node_id} on {_range(queue, d.shard_id)}"
             for d in verdict.deaths
         ]
         return (
-            f"deterministic failure, not retried: the same exception killed "
-            f"{len(verdict.deaths)} times ({', '.join(places)}), so no restart can fix it: "
+            f"deterministic failure, not retried: the same exception struck "
+            f"{len(verdict.deaths)} times ({'; '.join(places)}), so no restart can fix it: "
             f"{verdict.crash.summary()}{_quarantine_note(quarantined)}; "
             f"{_progress(queue)}.\nTraceback of {verdict.deaths[-1].node_id}:\n"
             f"{_last_lines(verdict.crash.tail)}"
@@ -97,7 +97,7 @@ def last_words(node_id: str, crash: Crash | None, log_file: Path) -> str:
     """What a dead node said last: its exception's traceback where it reported one, else the
     last lines of its own log (not the HTTP client's request lines)."""
     if crash is not None:
-        return f"Its exception ({crash.summary()}):\n{_last_lines(crash.tail)}"
+        return f"Its traceback:\n{_last_lines(crash.tail)}"
     try:
         with open(log_file, errors="replace") as fh:
             own = (line for line in fh if _HTTP_REQUEST_LINE not in line)
@@ -114,7 +114,7 @@ def _last_lines(text: str) -> str:
 
 def _range(queue: ShardQueue, shard_id: int) -> str:
     shard = queue.static(shard_id)
-    return f"{shard_id}, samples {shard.start}-{shard.end}"
+    return f"shard {shard_id} (samples {shard.start}-{shard.end})"
 
 
 def _quarantine_note(quarantined: list[dict[str, int]]) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from airflow_rover.core.crashes import Crash, Death, RepeatedFailures, normalise
+from airflow_rover.core.crashes import Crash, Death, RepeatedFailures, headline, normalise
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.spec import FeatureConfig, RecoveryConfig, TableConfig
 
@@ -50,9 +50,22 @@ def test_where_is_the_innermost_frame_outside_numpy_and_tensorflow() -> None:
     assert "reshape" in crash.tail  # the traceback itself is kept for the message
 
 
-def test_normalise_keeps_the_first_line_without_numbers() -> None:
-    text = "\n  {{node 12}} id 0x7f3a out of [0, 1000) at 3.5e-2\nTraceback (most recent call)"
-    assert normalise(text) == "{{node N}} id N out of [N, N) at N"
+def test_normalise_keeps_the_first_line_without_numbers_but_names() -> None:
+    text = "\n  {{node 12}} id 0x7f3a of C12 out of [0, 1000) at 3.5e-2\nTraceback (most recent)"
+    assert normalise(text) == "{{node N}} id N of C12 out of [N, N) at N"
+
+
+def test_the_python_error_tensorflow_relays_is_the_headline() -> None:
+    """A py_function or tf.data generator that raised: TensorFlow's first line says nothing."""
+    graph = (
+        "Graph execution error:\n\nDetected at node EagerPyFunc defined at (most recent call "
+        'last):\n  File "/m.py", line 22, in <module>\n\nZeroDivisionError: scale 0 at run 10\n'
+        "Traceback (most recent call last):\n"
+    )
+    assert headline(graph) == "ZeroDivisionError: scale 0 at run 10"
+    pipeline = "{{function_node __wrapped__IteratorGetNext_output_types_1}} ValueError: id 7\n"
+    assert headline(pipeline) == "ValueError: id 7"
+    assert normalise(pipeline) == "ValueError: id N"
 
 
 def death(node: str, shard: int | None, crash: Crash) -> Death:
