@@ -34,6 +34,7 @@ _PLUMBING = (
     "httpx",
     "httpcore",
 )
+_GENERATED = ("__autograph_generated_file", "<")  # AutoGraph's copies, <frozen ...>, <string>
 # a number on its own (an id, a count, a row, an address), not one inside a name like C1
 _NUMBER = re.compile(r"\b(0x[0-9a-fA-F]+|\d+(\.\d+)?([eE][-+]?\d+)?)\b")
 _SPACE = re.compile(r"\s+")
@@ -64,6 +65,8 @@ def _is_plumbing(filename: str) -> bool:
     path = filename.replace(os.sep, "/")
     if filename.startswith(_STDLIB) and "site-packages" not in path:
         return True
+    if path.rsplit("/", 1)[-1].startswith(_GENERATED):
+        return True  # a temporary file of another name in every process
     return any(f"/{package}/" in path for package in _PLUMBING)
 
 
