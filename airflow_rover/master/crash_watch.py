@@ -25,24 +25,21 @@ class CrashWatch:
         self._reported: dict[str, Crash] = {}
         self._shard_deaths: dict[int, str] = {}  # shard -> what last killed its worker
 
-    def reported(self, node_id: str, crash: Crash) -> None:
-        """``node_id`` says it is about to die of ``crash``."""
+    def reported(self, node_id: str, crash: Crash, shard_id: int | None) -> Verdict | None:
+        """``node_id`` says it is about to die of ``crash`` (``shard_id``: the shard it was
+        training): counted now, not once its process is gone (a dying TensorFlow process
+        took seconds to exit); the verdict if the job's failure is deterministic."""
         self._reported[node_id] = crash
+        return self.repeated.record(Death(node_id, crash, shard_id))
 
     def take(self, node_id: str) -> Crash | None:
         """The crash record of a node that exited (None: it reported none, e.g. killed)."""
         return self._reported.pop(node_id, None)
 
-    def judge(
-        self, node_id: str, crash: Crash | None, shard_id: int | None, cause: str
-    ) -> Verdict | None:
-        """Count a node's death (``cause``: how it ended); the verdict if the job's failure
-        is deterministic."""
+    def died(self, crash: Crash | None, shard_id: int | None, cause: str) -> None:
+        """A node's process ended (``cause``: how) while training ``shard_id``."""
         if shard_id is not None:
             self._shard_deaths[shard_id] = crash.summary() if crash is not None else cause
-        if crash is None:
-            return None
-        return self.repeated.record(Death(node_id, crash, shard_id))
 
     def deterministic(self, verdict: Verdict, queue: ShardQueue) -> str:
         """Record the failure of ``verdict``; returns the job's message."""

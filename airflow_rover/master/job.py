@@ -124,8 +124,9 @@ class JobMaster:
         with self._lock:
             self.nodes.known(node_id)
             crash = Crash(**body.model_dump())
-            self.recovery.crashes.reported(node_id, crash)
-        log.warning("%s is exiting: %s", node_id, crash.summary())
+            log.warning("%s is exiting: %s", node_id, crash.summary())
+            self.recovery.crash_reported(node_id, crash)
+        self.wake.set()  # the job may have ended: the supervisor stops the nodes now
 
     def heartbeat(self, node_id: str, body: master_api.Heartbeat) -> bool:
         """Record a node's progress; returns True when the node should stop."""

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from airflow_rover.core.crashes import Crash
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.shards import Shard
-from airflow_rover.core.states import JobState, NodeState
+from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.master.crash_watch import CrashWatch, last_words
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.job_core import JobCore
@@ -127,21 +127,24 @@ class NodeRecovery:
         # a worker lost during PS recovery is started with the others when the PS is back
         return True
 
+    def crash_reported(self, node_id: str, crash: Crash) -> None:
+        """A node is about to exit of ``crash``: fail the job now if that same exception
+        struck elsewhere before (``core.crashes.RepeatedFailures``)."""
+        job = self.job
+        held = job.queue.held_by(node_id) if job.nodes[node_id].role == "worker" else []
+        verdict = self.crashes.reported(node_id, crash, held[0].shard_id if held else None)
+        if verdict is not None and job.state not in TERMINAL_STATES:
+            job.finish(JobState.FAILED, self.crashes.deterministic(verdict, job.queue))
+
     def _deterministic(
         self, node: NodeInfo, crash: Crash | None, shard_id: int | None, cause: str
     ) -> bool:
-        """Fail the job if no restart can fix it: the same exception again elsewhere, or
-        nothing left that can train. True if it failed."""
-        watch, job = self.crashes, self.job
-        verdict = watch.judge(node.node_id, crash, shard_id, cause)
-        message = (
-            watch.deterministic(verdict, job.queue)
-            if verdict is not None
-            else watch.nothing_left_to_train(job.queue)
-        )
+        """Fail the job if nothing is left that can train. True if it failed."""
+        self.crashes.died(crash, shard_id, cause)
+        message = self.crashes.nothing_left_to_train(self.job.queue)
         if message is None:
             return False
-        job.finish(JobState.FAILED, message)
+        self.job.finish(JobState.FAILED, message)
         return True
 
     def _worker_lost(self, node: NodeInfo, code: int, replaced: bool) -> list[Shard]:

@@ -3,9 +3,9 @@ what happened (real processes, a real DAG run with ``retries=1``: ``rover_determ
 
 (a) a user model that raises at its fourth run in a process (after three training steps: a
 model built, or run on a few rows before the job, is fine; restarting its workers trains three
-steps per restart); (b) a dataset whose categorical ids leave their table's vocabulary from
-row 5,000 on (past any spot-check of the first rows). Each task is timed from its start; the
-measured times are printed.
+steps per restart); (b) a dataset with an id outside its table's vocabulary deep inside each
+shard from shard 2 on (past what preflight's spot-check reads). Each task is timed from its
+start; the measured times are printed.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 DAG_ID = "rover_determ_test"
 NUM_TRAIN = 16_384  # 8 shards of 2,048 (the DAG's shard size) per epoch, 2 epochs
-FIRST_BAD_ROW, BAD_ROW_EVERY = 5_000, 1_500  # shards 2-7 each hold one bad id or more
+SHARD = 2_048  # the DAG's shard size
+# one id outside the vocabulary 1,500 rows into each shard from shard 2 on: past the 1,024 rows
+# that preflight's spot-check reads from the start of the shards it samples
+BAD_ROWS = [shard * SHARD + 1_500 for shard in range(2, NUM_TRAIN // SHARD)]
 BOUND_S = 60.0  # issue 23: each fails within 60 s of the task's start
 
 
@@ -113,12 +116,12 @@ def test_ids_outside_the_vocabulary_deep_in_the_data_fail_the_task_at_once(
     data = dataset(tmp_path / "data")
     categorical = np.load(data.train_dir / "categorical.npy", mmap_mode="r+")
     vocab = json.loads((data.train_dir / "manifest.json").read_text())["categorical"]
-    rows = np.arange(FIRST_BAD_ROW, NUM_TRAIN, BAD_ROW_EVERY)
+    rows = np.array(BAD_ROWS)
     categorical[rows, 0] = vocab[0]["vocab_size"] + rows  # a newer day, hashed differently
     categorical.flush()
     del categorical
     outcome = run(run_dag, data, tmp_path / "job", "wide_deep")
-    report("ids outside the vocabulary from row 5,000 on", outcome)
+    report("ids outside the vocabulary deep in shards 2-7", outcome)
     failure = check_failed_once_fast(outcome)
     assert failure["kind"] == "deterministic"
     assert len(failure["nodes"]) + len(failure["shards"]) >= 3, failure  # 2 places at least

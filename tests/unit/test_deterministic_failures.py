@@ -59,7 +59,7 @@ def test_the_same_exception_on_two_shards_fails_the_job_at_once(
     make_job, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """worker-0 dies on shard 0, worker-1 on shard 1, of the same exception (other ids): the
-    job fails with the second death, restarts left or not, and the task is not retried."""
+    job fails as the second reports it, restarts left or not, and the task is not retried."""
     job = make_job(recovery=RecoveryConfig(max_node_restarts=10))
     start_running(job)
     assert job.lease("worker-0")["shard"]["shard_id"] == 0
@@ -67,7 +67,9 @@ def test_the_same_exception_on_two_shards_fails_the_job_at_once(
     dies(job, "worker-0", raising(150))
     assert job.status()["state"] == "running"
     assert starts_of(job, "worker-0") == 2  # once is bad luck: restarted
-    dies(job, "worker-1", raising(4096))
+    assert job.post("/nodes/worker-1/crash", raising(4096)) == {"ok": True}
+    assert job.status()["state"] == "failed"  # at its report, not once its process is gone
+    dies(job, "worker-1", None)
 
     status = job.status()
     assert status["state"] == "failed"
