@@ -94,13 +94,14 @@ class Crash:
     tail: str = field(default="", compare=False)
 
     @classmethod
-    def of(cls, exc: BaseException, transient: bool = False) -> Crash:
+    def of(cls, exc: BaseException, transient: bool = False, message: str | None = None) -> Crash:
+        """``exc``'s record; ``message``: what it says, where ``str(exc)`` says it badly."""
         kind = type(exc)
         module = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
         formatted = "".join(traceback.format_exception(exc))
         return cls(
             exc_type=f"{module}{kind.__qualname__}",
-            message=str(exc)[:MESSAGE_CHARS],
+            message=(str(exc) if message is None else message)[:MESSAGE_CHARS],
             where=raised_at(exc),
             transient=transient,
             tail=formatted[-TAIL_CHARS:],

@@ -46,10 +46,21 @@ def is_transient(exc: BaseException) -> bool:
     return any(kind.__name__ in _TRANSIENT_NAMES for kind in type(exc).__mro__)
 
 
+def _rpc_message(exc: BaseException) -> str | None:
+    """A gRPC error's status and details (its ``str`` starts with the call object's repr,
+    the same for every error of every call)."""
+    if not isinstance(exc, grpc.RpcError):
+        return None
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
+    if not callable(code) or not callable(details):
+        return None
+    return f"{code().name}: {details()}"
+
+
 def report_crash(master: MasterClient, node_id: str, exc: BaseException) -> None:
     """Send ``exc`` to the master as ``node_id``'s crash record (best effort: a master that
     does not answer within ``REPORT_TIMEOUT_S`` is not told)."""
-    crash = Crash.of(exc, transient=is_transient(exc))
+    crash = Crash.of(exc, transient=is_transient(exc), message=_rpc_message(exc))
     try:
         master.report_crash(node_id, master_api.NodeCrash(**crash.to_dict()), REPORT_TIMEOUT_S)
     except (httpx.HTTPError, ValueError) as error:

@@ -20,18 +20,35 @@ from airflow_rover.core.job_dir import (
     ENV_PS_PORT,
     ENV_TOKEN_FILE,
 )
-from airflow_rover.rpc.crash_report import is_transient
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.crash_report import is_transient, report_crash
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from lone_master import lone_master, small_job, started
 
 
 class _RpcError(grpc.RpcError):
-    def __init__(self, code: grpc.StatusCode) -> None:
-        self._code = code
+    def __init__(self, code: grpc.StatusCode, details: str = "") -> None:
+        self._code, self._details = code, details
 
     def code(self) -> grpc.StatusCode:
         return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def __str__(self) -> str:  # as grpc's call objects print
+        return f"<_MultiThreadedRendezvous of RPC that terminated with:\n\tstatus = {self._code}"
+
+
+class Recorder:
+    """Takes a crash report the way ``MasterClient.report_crash`` sends it."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, master_api.NodeCrash]] = []
+
+    def report_crash(self, node_id: str, crash: master_api.NodeCrash, timeout_s: float) -> None:
+        self.sent.append((node_id, crash))
 
 
 class ResourceExhaustedError(Exception):
@@ -58,6 +75,17 @@ class ResourceExhaustedError(Exception):
 )
 def test_what_a_restart_may_fix_is_transient(exc: BaseException, transient: bool) -> None:
     assert is_transient(exc) is transient
+
+
+def test_a_grpc_error_is_reported_by_its_status_and_details() -> None:
+    """Its ``str`` starts with the call object's repr, the same for every error."""
+    recorder = Recorder()
+    refused = _RpcError(grpc.StatusCode.INVALID_ARGUMENT, "table 'C1': non-finite gradients")
+    report_crash(recorder, "worker-0", refused)  # type: ignore[arg-type]
+    ((node, crash),) = recorder.sent
+    assert node == "worker-0"
+    assert crash.message == "INVALID_ARGUMENT: table 'C1': non-finite gradients"
+    assert crash.transient is False
 
 
 def test_a_ps_that_dies_of_an_exception_tells_its_master_first(
