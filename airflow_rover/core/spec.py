@@ -122,6 +122,14 @@ class RecoveryConfig(_Strict):
     max_shard_failures: int = Field(
         default=3, ge=1, le=100, description="a shard whose worker died this often is quarantined"
     )
+    deterministic_after: int = Field(
+        default=2,
+        ge=2,
+        le=100,
+        description="the same exception (type, message without its numbers, where raised) "
+        "from this many nodes, restarts or shards fails the job at once, without retry: no "
+        "restart can fix it (docs/fault-tolerance.md)",
+    )
     max_master_restarts: int = Field(
         default=3, ge=0, le=100, description="relaunches of a dead master by its keeper"
     )

@@ -74,6 +74,11 @@ def _node_routes(master: JobMaster) -> APIRouter:
         _known(master.node_ready, node_id, body)
         return {"ok": True}
 
+    @router.post("/nodes/{node_id}/crash")
+    def node_crash(node_id: str, body: master_api.NodeCrash) -> dict[str, bool]:
+        _known(master.node_crashed, node_id, body)
+        return {"ok": True}
+
     @router.post("/nodes/{node_id}/heartbeat")
     def heartbeat(node_id: str, body: master_api.Heartbeat) -> dict[str, bool]:
         return {"stop": _known(master.heartbeat, node_id, body)}

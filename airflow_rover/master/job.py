@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from airflow_rover.core.crashes import Crash
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.plans import PlanRecord
@@ -117,6 +118,15 @@ class JobMaster:
                 self.train_started_at = node.last_seen  # the training clock: first worker ready
             log.info("node %s ready%s", node_id, f" at {body.address}" if body.address else "")
         self.wake.set()
+
+    def node_crashed(self, node_id: str, body: master_api.NodeCrash) -> None:
+        """A node is about to exit of an exception: kept until its exit is seen."""
+        with self._lock:
+            self.nodes.known(node_id)
+            crash = Crash(**body.model_dump())
+            log.warning("%s is exiting: %s", node_id, crash.summary())
+            self.recovery.crash_reported(node_id, crash)
+        self.wake.set()  # the job may have ended: the supervisor stops the nodes now
 
     def heartbeat(self, node_id: str, body: master_api.Heartbeat) -> bool:
         """Record a node's progress; returns True when the node should stop."""

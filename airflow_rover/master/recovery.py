@@ -7,12 +7,13 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from pathlib import Path
 from typing import Any, Protocol
 
+from airflow_rover.core.crashes import Crash
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.shards import Shard
-from airflow_rover.core.states import JobState, NodeState
+from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
+from airflow_rover.master.crash_watch import CrashWatch, last_words
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability
@@ -53,6 +54,7 @@ class NodeRecovery:
         self.master_restarts = master_restarts
         self.recoveries: list[dict[str, Any]] = []
         self.standby_takeovers = 0  # lost PS replaced by the spare process (standby_ps)
+        self.crashes = CrashWatch(job.spec.recovery.deterministic_after)
         if master_restarts:  # a keeper relaunched this master: time its recovery
             deaths = (job.job_dir.read_json(job.job_dir.keeper_file) or {}).get("master_deaths")
             died_at = deaths[-1]["died_at"] if deaths else time.time()
@@ -78,34 +80,41 @@ class NodeRecovery:
             if node.exit_code is not None:
                 continue
             node.exit_code = code
+            crash = self.crashes.take(node_id)
             if node.stopping:
                 node.state = NodeState.STOPPED
             # A PS is never done by itself: one that exits 0 unasked was stopped by someone
             # else (a SIGTERM), and its rows are lost.
             elif code == 0 and node.role != "ps":
                 node.state = NodeState.SUCCEEDED
-            elif not self._failed(node, code):
+            elif not self._failed(node, code, crash):
                 return  # the job failed
 
-    def _failed(self, node: NodeInfo, code: int) -> bool:
-        """Recover a node that failed; False if the job cannot (no restarts left)."""
+    def _failed(self, node: NodeInfo, code: int, crash: Crash | None = None) -> bool:
+        """Recover a node that failed; False if the job cannot (no restarts left, or a
+        failure no restart can fix)."""
         job = self.job
         node.state = NodeState.FAILED
         cause = f"{node.node_id} exited with code {code}"
+        if crash is not None:
+            cause += f" ({crash.summary()})"
         replaced, node.replacing = node.replacing, False
         if replaced:
             cause = f"{node.node_id} replaced to resize it"
+        held = job.queue.held_by(node.node_id) if node.role == "worker" else []
         released = self._worker_lost(node, code, replaced) if node.role == "worker" else []
         # a worker that lost its PS is not at fault, nor a node replaced to resize it: their
         # restarts do not count
         counted = not replaced and not (node.role == "worker" and code == EXIT_PS_LOST)
+        if counted and self._deterministic(node, crash, held[0].shard_id if held else None, cause):
+            return False
         limit = job.spec.recovery.max_node_restarts
         if counted and self.restarts >= limit:
             job.finish(
                 JobState.FAILED,
                 f"{cause}; no restarts left ({self.restarts} used, "
                 f"recovery.max_node_restarts={limit}); {len(released)} shard(s) returned to "
-                f"TODO. Last log lines:\n{_tail(job.job_dir.log_file(node.node_id))}",
+                f"TODO. {last_words(node.node_id, crash, job.job_dir.log_file(node.node_id))}",
             )
             return False
         if node.role == "ps":
@@ -116,6 +125,26 @@ class NodeRecovery:
         ):
             self.restart(node, cause, counted)
         # a worker lost during PS recovery is started with the others when the PS is back
+        return True
+
+    def crash_reported(self, node_id: str, crash: Crash) -> None:
+        """A node is about to exit of ``crash``: fail the job now if that same exception
+        struck elsewhere before (``core.crashes.RepeatedFailures``)."""
+        job = self.job
+        held = job.queue.held_by(node_id) if job.nodes[node_id].role == "worker" else []
+        verdict = self.crashes.reported(node_id, crash, held[0].shard_id if held else None)
+        if verdict is not None and job.state not in TERMINAL_STATES:
+            job.finish(JobState.FAILED, self.crashes.deterministic(verdict, job.queue))
+
+    def _deterministic(
+        self, node: NodeInfo, crash: Crash | None, shard_id: int | None, cause: str
+    ) -> bool:
+        """Fail the job if nothing is left that can train. True if it failed."""
+        self.crashes.died(crash, shard_id, cause)
+        message = self.crashes.nothing_left_to_train(self.job.queue)
+        if message is None:
+            return False
+        self.job.finish(JobState.FAILED, message)
         return True
 
     def _worker_lost(self, node: NodeInfo, code: int, replaced: bool) -> list[Shard]:
@@ -202,11 +231,3 @@ class NodeRecovery:
             "standby_takeovers": self.standby_takeovers,
             "recovery_seconds": {role: sorted(v) for role, v in seconds.items()},
         }
-
-
-def _tail(path: Path, lines: int = 15) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return "".join(collections.deque(fh, maxlen=lines))
-    except OSError:
-        return "(no log)"

@@ -126,6 +126,8 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
         "plans": [p.to_json() for p in job.autoscaler.plans],
         "profile": job.autoscaler.report(job.profiler),
         "result": job.wrap_up.result,
+        # set when the job failed in a way no retry can fix (``master.crash_watch``)
+        "failure": job.recovery.crashes.failure,
     }
 
 

@@ -1,9 +1,11 @@
-"""What a training task returns: the ended job's metrics as its XCom value, and the trigger
-event status of a job status."""
+"""What a training task returns: the ended job's metrics as its XCom value, the trigger
+event status of a job status, and the exception of a job that did not succeed."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
+
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_rover.core.states import JobState
 
@@ -39,3 +41,15 @@ def job_result(job: dict[str, Any]) -> dict[str, Any]:
         "duration_s": job.get("duration_s"),
         **{key: result.get(key) for key in RESULT_KEYS},
     }
+
+
+def raise_job_ended(
+    job_id: str | None, state: str, message: str | None, failure: dict[str, Any] | None
+) -> NoReturn:
+    """Fail the task for a job that did not succeed: without retry (``AirflowFailException``)
+    when the master found that no retry can fix it (``failure.retryable`` false: the same
+    exception again and again, or nothing left to train), else through Airflow's retries."""
+    text = f"Job {job_id} {state}: {message}"
+    if isinstance(failure, dict) and failure.get("retryable") is False:
+        raise AirflowFailException(text)
+    raise AirflowException(text)

@@ -55,7 +55,7 @@ from airflow_rover.operators.job_rerun import (
     clear_stored_checkpoints,
     rerun_decision,
 )
-from airflow_rover.operators.job_result import event_status_of, job_result
+from airflow_rover.operators.job_result import event_status_of, job_result, raise_job_ended
 from airflow_rover.operators.training_params import (
     as_param_dict,
     check_checkpoint_uri,
@@ -106,7 +106,8 @@ class ElasticTrainingOperator(BaseOperator):
         ``max_master_restarts``: how much failure the job absorbs before the task fails; a
         retry of the task resumes from the last checkpoint and the shard queue.
         ``standby_ps``: keep a spare PS process that takes over a lost PS at once (local
-        nodes). (templated)
+        nodes). ``deterministic_after``: the same exception this often fails the task at once,
+        without retry. (templated)
     :param features: embedding tables and dense features; default: one table per column.
     :param embedding_dim: width of the default tables.
     :param launcher: where the job runs: ``"local"`` (processes on the Airflow worker's host)
@@ -450,7 +451,7 @@ class ElasticTrainingOperator(BaseOperator):
             return
         if job["state"] in (JobState.FAILED, JobState.STOPPED):
             self._record(context, job)
-            raise AirflowException(f"Job {job.get('job_id')} {job['state']}: {job.get('message')}")
+            raise_job_ended(job.get("job_id"), job["state"], job.get("message"), job.get("failure"))
         budget = self.rendered_cluster_budget()
         self.defer(
             trigger=ElasticJobTrigger(
@@ -479,9 +480,10 @@ class ElasticTrainingOperator(BaseOperator):
         if isinstance(job, dict) and job.get("state") in TERMINAL_STATES:
             self._record(context, job)
         if event["status"] != "success":
-            raise AirflowException(
-                f"Job {event.get('job_id')} {event['status']}: {event.get('message')}"
+            failure = event.get("failure") or (
+                job.get("failure") if isinstance(job, dict) else None
             )
+            raise_job_ended(event.get("job_id"), event["status"], event.get("message"), failure)
         return job_result(event["job"])
 
     def on_kill(self) -> None:

@@ -28,7 +28,8 @@ from airflow_rover.core.node_job import node_job
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.server import ParameterServer, start_server
-from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.crash_report import report_crash
+from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
 from airflow_rover.rpc.ps_service import receive_limit
 
 log = logging.getLogger("airflow_rover.ps")
@@ -150,8 +151,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--role", default="ps", choices=["ps"])
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    quiet_request_logs()
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)  # ~30 ms: a spare has it made
+    try:
+        serve(ctx, master)
+    except Exception as exc:  # the master learns what killed this PS, then it dies of it
+        report_crash(master, ctx.node_id, exc)
+        raise
+
+
+def serve(ctx: NodeContext, master: MasterClient) -> None:
+    """Restore (or start empty), serve until told to stop."""
     if ctx.node_id.startswith(STANDBY_PREFIX):
         ctx = dataclasses.replace(ctx, node_id=wait_as_standby(ctx))
     spec = ctx.job_dir.read_spec()

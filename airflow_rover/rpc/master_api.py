@@ -36,6 +36,16 @@ class Heartbeat(_Body):
     step_time_ms: float = Field(ge=0)
 
 
+class NodeCrash(_Body):
+    """A node's uncaught exception, reported just before it exits (``core.crashes.Crash``)."""
+
+    exc_type: str = Field(min_length=1, max_length=300)
+    message: str = Field(max_length=2000)
+    where: str = Field(max_length=500)
+    transient: bool = False
+    tail: str = Field(default="", max_length=8000)
+
+
 class LeaseRequest(_Body):
     node_id: str = Field(min_length=1, max_length=100)
     # The PS set the trainer uses: no shard for a trainer of an older one (it has not yet

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -12,6 +13,12 @@ from airflow_rover.rpc import master_api
 from airflow_rover.rpc.tls import http_verify
 
 P = master_api.API_PREFIX
+
+
+def quiet_request_logs() -> None:
+    """A node's log is its own words: httpx logs every request at INFO (a heartbeat a second
+    buried a dead node's last lines under request lines); only its warnings stay."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class MasterClient:
@@ -68,6 +75,14 @@ class MasterClient:
 
     def ready(self, node_id: str, address: str | None = None) -> None:
         self._request("POST", f"/nodes/{node_id}/ready", master_api.NodeReady(address=address))
+
+    def report_crash(self, node_id: str, crash: master_api.NodeCrash, timeout_s: float) -> None:
+        """Tell the master what this node dies of: one try, ``timeout_s`` at most (a node
+        that cannot reach its master dies all the same)."""
+        reply = self._http.post(
+            f"{P}/nodes/{node_id}/crash", json=crash.model_dump(), timeout=timeout_s
+        )
+        reply.raise_for_status()
 
     def heartbeat(self, node_id: str, beat: master_api.Heartbeat) -> bool:
         return bool(self._request("POST", f"/nodes/{node_id}/heartbeat", beat)["stop"])

@@ -3,7 +3,8 @@
 It carries only a pointer to the job (its directory) and polling settings; everything else lives
 with the master. Re-created after a triggerer restart, it simply polls the same job again.
 Every ending is an event with the keys ``status`` (success / failed / stopped / error),
-``job_id``, ``message`` and ``job`` (the last status); unexpected errors become ``error`` events.
+``job_id``, ``message``, ``job`` (the last status) and ``failure`` (set when no retry can fix
+the job); unexpected errors become ``error`` events.
 
 The training task's trigger (``stop_on_kill``: it owns the job) also keeps a Kubernetes job's
 objects: it recreates a missing Service or Secret when it starts and deletes the master pod (and
@@ -40,12 +41,14 @@ _EVENT_STATUS = {JobState.FAILED: "failed", JobState.STOPPED: "stopped"}
 
 
 def job_event(status: str, job: dict[str, Any], message: str | None = None) -> dict[str, Any]:
-    """The fixed event shape shared by the trigger and the operators' check-before-defer."""
+    """The fixed event shape shared by the trigger and the operators' check-before-defer;
+    ``failure``: the job's failure when no retry can fix it (``retryable`` false), else None."""
     return {
         "status": status,
         "job_id": job.get("job_id"),
         "message": message if message is not None else job.get("message", ""),
         "job": job,
+        "failure": job.get("failure"),
     }
 
 

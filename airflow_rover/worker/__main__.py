@@ -16,8 +16,9 @@ from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import open_dataset
+from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
-from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
 from airflow_rover.rpc.ps_client import PSClient
 
 if TYPE_CHECKING:  # it imports TensorFlow: the functions that use it import it when called
@@ -31,19 +32,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--role", default="worker", choices=["worker", "evaluator"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    quiet_request_logs()
     ctx = NodeContext.from_env()
-    stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
+    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
+    try:
+        _run(args.role, ctx, master)
+    except Exception as exc:  # the master learns what killed this node, then it dies of it
+        report_crash(master, ctx.node_id, exc)
+        raise
 
+
+def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
+    """Build the model, then train (a worker) or score the held-out split (the evaluator)."""
+    stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
     _configure_tensorflow()
     spec = ctx.job_dir.read_spec()
-    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
-    model = _ps_model(spec, ctx, args.role, cluster, optimizer)
-    if args.role == "worker":
+    model = _ps_model(spec, ctx, role, cluster, optimizer)
+    if role == "worker":
         model.warm_up()
     master.ready(ctx.node_id)
-    if args.role == "worker":
+    if role == "worker":
         _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop)
     else:
         _evaluate(spec, model, master)

@@ -106,6 +106,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/shards/lease", {"node_id": "worker-0"}),
     ("POST", "/shards/0/done", {"node_id": "worker-0"}),
     ("POST", "/nodes/worker-0/release", None),
+    ("POST", "/nodes/worker-0/crash", {"exc_type": "ValueError", "message": "x", "where": "f"}),
     ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
     ("GET", "/plans", None),
     ("POST", "/plans", {"num_workers": 9}),
@@ -187,7 +188,9 @@ def test_status_shape_through_start_up(make_job) -> None:
         "plans",
         "profile",
         "result",
+        "failure",
     }
+    assert status["failure"] is None
     assert status["job_id"] == "unit-job.1"
     assert status["state"] == "pending"
     assert status["progress"] == {

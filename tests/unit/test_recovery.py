@@ -583,3 +583,28 @@ def test_resume_with_an_unreachable_ps_does_not_crash_the_supervisor(
     assert resumed.master.state == JobState.PENDING
     resumed.master.step()
     assert resumed.master.state == JobState.PENDING
+
+
+def test_a_job_left_with_no_trainable_shard_fails_instead_of_scoring_nothing(
+    make_rig: Callable[..., Rig],
+) -> None:
+    """Every shard kills its worker (killed: no crash record to compare) until every one is
+    quarantined: the job fails, not retried, naming the shards and how their workers died,
+    instead of saving and scoring a model trained on 0 samples."""
+    rig = make_rig(max_shard_failures=1, max_node_restarts=100)
+    rig.run()
+    for shard_id in range(NUM_SHARDS):
+        assert rig.lease("worker-0").shard_id == shard_id
+        rig.kill("worker-0", -9)
+    rig.master.step()
+    status = rig.master.status()
+    assert status["state"] == "failed", status["message"]
+    assert status["message"].startswith(
+        f"no trainable shard left, not retried: all {NUM_SHARDS} shard(s) not trained are "
+        "quarantined after repeated worker deaths and no sample was trained: 0 (samples 0-250), "
+    )
+    assert "Their workers died of: worker-0 exited with code -9 (4 shard(s))" in status["message"]
+    failure = status["failure"]
+    assert (failure["kind"], failure["retryable"]) == ("no_trainable_shard", False)
+    assert [q["shard_id"] for q in failure["quarantined"]] == list(range(NUM_SHARDS))
+    assert ("evaluator", "evaluator") not in rig.launcher.started

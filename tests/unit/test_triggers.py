@@ -26,7 +26,7 @@ from airflow_rover.core.job_dir import JobDir, atomic_write_json
 from airflow_rover.hooks.elastic_job import ABSENT, UNREACHABLE, resolve_status
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
-EVENT_KEYS = {"status", "job_id", "message", "job"}
+EVENT_KEYS = {"status", "job_id", "message", "job", "failure"}
 
 
 @pytest.fixture(scope="module")
