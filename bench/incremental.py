@@ -55,13 +55,14 @@ def run_job(
     **extra: Any,
 ) -> dict[str, Any]:
     """Launch one job, wait for it to end, return its result (with ``wall_s``)."""
+    learning_rate = {} if args.lr is None else {"learning_rate": args.lr}
     spec = JobSpec.model_validate(
         {
             "job_id": name,
             "train_data": str(data.train_dir),
             "eval_data": str(data.eval_dir),
             "plan": {"num_ps": num_ps, "num_workers": args.workers},
-            "training": {"epochs": 1, "optimizer": "adagrad", "learning_rate": args.lr},
+            "training": {"epochs": 1, "optimizer": "adagrad", **learning_rate},
             "autoscale": {"enabled": False},
             "recovery": {"checkpoint_interval_s": 30},
             **extra,
@@ -96,7 +97,7 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=200_000, help="training samples a day")
     parser.add_argument("--drift", type=float, default=0.1, help="teacher drift per day")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--lr", type=float, default=None, help="default: Adagrad's, 0.2")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--ps-day1", type=int, default=2)
     parser.add_argument("--ps-day2", type=int, default=1)
