@@ -34,6 +34,14 @@ def job_day(context: Any) -> int:
     return day_number(dt.datetime.now(dt.UTC))
 
 
+def rendered_source(value: Any) -> Any:
+    """The rendered ``init_from``: None for None, "" or "None" (a template choosing no
+    source), else the value stripped (checked by ``check_init_option``)."""
+    if value is None or (isinstance(value, str) and value.strip() in ("", "None")):
+        return None
+    return value.strip() if isinstance(value, str) else value
+
+
 def rendered_days(owner: str, value: Any) -> int | None:
     """The rendered ``evict_after_days``: None (also empty or "None"), else an integer."""
     if value is None or (isinstance(value, str) and value.strip() in ("", "None")):

@@ -529,16 +529,17 @@ class ElasticTrainingOperator(BaseOperator):
         against its layout; ``NoModelToStartFrom`` otherwise); pushed to XCom as ``init_from``."""
         ti = context["ti"]
         evict_days = incremental.rendered_days(self._owner, self.evict_after_days)
-        check_init_option(self._owner, self.init_from or None, evict_days)
-        source = incremental.resolve(self.init_from or None, evict_days, self.history_hook(), ti)
+        wanted = incremental.rendered_source(self.init_from)
+        check_init_option(self._owner, wanted, evict_days)
+        source = incremental.resolve(wanted, evict_days, self.history_hook(), ti)
         if source is not None:
             incremental.check_compatible(source, spec, features)
             self.log.info("Starting from %s: %s", source.origin, source.location)
-        elif self.init_from:
+        elif wanted:
             self.log.info(
                 "init_from=%r: no successful run of %s.%s in the history store; training "
                 "from scratch",
-                self.init_from,
+                wanted,
                 ti.dag_id,
                 ti.task_id,
             )

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from dag_runs import end_dag_test, start_dag_test, tail
 
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURE_DAGS = REPO / "tests" / "fixtures" / "dags"
 DAG_ID = "rover_incremental_test"
 DONE_SHARDS_BEFORE_KILL = 2
+DAY1 = 20788  # 2026-12-01, days since 1970-01-01: the day rows trained on day 1 record
 RUN_TIMEOUT_S = 300
 
 
@@ -95,6 +97,14 @@ def kill_a_worker(layout: JobDir) -> dict[str, Any] | None:
     return {"node": node, "checkpoint": latest.name if latest else None}
 
 
+def model_arrays(folder: Path) -> dict[str, Any]:
+    """The last-seen days of a saved model's rows and its dense variables' names."""
+    with np.load(folder / "ps-0.npz") as saved:
+        days = sorted({int(d) for k in saved.files if k.endswith("/seen") for d in saved[k]})
+        dense = sorted(k for k in saved.files if k.startswith("dense/"))
+    return {"days": days, "dense": dense}
+
+
 @pytest.fixture(scope="module")
 def days(airflow_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("incremental")
@@ -129,6 +139,13 @@ def test_day2_starts_from_day1s_model_found_through_the_history(days: dict[str, 
     assert f"ps-0 started from {folder}" in day2["ps_log"]
     master_log = day2["layout"].log_file("master").read_text(errors="replace")
     assert f"No checkpoint of this job yet: starting from {folder}" in master_log
+    # Day 2's model holds rows last trained on day 1 (carried over) and on day 2, and the
+    # same dense variables as day 1's (the workers trained the loaded ones).
+    first, second = (
+        model_arrays(Path(d["xcom"]["train:return_value"]["model_folder"])) for d in (day1, day2)
+    )
+    assert set(second["days"]) == {DAY1, DAY1 + 1}, second["days"]
+    assert second["dense"] == first["dense"] and first["dense"]
 
 
 def test_the_retry_of_day2_resumes_its_own_checkpoint_not_day1s_model(

@@ -270,6 +270,12 @@ def test_init_options_are_templated() -> None:
     assert {"init_from", "evict_after_days"} <= set(operator.template_fields)
     assert build(init_from="previous", evict_after_days=30).init_from == "previous"
     assert build(init_from="file:///models/m").init_from == "file:///models/m"
+    for none in (None, "", " None "):  # what a template choosing no source renders to
+        assert incremental.rendered_source(none) is None
+    assert incremental.rendered_days("t", "None") is None
+    assert incremental.rendered_days("t", " 30") == 30
+    with pytest.raises(ValueError, match="evict_after_days='soon'"):
+        incremental.rendered_days("t", "soon")
 
 
 def test_an_incompatible_source_is_refused_naming_what_differs(tmp_path: Path) -> None:
