@@ -19,6 +19,7 @@ from pydantic import (
 )
 
 from airflow_rover.core.deadline import JobDeadline
+from airflow_rover.core.incremental import InitSource
 from airflow_rover.core.policies import CheckpointPolicyConfig
 
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
@@ -211,6 +212,16 @@ class JobSpec(_Strict):
         default=None,
         description="the master stops the job at this time (set at submission from the "
         "task's max_runtime); none: the job runs until it ends",
+    )
+    init: InitSource | None = Field(
+        default=None,
+        description="the model or checkpoint the job starts from while it has no checkpoint "
+        "of its own (core.incremental); none: fresh rows",
+    )
+    day: int | None = Field(
+        default=None,
+        description="the day the job trains for (days since 1970-01-01, the run's data "
+        "interval): each row records the last day it was trained on",
     )
     fingerprint: str | None = Field(
         default=None,

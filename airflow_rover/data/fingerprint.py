@@ -2,7 +2,8 @@
 digest differs from its finished job's, and returns that job's result when it is the same.
 
 The digest covers the spec fields that decide the model (data, model, features, training),
-the content of both splits and the source of a user's model module. Resources, recovery,
+the content of both splits, the source of a user's model module and, for a job continuing a
+model (``init_from``), that model's location and the eviction it starts with. Resources, recovery,
 checkpoints and the deadline are left out: they change how a job runs, not what it learns.
 """
 
@@ -32,6 +33,8 @@ def training_fingerprint(spec: JobSpec) -> str:
         "eval_data": dataset_digest(spec.eval_data) if spec.eval_data else None,
         "model_source": model_source_digest(spec.model),
     }
+    if spec.init is not None:  # another model to start from is another training
+        parts["init"] = spec.init.model_dump(mode="json")
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 

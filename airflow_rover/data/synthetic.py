@@ -75,6 +75,7 @@ _INTERACTION_COLUMN_FRACTION = 0.25
 _TAG_TEACHER = 0x7EAC
 _TAG_CALIBRATION = 0xCA1B
 _TAG_SPLIT = {"train": 0x7A1, "eval": 0xE7A}
+_TAG_DRIFT = 0xD21F
 
 # Criteo-like spread: a few tiny columns (10-100), mid-sized ones (250-12k) and several large
 # ones (20k-100k); ~529k ids in all, so full per-id tables stay well under 1M rows.
@@ -119,6 +120,8 @@ class SyntheticConfig:
     zipf_exponent: float = 1.1
     noise: float = 0.8
     positive_rate: float = 0.25
+    day: int = 0  # day d's teacher has drifted d steps from day 0's; its samples are its own
+    drift: float = 0.0  # share of each id weight redrawn per day (0: the teacher never moves)
 
     def __post_init__(self) -> None:
         """Reject bad values early, with the field name and accepted range in the message."""
@@ -142,12 +145,16 @@ class SyntheticConfig:
         set_(self, "zipf_exponent", _check_float("zipf_exponent", self.zipf_exponent, 0.0, 5.0))
         set_(self, "noise", _check_float("noise", self.noise, 0.0, 10.0))
         set_(self, "positive_rate", _check_float("positive_rate", self.positive_rate, 0.01, 0.99))
+        set_(self, "day", _check_int("day", self.day, 0, 10_000))
+        set_(self, "drift", _check_float("drift", self.drift, 0.0, 1.0))
 
     def generator_params(self) -> dict[str, Any]:
         """The JSON-ready parameter record stored in each manifest (and compared for reuse)."""
         params = dataclasses.asdict(self)
         params["vocab_sizes"] = list(self.vocab_sizes)
         params["algorithm_version"] = ALGORITHM_VERSION
+        if not self.day and not self.drift:  # datasets made before days existed stay current
+            del params["day"], params["drift"]
         return params
 
     def num_samples(self, split: str) -> int:
@@ -271,6 +278,14 @@ def _build_teacher(config: SyntheticConfig) -> _Teacher:
         _per_id_weights(rng, perm, pmf, float(std))
         for perm, pmf, std in zip(rank_to_id, pmfs, column_std, strict=True)
     )
+
+    for day in range(1, config.day + 1):  # each day redraws a share ``drift`` of every weight
+        step = _rng(config.seed, _TAG_DRIFT, day)
+        id_weights = tuple(
+            np.sqrt(1 - config.drift**2) * w
+            + config.drift * _per_id_weights(step, perm, pmf, float(std))
+            for w, perm, pmf, std in zip(id_weights, rank_to_id, pmfs, column_std, strict=True)
+        )
 
     pairs, pair_vectors = _interactions(rng, config, rank_to_id, pmfs)
 
@@ -444,7 +459,8 @@ def _write_split(teacher: _Teacher, config: SyntheticConfig, split: str, out_dir
     try:
         for block, start in enumerate(range(0, n, _BLOCK_ROWS)):
             stop = min(start + _BLOCK_ROWS, n)
-            rng = _rng(config.seed, _TAG_SPLIT[split], block)
+            day = (config.day,) if config.day else ()  # each day samples rows of its own
+            rng = _rng(config.seed, _TAG_SPLIT[split], block, *day)
             dense, categorical = _sample_features(teacher, rng, stop - start)
             logit = teacher.bias + _logit_without_bias(teacher, dense, categorical)
             noisy = logit + config.noise * rng.standard_normal(stop - start)

@@ -278,6 +278,25 @@ class HistoryStore:
         with self.engine.connect() as conn:
             return [dict(r) for r in conn.execute(query).mappings()]
 
+    def last_success(
+        self, dag_id: str, task_id: str, map_index: int = -1, other_than_run: str | None = None
+    ) -> dict[str, Any] | None:
+        """The most recently finished successful job of the task (``map_index``), leaving out
+        run ``other_than_run`` (the run asking): where ``init_from="previous"`` starts."""
+        self.ensure_schema()
+        query = select(jobs).where(
+            jobs.c.dag_id == dag_id,
+            jobs.c.task_id == task_id,
+            jobs.c.map_index == map_index,
+            jobs.c.outcome == "succeeded",
+        )
+        if other_than_run is not None:
+            query = query.where(jobs.c.run_id != other_than_run)
+        query = query.order_by(jobs.c.finished_at.desc(), jobs.c.job_id).limit(1)
+        with self.engine.connect() as conn:
+            row = conn.execute(query).mappings().first()
+        return None if row is None else dict(row)
+
     def failure_history(self, dag_id: str, task_id: str, limit: int = 20) -> list[FailureHistory]:
         """How long the task's last ``limit`` runs trained, on how many PS, and how many PS
         failures each had: what ``mtbf_from_history`` turns into the failure rate the

@@ -72,6 +72,7 @@ class JobMaster:
         mirror = checkpoint_mirror(spec)
         start = starting_point(job_dir, spec, mirror)
         self.queue, self.resumed_from, self.lost = start.queue, start.resumed_from, start.lost
+        self.started_from = start.started_from
         self.dispatch = ShardDispatch(self)
         self.port: MasterPort = PolicyPort(self)
         self.dispatch.reconcile_pending = start.checkpoint is not None  # ask the PS ledgers

@@ -1,9 +1,12 @@
 """Where a new master starts from: a fresh shard queue, or the one of the newest verified
 checkpoint (a retry, a relaunched master), fetched from ``checkpoint_uri`` when the job
-directory has none (a retry on another machine)."""
+directory has none (a retry on another machine). The job's own checkpoint always wins over
+the model it was told to continue (``init_from``): that model is loaded only into a job that
+has no checkpoint yet, and its first checkpoint holds it."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +20,8 @@ from airflow_rover.storage import CheckpointMirror, check_owner, restore_latest_
 
 LOST_UPDATES_KEY = "partial_recovery"  # in queue.json: the lost updates at the snapshot
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class StartingPoint:
@@ -26,6 +31,7 @@ class StartingPoint:
     checkpoint: Path | None
     resumed_from: str | None  # the checkpoint whose queue it is
     lost: LostUpdates
+    started_from: str = "scratch"  # what the PS load: "checkpoint ...", "init_from ...", "scratch"
 
     @property
     def checkpoint_number(self) -> int:
@@ -51,13 +57,25 @@ def starting_point(
             job_dir.commit_checkpoint(fetched)
             checkpoint = job_dir.latest_checkpoint()
     if checkpoint is None or not (checkpoint / "queue.json").exists():
-        return StartingPoint(fresh, checkpoint, None, LostUpdates())
+        return StartingPoint(fresh, checkpoint, None, LostUpdates(), fresh_start(spec))
     saved = job_dir.read_json(checkpoint / "queue.json") or {}
     check_owner(saved, spec.job_id, str(checkpoint), spec.fingerprint)
     queue = ShardQueue.from_dict(saved)
     queue.release_all()
     lost = LostUpdates.from_dict(saved.get(LOST_UPDATES_KEY))
-    return StartingPoint(queue, checkpoint, str(checkpoint), lost)
+    started = f"checkpoint {checkpoint}"
+    if spec.init is not None:
+        log.info("Resuming from the job's own %s, not from %s", started, spec.init.location)
+    return StartingPoint(queue, checkpoint, str(checkpoint), lost, started)
+
+
+def fresh_start(spec: JobSpec) -> str:
+    """What a job without a checkpoint starts from (and the log line saying so)."""
+    if spec.init is None:
+        return "scratch"
+    init = spec.init
+    log.info("No checkpoint of this job yet: starting from %s (%s)", init.location, init.origin)
+    return f"init_from {init.location} ({init.origin})"
 
 
 def fresh_queue(spec: JobSpec) -> ShardQueue:

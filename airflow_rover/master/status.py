@@ -94,6 +94,7 @@ class ReportingJob(JobCore, Protocol):
     recovery: NodeRecovery
     checkpointing: Checkpoints
     resumed_from: str | None
+    started_from: str
     samples_resumed: int
     lost: LostUpdates
 
@@ -136,6 +137,7 @@ def recovery_summary(job: ReportingJob) -> dict[str, Any]:
     return {
         **job.recovery.summary(),
         "resumed_from": job.resumed_from,
+        "started_from": job.started_from,
         "quarantined": job.queue.quarantined_shards(),
         **job.checkpointing.report(),
         "lost_batches": job.lost.batches,

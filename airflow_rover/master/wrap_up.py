@@ -91,6 +91,7 @@ class WrapUp:
         self._write_model_card(folder)
         publish_model(job.job_dir, folder)
         self.result = self._result(rows, ledgers)
+        self.result["model_folder"] = str(folder.resolve())  # init_from="previous" loads it
         job.finish(JobState.SUCCEEDED, self._message())
 
     def _write_model_card(self, folder: Path) -> None:

@@ -20,6 +20,7 @@ RESULT_KEYS = (
     "eval_samples",
     "embedding_rows",
     "model_dir",
+    "model_folder",
     "plan",
     "accounting",
     "recovery",

@@ -18,6 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
 from airflow_rover.core.deadline import JobDeadline
+from airflow_rover.core.incremental import check_init_option
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import FailureEvidence, describe_floor
 from airflow_rover.core.spec import (
@@ -46,6 +47,7 @@ from airflow_rover.launchers.kubernetes.config import (
     parse_config,
 )
 from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
+from airflow_rover.operators import incremental
 from airflow_rover.operators._validation import describe
 from airflow_rover.operators.job_deadline import deferral_timeout
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
@@ -154,6 +156,8 @@ class ElasticTrainingOperator(BaseOperator):
         "cluster_budget",
         "kubernetes",
         "kubernetes_conn_id",
+        "init_from",
+        "evict_after_days",
     )
     template_fields_renderers = {
         "kubernetes": "json",
@@ -190,6 +194,8 @@ class ElasticTrainingOperator(BaseOperator):
         cluster_budget: dict[str, Any] | ClusterBudget | str | None = None,
         kubernetes: dict[str, Any] | KubernetesConfig | str | None = None,
         kubernetes_conn_id: str | None = None,
+        init_from: str | None = None,
+        evict_after_days: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -199,6 +205,14 @@ class ElasticTrainingOperator(BaseOperator):
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
         check_job_location(owner, output_dir, embedding_dim)
+        check_init_option(owner, init_from, evict_after_days)
+        if init_from and checkpoint_policy == "ecrm":
+            raise ValueError(
+                f"{owner}: init_from with checkpoint_policy='ecrm': ECRM's parity assumes rows "
+                "start from their seeded values; use 'full' or 'cpr' to continue a model"
+            )
+        self.init_from = init_from
+        self.evict_after_days = evict_after_days
         self.train_data = train_data
         self.eval_data = eval_data
         self.output_dir = output_dir
@@ -332,6 +346,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:  # what a retry cannot fix fails the task, before any process starts
             features = check_data(spec)
+            spec = self._incremental(context, spec, features)
             spec = spec.model_copy(update={"fingerprint": training_fingerprint(spec)})
             hook = self.hook_for(job_dir)
             decision = rerun_decision(hook.job_dir, spec, hook.get_status())
@@ -510,6 +525,28 @@ class ElasticTrainingOperator(BaseOperator):
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())
         return spec.model_copy(update={"plan": decision.plan})
+
+    def _incremental(self, context: Context, spec: JobSpec, features: FeatureConfig) -> JobSpec:
+        """The spec with its day and, with ``init_from``, the model it starts from (checked
+        against its layout; ``NoModelToStartFrom`` otherwise); pushed to XCom as ``init_from``."""
+        ti = context["ti"]
+        evict_days = incremental.rendered_days(self._owner, self.evict_after_days)
+        wanted = incremental.rendered_source(self.init_from)
+        check_init_option(self._owner, wanted, evict_days)
+        source = incremental.resolve(wanted, evict_days, self.history_hook(), ti)
+        if source is not None:
+            incremental.check_compatible(source, spec, features)
+            self.log.info("Starting from %s: %s", source.origin, source.location)
+        elif wanted:
+            self.log.info(
+                "init_from=%r: no successful run of %s.%s in the history store; training "
+                "from scratch",
+                wanted,
+                ti.dag_id,
+                ti.task_id,
+            )
+        ti.xcom_push(key="init_from", value=source.model_dump() if source else None)
+        return spec.model_copy(update={"init": source, "day": incremental.job_day(context)})
 
     def _with_failure_rate(self, context: Context, spec: JobSpec) -> JobSpec:
         """The spec with ``checkpoint.mtbf_s`` from this task's past runs in the history store

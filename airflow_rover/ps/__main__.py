@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
@@ -25,8 +26,10 @@ from airflow_rover.core.job_dir import (
     NodeContext,
 )
 from airflow_rover.core.node_job import node_job
+from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
+from airflow_rover.ps.initial import load_initial
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
@@ -41,11 +44,13 @@ def restore(
     node_id: str,
     index: int,
     after_checkpoint: Callable[[ParameterServer, Path], None] | None = None,
+    initial: Callable[[ParameterServer], None] | None = None,
 ) -> ParameterServer:
     """A PS with its partition loaded from the newest verified checkpoint, or from its snapshot
     in shared memory where ``choose_restore`` says so (the checkpoint if that fails);
     ``after_checkpoint``: the policy's additions to a restore from the checkpoint itself
-    (not from a newer snapshot)."""
+    (not from a newer snapshot); ``initial``: how a job with neither starts (its
+    ``init_from`` source): the job's own state always comes first."""
     flash = FlashCheckpointer.for_job(job_dir.checkpoints, index)
     choice = choose_restore(job_dir, index)
     ps = None
@@ -77,6 +82,8 @@ def restore(
         ps = new_ps()
         if choice.checkpoint is not None:
             restore_checkpoint(ps, choice.checkpoint, node_id)
+        elif initial is not None:
+            initial(ps)
     if choice.checkpoint is not None and not from_newer_slot and after_checkpoint is not None:
         after_checkpoint(ps, choice.checkpoint)
     ps.flash = flash
@@ -105,6 +112,31 @@ def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> N
         len(parts),
         len(ps.ledger.applied),
     )
+
+
+def initial_loader(spec: JobSpec, ctx: NodeContext) -> Callable[[ParameterServer], None] | None:
+    """How a PS of a job with ``init_from`` and no checkpoint of its own starts: its rows of
+    the source (``ps.initial``), logged with what it took and evicted."""
+    source = spec.init
+    if source is None:
+        return None
+
+    def load(ps: ParameterServer) -> None:
+        loaded = load_initial(ps, source, spec.day)
+        log.info(
+            "%s started from %s (%s): %d rows, %d dense variables from %d partition(s); "
+            "%d rows evicted (not seen for more than %s days)",
+            ctx.node_id,
+            source.location,
+            source.origin or "init_from",
+            loaded.rows,
+            loaded.dense,
+            loaded.parts,
+            loaded.evicted,
+            source.evict_after_days,
+        )
+
+    return load
 
 
 STANDBY_POLL_S = 0.005
@@ -169,13 +201,16 @@ def serve(ctx: NodeContext, master: MasterClient) -> None:
     index = int(ctx.node_id.rsplit("-", 1)[1])
 
     def new_ps() -> ParameterServer:
-        return ParameterServer(
+        ps = ParameterServer(
             index,
             max(spec.plan.num_ps, index + 1),
             EmbeddingPlacement.from_features(spec.resolved_features),
             Optimizer(spec.training.optimizer, spec.training.learning_rate),
             spec.training.seed,
         )
+        for table in ps.tables.values():
+            table.day = UNKNOWN_DAY if spec.day is None else spec.day
+        return ps
 
     policy, job = spec.checkpoint.build(), node_job(spec, ctx.job_dir)
 
@@ -183,7 +218,9 @@ def serve(ctx: NodeContext, master: MasterClient) -> None:
         policy.after_restore(ps, job, checkpoint)
 
     if index < spec.plan.num_ps and not policy.ps_starts_empty(job, index):
-        ps = restore(new_ps, ctx.job_dir, ctx.node_id, index, after_checkpoint)
+        ps = restore(
+            new_ps, ctx.job_dir, ctx.node_id, index, after_checkpoint, initial_loader(spec, ctx)
+        )
     else:  # joining a resize: empty until the others hand over its rows (``reshard``); or
         # replacing a lost PS under ECRM: empty until rebuilt from parity (``ps.ecrm``)
         ps = new_ps()

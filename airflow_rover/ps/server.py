@@ -57,6 +57,7 @@ def _live_views(
         n, prefix = table.size, f"table/{table.name}/"
         out += [(f"{prefix}ids", table.live_ids), (f"{prefix}rows", table.rows[:n])]
         out.append((f"{prefix}counts", table.counts[:n]))
+        out.append((f"{prefix}seen", table.seen[:n]))
         out += [(f"{prefix}state/{k}", v[:n]) for k, v in table.state.items()]
     out += [(f"dense/{name}", value) for name, value in dense.values.items()]
     for name, slots in dense.state.items():

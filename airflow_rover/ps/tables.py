@@ -2,7 +2,9 @@
 
 Rows are created lazily on first touch with a seeded initial value (``core.hashing``), so a row
 never touched costs nothing and a re-created row is identical to the lost one. Every row keeps
-its optimizer state and a 4-byte access counter (partial-recovery checkpoints rank rows by it).
+its optimizer state, a 4-byte access counter (partial-recovery checkpoints rank rows by it) and
+the last day it was trained on (``seen``: incremental training evicts rows by it,
+``core.incremental``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 from airflow_rover.core.cpr import SsuTracker, top_rows
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
+from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.training_optimizers import Optimizer
 
 
@@ -36,6 +39,8 @@ class EmbeddingTable:
         self.rows = np.empty((0, dim), dtype=np.float32)
         self.state = optimizer.init_state((0, dim), rows=True)
         self.counts = np.empty(0, dtype=np.uint32)
+        self.seen = np.empty(0, dtype=np.int32)  # last day trained on (core.incremental)
+        self.day = UNKNOWN_DAY  # the job's day: what a row touched now records
         self._size = 0
         self._lock = threading.Lock()
         self.ssu: SsuTracker | None = None  # CPR-SSU: sub-sampled accesses (``enable_ssu``)
@@ -48,6 +53,7 @@ class EmbeddingTable:
         """Count an access to ``slots`` (caller holds the lock): the 4-byte counter CPR-MFU
         ranks by, and the SSU sample when it is on."""
         self.counts[slots] += 1
+        self.seen[slots] = self.day
         if self.ssu is not None:
             self.ssu.grow(self._size)
             self.ssu.record(slots, assume_unique=True)  # slots of unique ids
@@ -67,6 +73,7 @@ class EmbeddingTable:
             else:
                 raise ValueError(f"partial save: variant={variant!r}; accepted: mfu, ssu")
             out = {"ids": self._ids[slots], "rows": self.rows[slots], "counts": self.counts[slots]}
+            out["seen"] = self.seen[slots]
             out.update({f"state/{k}": v[slots] for k, v in self.state.items()})
             if variant == "mfu":
                 self.counts[slots] = 0
@@ -116,6 +123,7 @@ class EmbeddingTable:
         self.rows = _grow(self.rows, cap)
         self.state = {k: _grow(v, cap) for k, v in self.state.items()}
         self.counts = _grow(self.counts, cap)
+        self.seen = _grow(self.seen, cap)
         self._ids = _grow(self._ids, cap)
 
     def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
@@ -135,6 +143,7 @@ class EmbeddingTable:
                 for key, value in fresh.items():
                     self.state[key][start:need] = value
                 self.counts[start:need] = 0
+                self.seen[start:need] = self.day
             self._ids[start:need] = missing
             self._slot[missing] = np.arange(start, need, dtype=np.int32)
             self._size = need
@@ -221,6 +230,7 @@ class EmbeddingTable:
             self._grow(n)
             self.rows[:n] = arrays["rows"]
             self.counts[:n] = arrays["counts"]
+            self.seen[:n] = arrays.get("seen", self.day)
             for key in self.state:
                 self.state[key][:n] = arrays[f"state/{key}"]
             self._ids[:n] = ids
@@ -237,11 +247,12 @@ class EmbeddingTable:
                 "ids": self._ids[:n][mask],
                 "rows": self.rows[:n][mask],
                 "counts": self.counts[:n][mask],
+                "seen": self.seen[:n][mask],
             }
             out.update({f"state/{k}": v[:n][mask] for k, v in self.state.items()})
             keep = np.flatnonzero(~mask)
             self._slot[out["ids"]] = -1
-            for name in ("rows", "counts", "_ids"):
+            for name in ("rows", "counts", "seen", "_ids"):
                 arr = getattr(self, name)
                 arr[: keep.size] = arr[keep]
             for value in self.state.values():
@@ -263,6 +274,7 @@ class EmbeddingTable:
             slots = self._slots(ids, initialise=False)  # every field is written below
             self.rows[slots] = arrays["rows"]
             self.counts[slots] = arrays["counts"]
+            self.seen[slots] = arrays.get("seen", self.day)
             for key in self.state:
                 self.state[key][slots] = arrays[f"state/{key}"]
 
@@ -312,6 +324,7 @@ class EmbeddingTable:
                 "ids": self._ids[:n].copy(),
                 "rows": self.rows[:n].copy(),
                 "counts": self.counts[:n].copy(),
+                "seen": self.seen[:n].copy(),
             }
             out.update({f"state/{k}": v[:n].copy() for k, v in self.state.items()})
             return out

@@ -208,6 +208,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "recovery_seconds": {},
         "checkpoints": 0,
         "resumed_from": None,
+        "started_from": "scratch",
         "quarantined": [],
         "checkpoint_policy": "full",
         "checkpoint_policy_reason": "as requested",

@@ -136,7 +136,7 @@ def test_table_rows_are_created_lazily_with_the_seeded_init() -> None:
     table.lookup(np.array([17, 5]))
     assert table.size == 3  # existing rows are reused, not re-created
     snap = table.snapshot()
-    assert set(snap) == {"ids", "rows", "counts", "state/accum"}
+    assert set(snap) == {"ids", "rows", "counts", "seen", "state/accum"}
     assert snap["ids"].tolist() == [5, 900, 17]
     np.testing.assert_array_equal(snap["state/accum"], np.float32(ADAGRAD_INITIAL_ACCUMULATOR))
 
@@ -694,7 +694,7 @@ def test_save_writes_adam_state_per_row(tmp_path: Path) -> None:
     with np.load(tmp_path / "ps-0.npz") as npz:
         prefix = "table/dim4/"
         keys = {k[len(prefix) :] for k in npz.files if k.startswith(prefix)}
-        assert keys == {"ids", "rows", "counts", "state/m", "state/v", "state/step"}
+        assert keys == {"ids", "rows", "counts", "seen", "state/m", "state/v", "state/step"}
         steps = dict(
             zip(
                 npz[prefix + "ids"].tolist(), npz[prefix + "state/step"][:, 0].tolist(), strict=True
