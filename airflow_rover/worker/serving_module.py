@@ -1,0 +1,99 @@
+"""The ``tf.Module`` a model is exported as: embedding lookups in the graph, then the Keras
+model, then the sigmoid. Only TensorFlow ops, so the SavedModel needs no Python of ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.worker.models import DENSE_INPUT
+
+if TYPE_CHECKING:
+    from airflow_rover.worker.export import GroupRows
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _u64(value: int) -> tf.Tensor:
+    return tf.constant(np.uint64(value), dtype=tf.uint64)
+
+
+def splitmix64(x: tf.Tensor) -> tf.Tensor:
+    """``core.hashing.splitmix64`` in TensorFlow ops (uint64 wraps as NumPy's does)."""
+    z = x + _u64(_GOLDEN)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(30))) * _u64(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(27))) * _u64(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(31)))
+
+
+class ServingModule(tf.Module):
+    """Raw columns in, click probability out; the trained rows and dense weights baked in."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        features: FeatureConfig,
+        groups: list[GroupRows],
+        seed: int,
+        init_scale: float,
+        name_salt: Callable[[str], np.uint64],
+    ) -> None:
+        super().__init__(name="rover_model")
+        self.model = model
+        self._groups = [g.group for g in groups]
+        self._salts = [int(name_salt(g.group.name)) for g in groups]
+        self._seed = seed & (2**64 - 1)
+        self._scale = np.float32(init_scale)
+        self.slots: list[tf.Variable] = []
+        self.rows: list[tf.Variable] = []
+        for g in groups:
+            slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
+            slot[g.ids] = np.arange(g.ids.size, dtype=np.int32)
+            # one spare row at the end: what an untrained id gathers before being replaced
+            rows = np.concatenate([g.rows, np.zeros((1, g.group.dim), np.float32)])
+            self.slots.append(tf.Variable(slot, trainable=False, name=f"{g.group.name}_slot"))
+            self.rows.append(tf.Variable(rows, trainable=False, name=f"{g.group.name}_rows"))
+        self.columns = sorted({t.column for g in self._groups for t in g.tables})
+        spec = {DENSE_INPUT: tf.TensorSpec([None, features.num_dense], tf.float32, DENSE_INPUT)}
+        spec |= {c: tf.TensorSpec([None], tf.int64, c) for c in self.columns}
+        self.serve = tf.function(self._serve, input_signature=[spec])
+
+    def _initial_rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
+        """``core.hashing.initial_rows`` of the group's fused ids, in the graph."""
+        dim = self._groups[index].dim
+        salt = _u64(self._salts[index] ^ self._seed)
+        base = splitmix64(tf.bitwise.bitwise_xor(tf.cast(fused, tf.uint64), salt))
+        bits = splitmix64(base[:, None] + tf.constant(np.arange(dim, dtype=np.uint64))[None, :])
+        unit = tf.cast(tf.bitwise.right_shift(bits, _u64(40)), tf.float32) * np.float32(2**-24)
+        return unit * (2 * self._scale) - self._scale
+
+    def _lookup(self, index: int, ids: tf.Tensor, name: str) -> tf.Tensor:
+        """Rows of one table's ids (a column): trained rows, else the seeded initial ones."""
+        group = self._groups[index]
+        table = next(t for t in group.tables if t.name == name)
+        tf.debugging.assert_non_negative(ids, message=f"column {table.column!r}: ids < 0")
+        tf.debugging.assert_less(
+            ids,
+            tf.constant(table.vocab_size, tf.int64),
+            message=f"column {table.column!r}: ids >= vocab_size {table.vocab_size}",
+        )
+        fused = ids + table.offset
+        slot = tf.gather(self.slots[index], fused)
+        spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
+        trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
+        return tf.where((slot < 0)[:, None], self._initial_rows(index, fused), trained)
+
+    def _serve(self, columns: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        inputs = {DENSE_INPUT: columns[DENSE_INPUT]}
+        for index, group in enumerate(self._groups):
+            for table in group.tables:
+                inputs[table.name] = self._lookup(index, columns[table.column], table.name)
+        logit = tf.squeeze(self.model(inputs, training=False), -1)
+        return {"probability": tf.sigmoid(logit), "logit": logit}
