@@ -4,17 +4,14 @@ model, then the sigmoid. Only TensorFlow ops, so the SavedModel needs no Python 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.worker.model_folder import GroupRows
 from airflow_rover.worker.models import DENSE_INPUT
-
-if TYPE_CHECKING:
-    from airflow_rover.worker.export import GroupRows
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
