@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from airflow_rover.core.embedding_placement import EmbeddingGroup
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.worker.model_folder import GroupRows
 from airflow_rover.worker.models import DENSE_INPUT
@@ -63,34 +64,43 @@ class ServingModule(tf.Module):
         self.serve = tf.function(self._serve, input_signature=[spec])
 
     def _initial_rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
-        """``core.hashing.initial_rows`` of the group's fused ids, in the graph."""
+        """``core.hashing.initial_rows`` of fused ids of any shape, in the graph: shape + (dim,)."""
         dim = self._groups[index].dim
         salt = _u64(self._salts[index] ^ self._seed)
         base = splitmix64(tf.bitwise.bitwise_xor(tf.cast(fused, tf.uint64), salt))
-        bits = splitmix64(base[:, None] + tf.constant(np.arange(dim, dtype=np.uint64))[None, :])
+        bits = splitmix64(base[..., None] + tf.constant(np.arange(dim, dtype=np.uint64)))
         unit = tf.cast(tf.bitwise.right_shift(bits, _u64(40)), tf.float32) * np.float32(2**-24)
         return unit * (2 * self._scale) - self._scale
 
-    def _lookup(self, index: int, ids: tf.Tensor, name: str) -> tf.Tensor:
-        """Rows of one table's ids (a column): trained rows, else the seeded initial ones."""
-        group = self._groups[index]
-        table = next(t for t in group.tables if t.name == name)
-        tf.debugging.assert_non_negative(ids, message=f"column {table.column!r}: ids < 0")
-        tf.debugging.assert_less(
-            ids,
-            tf.constant(table.vocab_size, tf.int64),
-            message=f"column {table.column!r}: ids >= vocab_size {table.vocab_size}",
+    def _check_ids(self, group: EmbeddingGroup, ids: tf.Tensor) -> None:
+        """Every id inside its table, else an error naming the first column with one outside."""
+        vocab = tf.constant([t.vocab_size for t in group.tables], tf.int64)
+        bad = tf.reduce_any(tf.logical_or(ids < 0, ids >= vocab), axis=0)
+        messages = tf.constant(
+            [
+                f"column {t.column!r} (table {t.name!r}) has ids outside [0, {t.vocab_size})"
+                for t in group.tables
+            ]
         )
-        fused = ids + table.offset
+        first = tf.argmax(tf.cast(bad, tf.int32))
+        tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [tf.gather(messages, first)])
+
+    def _lookup(self, index: int, ids: tf.Tensor) -> tf.Tensor:
+        """(batch, tables, dim) rows of a group's (batch, tables) ids: the trained rows, else
+        the seeded initial ones."""
+        group = self._groups[index]
+        self._check_ids(group, ids)
+        fused = ids + tf.constant([t.offset for t in group.tables], tf.int64)
         slot = tf.gather(self.slots[index], fused)
         spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
         trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
-        return tf.where((slot < 0)[:, None], self._initial_rows(index, fused), trained)
+        return tf.where((slot < 0)[..., None], self._initial_rows(index, fused), trained)
 
     def _serve(self, columns: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         inputs = {DENSE_INPUT: columns[DENSE_INPUT]}
         for index, group in enumerate(self._groups):
-            for table in group.tables:
-                inputs[table.name] = self._lookup(index, columns[table.column], table.name)
+            ids = tf.stack([columns[t.column] for t in group.tables], axis=1)
+            rows = tf.unstack(self._lookup(index, ids), num=len(group.tables), axis=1)
+            inputs.update({t.name: r for t, r in zip(group.tables, rows, strict=True)})
         logit = tf.squeeze(self.model(inputs, training=False), -1)
         return {"probability": tf.sigmoid(logit), "logit": logit}
