@@ -30,7 +30,8 @@ from airflow_rover.worker.model_folder import model_seed, read_model
 SAVED_MODEL = "saved_model"
 """The SavedModel's folder inside a model folder."""
 DENSE_COLUMN = "dense_features"
-"""The signature's input of the dense features: float32 (batch, num_dense)."""
+"""The signature's input of the dense features, float32 (batch, num_dense): the Keras
+model's ``DENSE_INPUT`` (not imported here: it imports Keras)."""
 EXPORT_CARD = "export.json"
 """Written inside the SavedModel folder: its inputs, outputs and what it was made from."""
 

@@ -119,3 +119,17 @@ def test_an_export_that_fails_fails_the_task_with_the_exporters_error(tmp_path: 
     with pytest.raises(AirflowException, match=r"SavedModel export .* failed .*model\.json"):
         task.execute_complete(context, {"status": "success", "job_id": "x", "job": job})
     assert dict(context["outlet_events"]) == {}
+
+
+def test_a_model_already_exported_is_not_exported_again(tmp_path: Path) -> None:
+    """A task that returns the job it trained before finds the SavedModel's card and reuses it
+    (no process is started: the folder holds no partitions to export from)."""
+    job = _job(tmp_path)
+    saved = Path(job["result"]["model_dir"]).resolve() / "saved_model"
+    saved.mkdir()
+    (saved / "export.json").write_text('{"trained_rows": 7}')
+    task = build(output_dir=str(tmp_path / "job"))
+    task._record = lambda *_: None  # type: ignore[method-assign]
+    context = _context()
+    task.execute_complete(context, {"status": "success", "job_id": "x", "job": job})
+    assert context["outlet_events"][task.model_asset].extra["saved_model_uri"] == saved.as_uri()

@@ -68,3 +68,11 @@ def test_an_id_outside_its_table_fails_naming_the_column() -> None:
     index = [g.name for g in module._groups].index("dim4")
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"column 'cb' .* outside"):
         module._lookup(index, tf.constant([[1, 2], [3, 70]], tf.int64))
+
+
+def test_the_dense_input_is_named_as_the_models() -> None:
+    """``export.json`` and callers name it ``DENSE_COLUMN``; the graph reads ``DENSE_INPUT``."""
+    from airflow_rover.worker.export import DENSE_COLUMN
+    from airflow_rover.worker.models import DENSE_INPUT
+
+    assert DENSE_COLUMN == DENSE_INPUT
