@@ -31,6 +31,38 @@ def splitmix64(x: tf.Tensor) -> tf.Tensor:
     return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(31)))
 
 
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def hash_ints(ids: tf.Tensor) -> tf.Tensor:
+    """splitmix64 of int64 values (negative ones as their two's complement): how the data
+    readers hash an int categorical column into a table's buckets."""
+    return splitmix64(tf.bitcast(tf.cast(ids, tf.int64), tf.uint64))
+
+
+def hash_strings(strings: tf.Tensor) -> tf.Tensor:
+    """splitmix64(FNV-1a 64(UTF-8 bytes)) of a 1-D string tensor: how the data readers hash a
+    string categorical column; one pass per byte position of the longest string."""
+    lengths = tf.strings.length(strings)  # bytes
+    longest = tf.reduce_max(tf.concat([lengths, [1]], 0))  # decode_raw needs 1 or more
+    data = tf.io.decode_raw(strings, tf.uint8, fixed_length=longest)  # zero-padded
+
+    def step(position: tf.Tensor, hashes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        byte = tf.cast(data[:, position], tf.uint64)
+        mixed = tf.bitwise.bitwise_xor(hashes, byte) * _u64(_FNV_PRIME)
+        return position + 1, tf.where(lengths > position, mixed, hashes)
+
+    start = tf.fill(tf.shape(strings), _u64(_FNV_OFFSET))
+    _, hashes = tf.while_loop(lambda p, _: p < longest, step, (tf.constant(0), start))
+    return splitmix64(hashes)
+
+
+def to_buckets(hashes: tf.Tensor, buckets: int) -> tf.Tensor:
+    """``hash mod buckets`` as int64 ids in ``[0, buckets)`` (``core.hashing.to_buckets``)."""
+    return tf.cast(tf.math.floormod(hashes, _u64(buckets)), tf.int64)
+
+
 class ServingModule(tf.Module):
     """Raw columns in, click probability out; the trained rows and dense weights baked in."""
 

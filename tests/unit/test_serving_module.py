@@ -76,3 +76,29 @@ def test_the_dense_input_is_named_as_the_models() -> None:
     from airflow_rover.worker.models import DENSE_INPUT
 
     assert DENSE_COLUMN == DENSE_INPUT
+
+
+def _fnv1a64(data: bytes) -> int:
+    """FNV-1a 64, the textbook definition."""
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) % 2**64
+    return h
+
+
+def test_string_and_int_ids_hash_into_buckets_in_the_graph() -> None:
+    """Ready for string and hashed int columns (the data schema's): splitmix64(FNV-1a(UTF-8))
+    and splitmix64 of the int64's bits, then mod the table's buckets."""
+    strings = ["", "a", "ab", "héllo wörld", "x" * 300, "user-00042"]
+    expected = splitmix64(np.array([_fnv1a64(s.encode()) for s in strings], dtype=np.uint64))
+    got = serving_module.hash_strings(tf.constant(strings)).numpy()
+    np.testing.assert_array_equal(got, expected)
+    only_empty = serving_module.hash_strings(tf.constant([""])).numpy()
+    assert only_empty[0] == expected[0]
+    assert serving_module.hash_strings(tf.constant([], tf.string)).numpy().size == 0
+    ints = np.array([0, 1, -1, 2**62, -(2**63)], dtype=np.int64)
+    np.testing.assert_array_equal(
+        serving_module.hash_ints(tf.constant(ints)).numpy(), splitmix64(ints.view(np.uint64))
+    )
+    buckets = serving_module.to_buckets(tf.constant(expected), 1000).numpy()
+    np.testing.assert_array_equal(buckets, (expected % np.uint64(1000)).astype(np.int64))
