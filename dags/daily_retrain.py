@@ -8,6 +8,10 @@ one has succeeded; otherwise it returns the model already trained.
 generate_day_data -> warm_start -> train -> quality_gate (held-out AUC >= params.min_auc)
 -> publish_metrics
 
+``train`` also writes the model's SavedModel (``model/saved_model``) and, on success, updates
+the Asset ``CTR_MODEL`` with the AUC, samples, model URI and data interval:
+``dags/score_on_new_model.py`` is scheduled on it.
+
 ``warm_start`` picks the training plan from the most similar past runs recorded in the history
 store (``$AIRFLOW_HOME/rover/history.db``; every finished ``train`` job is recorded there) and
 falls back to ``params.num_workers`` / ``params.num_ps`` when there is none, or when the run
@@ -24,6 +28,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from airflow_rover.operators.model_asset import model_asset
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.operators.warm_start import WarmStartOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
@@ -33,6 +38,7 @@ ROVER_HOME = Path(
 ).expanduser()
 DATA_DIR = str(ROVER_HOME / "data" / "{{ ds }}")
 MODEL_DIR = str(ROVER_HOME / "models" / "{{ ds }}")
+CTR_MODEL = model_asset("rover_daily_retrain", "train")  # x-rover-model://rover_daily_retrain/train
 
 
 @dag(
@@ -104,6 +110,7 @@ def rover_daily_retrain() -> None:
         plan="{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}",
         training={"epochs": "{{ params.epochs }}", "batch_size": 512, "optimizer": "adam"},
         poll_interval=2.0,
+        model_asset=CTR_MODEL,  # the default for this dag and task, named for readers
     )
 
     quality_gate = ElasticJobSensor(

@@ -103,6 +103,7 @@ class WrapUp:
                 "job_id": spec.job_id,
                 "fingerprint": spec.fingerprint,
                 "model": spec.model,
+                "seed": spec.training.seed,  # untrained ids read as rows seeded by it
                 "features": features.model_dump(),
                 "embedding_groups": [
                     {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}

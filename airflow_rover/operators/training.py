@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
@@ -58,6 +58,9 @@ from airflow_rover.operators.job_rerun import (
     rerun_decision,
 )
 from airflow_rover.operators.job_result import event_status_of, job_result, raise_job_ended
+from airflow_rover.operators.model_asset import attach_model_event, outlet_of
+from airflow_rover.operators.model_asset import model_asset as default_model_asset
+from airflow_rover.operators.serving_export import ensure_saved_model
 from airflow_rover.operators.training_params import (
     as_param_dict,
     check_checkpoint_uri,
@@ -136,8 +139,15 @@ class ElasticTrainingOperator(BaseOperator):
         ``cpu``, ``memory_mb`` or both). The job is registered in the history database and its
         optimizer's scale-ups are applied only when the cluster arbiter selects them; default
         ``None``: every proposal is applied. (templated)
+    :param model_asset: the Airflow Asset this task updates when its job succeeds (an
+        ``airflow.sdk.Asset`` or its URI); its event carries the AUC, samples, model URI and
+        data interval. Default: ``model_asset(dag_id, task_id, output_dir)``,
+        ``file://<output_dir>/model`` for a literal ``output_dir``.
+    :param export_saved_model: after the job succeeds, write the model's TensorFlow SavedModel
+        into its folder (``model/saved_model``) before the task succeeds.
 
-    .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget)
+    .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget),
+        ``docs/serving.md`` (the SavedModel and the Asset)
     """
 
     template_fields: Sequence[str] = (
@@ -196,6 +206,8 @@ class ElasticTrainingOperator(BaseOperator):
         kubernetes_conn_id: str | None = None,
         init_from: str | None = None,
         evict_after_days: int | str | None = None,
+        model_asset: Asset | str | None = None,
+        export_saved_model: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -235,6 +247,10 @@ class ElasticTrainingOperator(BaseOperator):
         self.kubernetes = kubernetes_param(kubernetes)
         self.kubernetes_conn_id = kubernetes_conn_id
         self._launched_job_dir: str | None = None
+        default_asset = default_model_asset(self.dag_id, self.task_id, output_dir)
+        self.model_asset = outlet_of(owner, model_asset, default_asset)
+        self.add_outlets([self.model_asset])
+        self.export_saved_model = bool(export_saved_model)
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_specs(owner, self.plan, self.training, self.recovery)
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
@@ -499,7 +515,13 @@ class ElasticTrainingOperator(BaseOperator):
                 job.get("failure") if isinstance(job, dict) else None
             )
             raise_job_ended(event.get("job_id"), event["status"], event.get("message"), failure)
-        return job_result(event["job"])
+        result = job_result(event["job"])
+        if self.export_saved_model and result.get("model_dir"):
+            ensure_saved_model(result["model_dir"], self.log)
+        data = {"train_data": self.train_data, "eval_data": self.eval_data or None}
+        extra = attach_model_event(self.model_asset, result, context, data)
+        self.log.info("Model asset %s updated: %s", self.model_asset.uri, extra)
+        return result
 
     def on_kill(self) -> None:
         """The task process is being killed: stop the job so nothing is orphaned."""

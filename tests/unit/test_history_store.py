@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -403,12 +404,16 @@ def operator_and_context(tmp_path: Path, **kwargs: Any) -> tuple[ElasticTraining
     (job_dir / "token").write_text(TOKEN)
     with DAG(dag_id="daily", schedule=None, start_date=datetime(2026, 1, 1)):
         operator = ElasticTrainingOperator(
-            task_id="train", train_data="/data/train", output_dir=str(job_dir), **kwargs
+            task_id="train",
+            train_data="/data/train",
+            output_dir=str(job_dir),
+            export_saved_model=False,  # no model folder here (tests/integration exports)
+            **kwargs,
         )
     ti = SimpleNamespace(
         dag_id="daily", task_id="train", run_id="manual__1", map_index=-1, try_number=1
     )
-    return operator, {"ti": ti}
+    return operator, {"ti": ti, "outlet_events": defaultdict(SimpleNamespace)}
 
 
 def event(status: str, job: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,138 @@
+"""The ``tf.Module`` a model is exported as: embedding lookups in the graph, then the Keras
+model, then the sigmoid. Only TensorFlow ops, so the SavedModel needs no Python of ours."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from airflow_rover.core.embedding_placement import EmbeddingGroup
+from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.worker.model_folder import GroupRows
+from airflow_rover.worker.models import DENSE_INPUT
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _u64(value: int) -> tf.Tensor:
+    return tf.constant(np.uint64(value), dtype=tf.uint64)
+
+
+def splitmix64(x: tf.Tensor) -> tf.Tensor:
+    """``core.hashing.splitmix64`` in TensorFlow ops (uint64 wraps as NumPy's does)."""
+    z = x + _u64(_GOLDEN)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(30))) * _u64(_M1)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(27))) * _u64(_M2)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, _u64(31)))
+
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def hash_ints(ids: tf.Tensor) -> tf.Tensor:
+    """splitmix64 of int64 values (negative ones as their two's complement): how the data
+    readers hash an int categorical column into a table's buckets."""
+    return splitmix64(tf.bitcast(tf.cast(ids, tf.int64), tf.uint64))
+
+
+def hash_strings(strings: tf.Tensor) -> tf.Tensor:
+    """splitmix64(FNV-1a 64(UTF-8 bytes)) of a 1-D string tensor: how the data readers hash a
+    string categorical column; one pass per byte position of the longest string."""
+    lengths = tf.strings.length(strings)  # bytes
+    longest = tf.reduce_max(tf.concat([lengths, [1]], 0))  # decode_raw needs 1 or more
+    data = tf.io.decode_raw(strings, tf.uint8, fixed_length=longest)  # zero-padded
+
+    def step(position: tf.Tensor, hashes: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        byte = tf.cast(data[:, position], tf.uint64)
+        mixed = tf.bitwise.bitwise_xor(hashes, byte) * _u64(_FNV_PRIME)
+        return position + 1, tf.where(lengths > position, mixed, hashes)
+
+    start = tf.fill(tf.shape(strings), _u64(_FNV_OFFSET))
+    _, hashes = tf.while_loop(lambda p, _: p < longest, step, (tf.constant(0), start))
+    return splitmix64(hashes)
+
+
+def to_buckets(hashes: tf.Tensor, buckets: int) -> tf.Tensor:
+    """``hash mod buckets`` as int64 ids in ``[0, buckets)`` (``core.hashing.to_buckets``)."""
+    return tf.cast(tf.math.floormod(hashes, _u64(buckets)), tf.int64)
+
+
+class ServingModule(tf.Module):
+    """Raw columns in, click probability out; the trained rows and dense weights baked in."""
+
+    def __init__(
+        self,
+        model: keras.Model,
+        features: FeatureConfig,
+        groups: list[GroupRows],
+        seed: int,
+        init_scale: float,
+        name_salt: Callable[[str], np.uint64],
+    ) -> None:
+        super().__init__(name="rover_model")
+        self.model = model
+        self._groups = [g.group for g in groups]
+        self._salts = [int(name_salt(g.group.name)) for g in groups]
+        self._seed = seed & (2**64 - 1)
+        self._scale = np.float32(init_scale)
+        self.slots: list[tf.Variable] = []
+        self.rows: list[tf.Variable] = []
+        for g in groups:
+            slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
+            slot[g.ids] = np.arange(g.ids.size, dtype=np.int32)
+            # one spare row at the end: what an untrained id gathers before being replaced
+            rows = np.concatenate([g.rows, np.zeros((1, g.group.dim), np.float32)])
+            self.slots.append(tf.Variable(slot, trainable=False, name=f"{g.group.name}_slot"))
+            self.rows.append(tf.Variable(rows, trainable=False, name=f"{g.group.name}_rows"))
+        self.columns = sorted({t.column for g in self._groups for t in g.tables})
+        spec = {DENSE_INPUT: tf.TensorSpec([None, features.num_dense], tf.float32, DENSE_INPUT)}
+        spec |= {c: tf.TensorSpec([None], tf.int64, c) for c in self.columns}
+        self.serve = tf.function(self._serve, input_signature=[spec])
+
+    def _initial_rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
+        """``core.hashing.initial_rows`` of fused ids of any shape, in the graph: shape + (dim,)."""
+        dim = self._groups[index].dim
+        salt = _u64(self._salts[index] ^ self._seed)
+        base = splitmix64(tf.bitwise.bitwise_xor(tf.cast(fused, tf.uint64), salt))
+        bits = splitmix64(base[..., None] + tf.constant(np.arange(dim, dtype=np.uint64)))
+        unit = tf.cast(tf.bitwise.right_shift(bits, _u64(40)), tf.float32) * np.float32(2**-24)
+        return unit * (2 * self._scale) - self._scale
+
+    def _check_ids(self, group: EmbeddingGroup, ids: tf.Tensor) -> None:
+        """Every id inside its table, else an error naming the first column with one outside."""
+        vocab = tf.constant([t.vocab_size for t in group.tables], tf.int64)
+        bad = tf.reduce_any(tf.logical_or(ids < 0, ids >= vocab), axis=0)
+        messages = tf.constant(
+            [
+                f"column {t.column!r} (table {t.name!r}) has ids outside [0, {t.vocab_size})"
+                for t in group.tables
+            ]
+        )
+        first = tf.argmax(tf.cast(bad, tf.int32))
+        tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [tf.gather(messages, first)])
+
+    def _lookup(self, index: int, ids: tf.Tensor) -> tf.Tensor:
+        """(batch, tables, dim) rows of a group's (batch, tables) ids: the trained rows, else
+        the seeded initial ones."""
+        group = self._groups[index]
+        self._check_ids(group, ids)
+        fused = ids + tf.constant([t.offset for t in group.tables], tf.int64)
+        slot = tf.gather(self.slots[index], fused)
+        spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
+        trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
+        return tf.where((slot < 0)[..., None], self._initial_rows(index, fused), trained)
+
+    def _serve(self, columns: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        inputs = {DENSE_INPUT: columns[DENSE_INPUT]}
+        for index, group in enumerate(self._groups):
+            ids = tf.stack([columns[t.column] for t in group.tables], axis=1)
+            rows = tf.unstack(self._lookup(index, ids), num=len(group.tables), axis=1)
+            inputs.update({t.name: r for t, r in zip(group.tables, rows, strict=True)})
+        logit = tf.squeeze(self.model(inputs, training=False), -1)
+        return {"probability": tf.sigmoid(logit), "logit": logit}
