@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from airflow_rover.core.data_schema import DataSchema
+from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.batch import (
     Batch,
     CategoricalColumn,
@@ -180,6 +181,12 @@ def open_dataset(
     if opener is None:
         raise ValueError(f"{path}: reading {fmt} files is not supported yet")
     return opener(files, schema)
+
+
+def open_split(spec: JobSpec, path: str) -> SampleReader:
+    """One of ``spec``'s datasets, in its format and schema, as every process of the job
+    opens it."""
+    return open_dataset(path, data_format=spec.data_format, schema=spec.data_schema)
 
 
 def _is_glob(path: str) -> bool:

@@ -91,3 +91,12 @@ def files_of_format(uri: str, data_format: str) -> tuple[str, list[str]]:
 
 def _known() -> str:
     return ", ".join(ext for extensions in EXTENSIONS.values() for ext in extensions)
+
+
+def file_stamps(files: list[str]) -> list[str]:
+    """``path:size:mtime_ns`` of each file: what tells a rewritten file from the same one."""
+    stamps = []
+    for file in files:
+        stat = os.stat(file)
+        stamps.append(f"{file}:{stat.st_size}:{stat.st_mtime_ns}")
+    return stamps

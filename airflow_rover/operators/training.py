@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import mtbf_from_history
@@ -72,6 +73,7 @@ from airflow_rover.operators.training_params import (
     dict_or_as_is,
     kubernetes_param,
     static_cluster_budget,
+    static_data_schema,
     static_features,
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
@@ -90,8 +92,13 @@ class ElasticTrainingOperator(BaseOperator):
     (``data.fingerprint``), and else trains a new model, which replaces the one published in
     ``output_dir/model`` once it succeeds.
 
-    :param train_data: dataset directory of the training split. (templated)
-    :param eval_data: dataset directory of the held-out split scored at the end. (templated)
+    :param train_data: the training split: a dataset directory, Parquet files (a directory, a
+        glob, a Hive-style partition such as ``.../dt={{ ds }}/``) (templated)
+    :param eval_data: the held-out split scored at the end, named the same way. (templated)
+    :param data_format: ``"auto"`` (by the manifest or the files' extension),
+        ``"npy-columns"`` or ``"parquet"`` (``docs/data-formats.md``).
+    :param data_schema: the label, dense and categorical columns of Parquet files and how
+        each is read (``core.data_schema.DataSchema``); default: inferred from the files.
     :param output_dir: the job directory (model, logs, status); default
         ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``, on Kubernetes
         ``<kubernetes.job_volume_mount_path>/jobs/...``. (templated)
@@ -170,6 +177,8 @@ class ElasticTrainingOperator(BaseOperator):
         *,
         train_data: str,
         eval_data: str | None = None,
+        data_format: str = "auto",
+        data_schema: dict[str, Any] | DataSchema | None = None,
         output_dir: str | None = None,
         model: str = "wide_deep",
         plan: dict[str, Any] | ResourcePlan | str | None = None,
@@ -200,6 +209,8 @@ class ElasticTrainingOperator(BaseOperator):
         check_job_location(owner, output_dir, embedding_dim)
         self.train_data = train_data
         self.eval_data = eval_data
+        self.data_format = data_format
+        self.data_schema = static_data_schema(owner, data_schema)
         self.output_dir = output_dir
         self.model = model
         self.plan: dict[str, Any] | str = as_param_dict(plan, ResourcePlan)
@@ -241,6 +252,8 @@ class ElasticTrainingOperator(BaseOperator):
                     "job_id": job_id,
                     "train_data": train_data,
                     "eval_data": eval_data,
+                    "data_format": self.data_format,
+                    "data_schema": self.data_schema,
                     "model": self.model,
                     "features": self.features,
                     "embedding_dim": self.embedding_dim,

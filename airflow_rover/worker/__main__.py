@@ -15,7 +15,7 @@ from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.reader import open_split
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient
@@ -81,7 +81,7 @@ def _ps_model(
     return PSModel(
         load_factory(spec.model)(features),
         features,
-        [c.name for c in open_dataset(spec.train_data).schema.categorical],
+        [c.name for c in open_split(spec, spec.train_data).schema.categorical],
         ps,
     )
 
@@ -106,7 +106,7 @@ def _train(
             node_id,
             model,
             optimizer,
-            open_dataset(spec.train_data),
+            open_split(spec, spec.train_data),
             master,
             spec.training.batch_size,
             stop,
@@ -130,7 +130,7 @@ def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient) -> None:
 
     if spec.eval_data is None:
         raise SystemExit("evaluator started for a job without eval_data")
-    report = evaluate(model, open_dataset(spec.eval_data))
+    report = evaluate(model, open_split(spec, spec.eval_data))
     master.report_evaluation(report)
     log.info(
         "evaluation: auc=%.4f logloss=%.4f on %d samples",
