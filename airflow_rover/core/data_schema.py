@@ -50,6 +50,11 @@ class CategoricalColumnConfig(_Strict):
         pattern=r"^[A-Za-z_][\w-]*$",
         description="columns naming the same table share it; default: the column's name",
     )
+    hashed: bool = Field(
+        default=True,
+        description="false: an int column's ids are used as they are (they must lie in "
+        "[0, buckets)), as ids already indexed by the ETL",
+    )
     combiner: Literal["sum", "mean"] = Field(
         default="sum", description="how a list column's embeddings combine into one"
     )

@@ -35,6 +35,7 @@ class CategoricalField:
     name: str
     buckets: int
     strings: bool  # string values (else integers)
+    hashed: bool = True  # else ids used as they are
 
 
 @dataclass(frozen=True)
@@ -137,7 +138,12 @@ def _categorical(
             "supported yet; accepted: int, string"
         )
     _expect(kind, ("int", "string"), config.name, "categorical", where)
-    return CategoricalField(config.name, schema.buckets_of(config), kind == "string")
+    if not config.hashed and kind != "int":
+        raise DataSchemaError(
+            f"{where}: categorical column {config.name!r} holds {kind} with hashed=false; "
+            "only int ids can be used as they are"
+        )
+    return CategoricalField(config.name, schema.buckets_of(config), kind == "string", config.hashed)
 
 
 def infer_schema(arrow_schema: pa.Schema, where: str) -> DataSchema:
@@ -179,7 +185,11 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
         dense[:, j] = _dense_values(table.column(column.name), column)
     categorical = np.empty((n, len(layout.categorical)), dtype=np.int64)
     for j, field in enumerate(layout.categorical):
-        categorical[:, j] = to_buckets(_hashes(table.column(field.name), field), field.buckets)
+        column = table.column(field.name)
+        if field.hashed:
+            categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
+        else:
+            categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
     return Batch(dense=dense, categorical=categorical, label=_floats(label))
 
 
