@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_rover.core.spec import REFERENCE_MODELS, JobSpec
 from airflow_rover.data.reader import MANIFEST_NAME, read_manifest
-from airflow_rover.data.sources import file_stamps, list_files
+from airflow_rover.data.sources import file_stamps
 
 MODEL_FIELDS = ("train_data", "eval_data", "model", "features", "embedding_dim", "training")
 """The spec fields in the digest."""
@@ -65,7 +65,7 @@ def files_digest(uri: str) -> str:
     """The files ``uri`` names (a directory, a glob, a file): for each, its path, size and
     modification time (a partition rewritten by the ETL trains again)."""
     digest = hashlib.blake2b(digest_size=16)
-    for stamp in file_stamps(list_files(uri)):
+    for stamp in file_stamps(uri):
         digest.update(f"{stamp}\n".encode())
     return digest.hexdigest()
 

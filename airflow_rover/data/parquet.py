@@ -12,11 +12,13 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.sources import open_source
 
 CACHED_ROW_GROUPS = 2
 
@@ -32,11 +34,11 @@ class ParquetReader:
             raise ValueError("a Parquet dataset needs at least one file")
         self.files = list(files)
         self.data_schema = schema
-        first = pq.ParquetFile(self.files[0])
+        first = _open(self.files[0])
         self.layout: ColumnLayout = layout_for(first.schema_arrow, schema, self.files[0])
         starts, where = [0], []
         for f, path in enumerate(self.files):
-            parquet = first if f == 0 else pq.ParquetFile(path)
+            parquet = first if f == 0 else _open(path)
             if f > 0:
                 layout_for(parquet.schema_arrow, schema, path)  # the same columns in each file
             metadata = parquet.metadata
@@ -88,13 +90,21 @@ class ParquetReader:
         f, g = self._where[group]
         parquet = self._open.get(f)
         if parquet is None:
-            parquet = self._open[f] = pq.ParquetFile(self.files[f])
+            parquet = self._open[f] = _open(self.files[f])
         table = parquet.read_row_group(g, columns=self.layout.columns)
         batch = to_batch(table, self.layout, f"{self.files[f]} (row group {g})")
         self._cache[group] = batch
         while len(self._cache) > CACHED_ROW_GROUPS:
             self._cache.popitem(last=False)
         return batch
+
+
+def _open(path: str) -> pq.ParquetFile:
+    """The Parquet file ``path`` (local or ``s3://``), its column chunks fetched together."""
+    try:
+        return pq.ParquetFile(open_source(path), pre_buffer=True)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ValueError(f"{path}: cannot read as Parquet: {exc}") from None
 
 
 def _empty(schema: Schema) -> Batch:

@@ -1,5 +1,6 @@
 """Where a dataset's files are: a directory, a glob or a single file, locally (a plain path or
-``file://``), in the dataset's index order (``docs/data-formats.md``).
+``file://``) or on S3 (``s3://bucket/prefix``, ``data.s3_files``), in the dataset's index
+order (``docs/data-formats.md``).
 
 Files are sorted by path, so every process of a job sees the same global row order; names
 starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc``) are skipped.
@@ -10,6 +11,9 @@ from __future__ import annotations
 import glob
 import os
 from pathlib import Path
+from typing import Any
+
+S3_SCHEME = "s3://"
 
 EXTENSIONS = {
     "parquet": (".parquet", ".parq"),
@@ -29,7 +33,9 @@ def local_path(uri: str) -> str:
         return uri[len("file://") :]
     if "://" in uri:
         scheme = uri.split("://", 1)[0]
-        raise ValueError(f"{uri}: scheme {scheme}:// is not supported; accepted: a path, file://")
+        raise ValueError(
+            f"{uri}: scheme {scheme}:// is not supported; accepted: a path, file://, s3://"
+        )
     return uri
 
 
@@ -49,6 +55,13 @@ def _hidden(path: str) -> bool:
 def list_files(uri: str) -> list[str]:
     """The data files ``uri`` names (any format, hidden ones skipped), sorted; ValueError
     naming ``uri`` when there is none."""
+    if uri.startswith(S3_SCHEME):
+        from airflow_rover.data.s3_files import list_objects
+
+        objects = [o.uri for o in list_objects(uri) if not _hidden(o.uri) and o.size > 0]
+        if not objects:
+            raise NoDataFiles(f"{uri}: no data files found")
+        return objects
     path = local_path(uri)
     if any(c in path for c in _GLOB_CHARS):
         found = [p for p in glob.glob(path, recursive=True) if os.path.isfile(p)]
@@ -93,10 +106,25 @@ def _known() -> str:
     return ", ".join(ext for extensions in EXTENSIONS.values() for ext in extensions)
 
 
-def file_stamps(files: list[str]) -> list[str]:
-    """``path:size:mtime_ns`` of each file: what tells a rewritten file from the same one."""
+def file_stamps(uri: str) -> list[str]:
+    """What tells a rewritten file from the same one, for each file ``uri`` names: locally
+    ``path:size:mtime_ns``, on S3 ``uri:size:etag``."""
+    if uri.startswith(S3_SCHEME):
+        from airflow_rover.data.s3_files import list_objects
+
+        files = set(list_files(uri))
+        return [f"{o.uri}:{o.size}:{o.etag}" for o in list_objects(uri) if o.uri in files]
     stamps = []
-    for file in files:
+    for file in list_files(uri):
         stat = os.stat(file)
         stamps.append(f"{file}:{stat.st_size}:{stat.st_mtime_ns}")
     return stamps
+
+
+def open_source(path: str) -> Any:
+    """What a reader opens ``path`` as: a local path, or a random-access file on S3."""
+    if path.startswith(S3_SCHEME):
+        from airflow_rover.data.s3_files import open_input
+
+        return open_input(path)
+    return path
