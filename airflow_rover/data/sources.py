@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from airflow_rover.core.spec import JobSpec
+
 S3_SCHEME = "s3://"
 
 EXTENSIONS = {
@@ -128,3 +130,9 @@ def open_source(path: str) -> Any:
 
         return open_input(path)
     return path
+
+
+def reads_s3(spec: JobSpec) -> bool:
+    """Whether the job reads a split from S3 (its workers and evaluator then need the
+    credentials the master has)."""
+    return any(p is not None and p.startswith(S3_SCHEME) for p in (spec.train_data, spec.eval_data))

@@ -34,6 +34,7 @@ from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.preflight import PreflightError, check_data
+from airflow_rover.data.sources import reads_s3
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -341,6 +342,7 @@ class ElasticTrainingOperator(BaseOperator):
         (``operators.job_rerun``). Returns the job directory."""
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
+        os.environ.update(self._data_env(spec))  # preflight reads data on S3 as the job does
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:  # what a retry cannot fix fails the task, before any process starts
             features = check_data(spec)
@@ -378,7 +380,7 @@ class ElasticTrainingOperator(BaseOperator):
                 check_visible(self._owner, k8s.config, paths)
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
-        env = self._storage_env(spec, k8s is not None, replaced)
+        env = {**self._data_env(spec), **self._storage_env(spec, k8s is not None, replaced)}
         spec = spec.model_copy(update={"deadline": JobDeadline.after(self.max_runtime)})
         self._launched_job_dir = str(job_dir)
         try:
@@ -407,6 +409,16 @@ class ElasticTrainingOperator(BaseOperator):
             return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
+
+    def _data_env(self, spec: JobSpec) -> dict[str, str]:
+        """The S3 credentials (``aws_conn_id``) of a job whose data is on S3, for the task's
+        preflight and for the job's master, workers and evaluator (environment only)."""
+        if not self.aws_conn_id or not reads_s3(spec):
+            return {}
+        try:
+            return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
+        except ValueError as exc:
+            raise AirflowFailException(f"{self.task_id}: aws_conn_id: {exc}") from None
 
     def _check_store_is_this_jobs(self, spec: JobSpec, replaced: str | None) -> None:
         """A job resumes from the newest checkpoint at ``checkpoint_uri`` (a retry, another

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, new_bucket, s3_client
 
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.data.synthetic_files import parquet_schema, write_parquet
+from airflow_rover.launchers.local import LocalNodeLauncher
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +94,22 @@ def test_a_missing_bucket_and_an_empty_prefix_are_named(s3_env: str) -> None:
     bucket = new_bucket(s3_env)
     with pytest.raises(ValueError, match=rf"s3://{bucket}/empty/: no data files found"):
         open_dataset(f"s3://{bucket}/empty/")
+
+
+@pytest.mark.parametrize("train_data", ["s3://bucket/clicks/", "/data/clicks"])
+def test_only_nodes_that_read_data_on_s3_get_the_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, train_data: str
+) -> None:
+    """Workers and the evaluator of a job whose data is on S3 keep the master's credentials
+    in their environment; a PS never, and no node of a job whose data is local."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    layout = JobDir(tmp_path / "job")
+    layout.root.mkdir()
+    layout.write_spec(JobSpec(job_id="s3", train_data=train_data))
+    launcher = LocalNodeLauncher(layout, "http://127.0.0.1:1")
+    on_s3 = train_data.startswith("s3://")
+    for node, reads_data in (("worker-0", True), ("evaluator", True), ("ps-0", False)):
+        env = launcher.node_env(node, reads_data)
+        assert (env.get("AWS_SECRET_ACCESS_KEY") == SECRET_KEY) is (on_s3 and reads_data), node
+        assert ("AWS_ACCESS_KEY_ID" in env) is (on_s3 and reads_data), node
