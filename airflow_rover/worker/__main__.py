@@ -15,7 +15,7 @@ from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.data.reader import open_split
+from airflow_rover.data.reader import SampleReader, open_split
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.rpc.ps_client import PSClient
@@ -39,14 +39,18 @@ def main(argv: list[str] | None = None) -> None:
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
-    model = _ps_model(spec, ctx, args.role, cluster, optimizer)
+    # Opened once, before the node says it is ready: on S3 that lists the files and reads
+    # their footers, start-up work that would otherwise delay the first shard.
+    evaluates = args.role == "evaluator" and spec.eval_data is not None
+    data = open_split(spec, spec.eval_data if evaluates and spec.eval_data else spec.train_data)
+    model = _ps_model(spec, ctx, args.role, cluster, optimizer, data)
     if args.role == "worker":
         model.warm_up()
     master.ready(ctx.node_id)
     if args.role == "worker":
-        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop)
+        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop, data)
     else:
-        _evaluate(spec, model, master)
+        _evaluate(spec, model, master, data)
     model.ps.close()  # the client of the last PS set it trained against
     master.close()
 
@@ -60,7 +64,12 @@ def _configure_tensorflow() -> None:
 
 
 def _ps_model(
-    spec: JobSpec, ctx: NodeContext, role: str, cluster: ClusterInfo, optimizer: Optimizer
+    spec: JobSpec,
+    ctx: NodeContext,
+    role: str,
+    cluster: ClusterInfo,
+    optimizer: Optimizer,
+    data: SampleReader,
 ) -> PSModel:
     """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS;
     a worker reads a lost PS's rows itself where the checkpoint policy can (ECRM)."""
@@ -81,7 +90,7 @@ def _ps_model(
     return PSModel(
         load_factory(spec.model)(features),
         features,
-        [c.name for c in open_split(spec, spec.train_data).schema.categorical],
+        [c.name for c in data.schema.categorical],
         ps,
     )
 
@@ -94,6 +103,7 @@ def _train(
     master: MasterClient,
     ps_set_version: int,
     stop: threading.Event,
+    data: SampleReader,
 ) -> None:
     """Train until the queue is done; a PS lost for good ends the process with
     ``EXIT_PS_LOST`` (not a failure)."""
@@ -106,7 +116,7 @@ def _train(
             node_id,
             model,
             optimizer,
-            open_split(spec, spec.train_data),
+            data,
             master,
             spec.training.batch_size,
             stop,
@@ -124,13 +134,13 @@ def _train(
     log.info("%s done: %d steps, %d samples", node_id, progress.steps, progress.samples)
 
 
-def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient) -> None:
+def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:
     """Score the held-out split and report it to the master."""
     from airflow_rover.worker.evaluation import evaluate
 
     if spec.eval_data is None:
         raise SystemExit("evaluator started for a job without eval_data")
-    report = evaluate(model, open_split(spec, spec.eval_data))
+    report = evaluate(model, data)
     master.report_evaluation(report)
     log.info(
         "evaluation: auc=%.4f logloss=%.4f on %d samples",
