@@ -199,8 +199,17 @@ def _open_parquet(files: list[str], schema: DataSchema | None) -> SampleReader:
     return ParquetReader(files, schema)
 
 
+def _open_tfrecord(files: list[str], schema: DataSchema | None) -> SampleReader:
+    from airflow_rover.data.tfrecord import TFRecordReader
+
+    return TFRecordReader(files, schema)
+
+
 FileReaderFactory = Callable[[list[str], "DataSchema | None"], SampleReader]
-_FILE_FORMATS: dict[str, FileReaderFactory] = {"parquet": _open_parquet}
+_FILE_FORMATS: dict[str, FileReaderFactory] = {
+    "parquet": _open_parquet,
+    "tfrecord": _open_tfrecord,
+}
 
 
 def _open_manifest(directory: Path, verify: bool) -> SampleReader:

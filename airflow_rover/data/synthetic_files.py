@@ -1,5 +1,5 @@
-"""The synthetic dataset's rows written as Parquet files, for tests and benches of the file
-readers: the same samples as the npy-columns split they come from, so a model trained on
+"""The synthetic dataset's rows written as Parquet or TFRecord files, for tests and benches
+of the file readers: the same samples as the npy-columns split they come from, so a model trained on
 either can be compared (``docs/data-formats.md``).
 
 Dense columns are ``I1``..``In`` (float32), categorical ones ``C1``..``Cm``: integers, or with
@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -50,11 +51,14 @@ def write_parquet(
     rows_per_group: int = ROWS_PER_GROUP,
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.parquet`` (the rows
-    in order across ``num_files`` files); returns ``out_dir``."""
+    in order across up to ``num_files`` files, each a whole number of row groups, so shards of
+    ``rows_per_group`` rows each decode one); returns ``out_dir``."""
     reader = NpyColumnsReader(split_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
+    groups = -(-reader.num_samples // rows_per_group)
+    cuts = np.linspace(0, groups, min(num_files, max(groups, 1)) + 1).astype(int)
+    bounds = np.minimum(cuts * rows_per_group, reader.num_samples)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
         table = _table(reader, int(start), int(stop), string_ids)
         pq.write_table(table, out / f"part-{index:05d}.parquet", row_group_size=rows_per_group)
@@ -73,3 +77,40 @@ def _table(reader: NpyColumnsReader, start: int, stop: int, string_ids: bool) ->
         else:
             columns[column.name] = pa.array(ids)
     return pa.table(columns)
+
+
+def write_tfrecord(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    num_files: int = 4,
+    string_ids: bool = False,
+) -> Path:
+    """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.tfrecord``: one
+    ``tf.train.Example`` per row, the features named as in ``write_parquet``."""
+    import tensorflow as tf
+
+    reader = NpyColumnsReader(split_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        table = _table(reader, int(start), int(stop), string_ids)
+        with tf.io.TFRecordWriter(str(out / f"part-{index:05d}.tfrecord")) as writer:
+            for row in table.to_pylist():
+                writer.write(_example(row).SerializeToString())
+    return out
+
+
+def _example(row: dict[str, Any]) -> Any:
+    import tensorflow as tf
+
+    features = {}
+    for name, value in row.items():
+        if isinstance(value, str):
+            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif isinstance(value, int):
+            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        else:
+            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+    return tf.train.Example(features=tf.train.Features(feature=features))
