@@ -205,10 +205,17 @@ def _open_tfrecord(files: list[str], schema: DataSchema | None) -> SampleReader:
     return TFRecordReader(files, schema)
 
 
+def _open_csv(files: list[str], schema: DataSchema | None) -> SampleReader:
+    from airflow_rover.data.csv_files import CsvReader
+
+    return CsvReader(files, schema)
+
+
 FileReaderFactory = Callable[[list[str], "DataSchema | None"], SampleReader]
 _FILE_FORMATS: dict[str, FileReaderFactory] = {
     "parquet": _open_parquet,
     "tfrecord": _open_tfrecord,
+    "csv": _open_csv,
 }
 
 

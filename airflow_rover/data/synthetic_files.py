@@ -1,4 +1,4 @@
-"""The synthetic dataset's rows written as Parquet or TFRecord files, for tests and benches
+"""The synthetic dataset's rows written as Parquet, TFRecord or CSV files, for tests and benches
 of the file readers: the same samples as the npy-columns split they come from, so a model trained on
 either can be compared (``docs/data-formats.md``).
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from airflow_rover.core.data_schema import CategoricalColumnConfig, DataSchema, DenseColumn
@@ -114,3 +115,22 @@ def _example(row: dict[str, Any]) -> Any:
         else:
             features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
     return tf.train.Example(features=tf.train.Features(feature=features))
+
+
+def write_csv(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    num_files: int = 4,
+    string_ids: bool = False,
+) -> Path:
+    """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.csv``, a header line
+    each, the columns named as in ``write_parquet``."""
+    reader = NpyColumnsReader(split_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        table = _table(reader, int(start), int(stop), string_ids)
+        pacsv.write_csv(table, out / f"part-{index:05d}.csv")
+    return out
