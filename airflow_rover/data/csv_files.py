@@ -1,4 +1,4 @@
-"""Reader for CSV files with a header line, by global row range (local, uncompressed files).
+"""Reader for CSV files with a header line, by global row range (local or S3, uncompressed).
 
 Each file's line offsets are found once, when the dataset is opened (a scan for newlines, no
 parsing), so a range reads exactly its lines' bytes, parsed by pyarrow into Arrow columns and
@@ -20,6 +20,7 @@ import pyarrow.csv as pacsv
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.sources import open_binary
 
 CHUNK = 16 << 20
 INFER_LINES = 1000
@@ -30,13 +31,14 @@ def line_offsets(path: str) -> tuple[bytes, np.ndarray]:
     of the last one."""
     ends = []
     position = 0
-    with open(path, "rb") as f:
+    header = b""
+    with open_binary(path) as f:
         while chunk := f.read(CHUNK):
             newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == ord("\n"))
             ends.append(newlines.astype(np.int64) + position + 1)
+            if position == 0:
+                header = chunk[: int(newlines[0]) + 1] if newlines.size else chunk
             position += len(chunk)
-        f.seek(0)
-        header = f.readline()
     starts = np.concatenate([np.zeros(1, np.int64), *ends])
     if position and (not ends or not ends[-1].size or ends[-1][-1] != position):
         starts = np.append(starts, position)  # a last line without a newline
@@ -122,7 +124,7 @@ class CsvReader:
             if types is None:
                 raise DataSchemaError(f"{self.files[f]}: no line after the header")
             return pa.table({name: pa.array([], type=types[name]) for name in self._names})
-        with open(self.files[f], "rb") as fh:
+        with open_binary(self.files[f]) as fh:
             fh.seek(begin)
             data = fh.read(end - begin)
         read = pacsv.ReadOptions(column_names=self._names)

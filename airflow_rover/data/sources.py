@@ -123,6 +123,15 @@ def file_stamps(uri: str) -> list[str]:
     return stamps
 
 
+def open_binary(path: str) -> Any:
+    """A binary file on ``path`` (local, or ``s3://``: ranged GETs), with read and seek."""
+    if path.startswith(S3_SCHEME):
+        from airflow_rover.data.s3_files import open_input
+
+        return open_input(path)
+    return open(path, "rb")
+
+
 def open_source(path: str) -> Any:
     """What a reader opens ``path`` as: a local path, or a random-access file on S3."""
     if path.startswith(S3_SCHEME):

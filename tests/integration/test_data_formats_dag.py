@@ -1,6 +1,7 @@
 """The users' own data through real Airflow: the same rows as npy-columns on disk and as
 Parquet files with string ids on S3 (moto's server on loopback, reached through an Airflow
-connection) train to success with held-out AUCs within 0.002; a schema naming a column the
+connection), and as TFRecord files of the same on S3, train to success with held-out AUCs
+within 0.002; a schema naming a column the
 files lack fails the task at once, naming the column."""
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # the S3 stand-in's
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, new_bucket, s3_client
 
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.data.synthetic_files import write_parquet
+from airflow_rover.data.synthetic_files import write_parquet, write_tfrecord
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,7 +44,17 @@ def outcome(
     with moto_server() as endpoint:
         bucket = new_bucket(endpoint)
         client = s3_client(endpoint)
-        for folder, prefix in ((train, f"clicks/train/dt={DAY}/"), (held_out, "clicks/eval/")):
+        records = write_tfrecord(data.train_dir, root / "tfr" / "train", string_ids=True)
+        held_out_records = write_tfrecord(
+            data.eval_dir, root / "tfr" / "eval", num_files=1, string_ids=True
+        )
+        uploads = (
+            (train, f"clicks/train/dt={DAY}/"),
+            (held_out, "clicks/eval/"),
+            (records, f"clicks/tfrecord/train/dt={DAY}/"),
+            (held_out_records, "clicks/tfrecord/eval/"),
+        )
+        for folder, prefix in uploads:
             for path in sorted(folder.iterdir()):
                 client.upload_file(str(path), bucket, f"{prefix}{path.name}")
         connection = {
@@ -78,6 +89,14 @@ def test_parquet_on_s3_with_string_ids_trains_as_npy_columns_does(outcome: dict[
         assert batches["trained_once"] == batches["expected"]
         assert result["auc"] > 0.7
     assert abs(npy["auc"] - parquet["auc"]) <= AUC_TOLERANCE, (npy["auc"], parquet["auc"])
+
+
+def test_tfrecord_on_s3_with_string_ids_trains_as_parquet_does(outcome: dict[str, Any]) -> None:
+    """The same rows, the same hashing, one worker: the same model as from Parquet."""
+    records, parquet = _result(outcome, "tfrecord_on_s3"), _result(outcome, "parquet_on_s3")
+    batches = records["accounting"]["batches"]
+    assert batches["trained_once"] == batches["expected"]
+    assert abs(records["auc"] - parquet["auc"]) <= AUC_TOLERANCE, (records["auc"], parquet["auc"])
 
 
 def test_a_schema_naming_a_missing_column_fails_at_once(outcome: dict[str, Any]) -> None:

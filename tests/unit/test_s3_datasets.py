@@ -15,7 +15,12 @@ from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
-from airflow_rover.data.synthetic_files import parquet_schema, write_parquet
+from airflow_rover.data.synthetic_files import (
+    parquet_schema,
+    write_csv,
+    write_parquet,
+    write_tfrecord,
+)
 from airflow_rover.launchers.local import LocalNodeLauncher
 
 
@@ -113,3 +118,22 @@ def test_only_nodes_that_read_data_on_s3_get_the_credentials(
         env = launcher.node_env(node, reads_data)
         assert (env.get("AWS_SECRET_ACCESS_KEY") == SECRET_KEY) is (on_s3 and reads_data), node
         assert ("AWS_ACCESS_KEY_ID" in env) is (on_s3 and reads_data), node
+
+
+def test_tfrecord_and_csv_on_s3_read_as_their_local_files(
+    s3_env: str, local: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The record and line indexes are built from chunked reads of the objects."""
+    split, files = local
+    schema = parquet_schema(split, string_ids=True)
+    expected = open_dataset(files, schema=schema).read(0, 2000)
+    for fmt, writer in (("tfrecord", write_tfrecord), ("csv", write_csv)):
+        folder = writer(split, tmp_path / fmt, num_files=3, string_ids=True)
+        bucket = _upload(s3_env, folder, f"{fmt}/dt=2026-11-25/")
+        reader = open_dataset(f"s3://{bucket}/{fmt}/dt=2026-11-25/", schema=schema)
+        assert reader.num_samples == 2000, fmt
+        for start, stop in ((0, 2000), (600, 1400)):
+            got = reader.read(start, stop)
+            np.testing.assert_array_equal(got.categorical, expected.categorical[start:stop])
+            np.testing.assert_allclose(got.dense, expected.dense[start:stop], rtol=1e-6)
+            np.testing.assert_array_equal(got.label, expected.label[start:stop])

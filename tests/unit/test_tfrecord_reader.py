@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.data_schema import CategoricalColumnConfig, DataSchema, DenseColumn
+from airflow_rover.data import tfrecord
 from airflow_rover.data.arrow_columns import DataSchemaError
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
@@ -45,10 +46,18 @@ def test_records_read_back_as_the_parquet_rows(
     np.testing.assert_array_equal(copy.read(5, 9).categorical, reader.read(5, 9).categorical)
 
 
-def test_the_index_holds_each_records_offset(split: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [7, 100, 1 << 20])
+def test_the_index_holds_each_records_offset(
+    split: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Whatever the read size: headers split between chunks, records longer than a chunk."""
+    monkeypatch.setattr(tfrecord, "CHUNK", chunk)
     records = write_tfrecord(split, tmp_path / "tfr", num_files=1)
     path = records / "part-00000.tfrecord"
     offsets = record_offsets(str(path))
+    data = path.read_bytes()
+    lengths = [int.from_bytes(data[o : o + 8], "little") for o in offsets[:-1]]
+    np.testing.assert_array_equal(np.diff(offsets), np.array(lengths) + 16)
     assert len(offsets) == 1201
     assert offsets[0] == 0 and offsets[-1] == path.stat().st_size
     assert (np.diff(offsets) > 16).all()
