@@ -415,6 +415,12 @@ class ElasticTrainingOperator(BaseOperator):
         preflight and for the job's master, workers and evaluator (environment only)."""
         if not self.aws_conn_id or not reads_s3(spec):
             return {}
+        if self.launcher == "kubernetes":
+            raise AirflowFailException(
+                f"{self.task_id}: aws_conn_id with data on S3 and launcher='kubernetes': give "
+                "the pods' service account access to the bucket (e.g. IRSA) and leave "
+                "aws_conn_id unset"
+            )
         try:
             return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
         except ValueError as exc:

@@ -4,10 +4,13 @@ or a glob reads the same rows as the local files; the fingerprint follows the ob
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowFailException
 from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, new_bucket, s3_client
 
 from airflow_rover.core.job_dir import JobDir
@@ -22,6 +25,7 @@ from airflow_rover.data.synthetic_files import (
     write_tfrecord,
 )
 from airflow_rover.launchers.local import LocalNodeLauncher
+from airflow_rover.operators.training import ElasticTrainingOperator
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +141,19 @@ def test_tfrecord_and_csv_on_s3_read_as_their_local_files(
             np.testing.assert_array_equal(got.categorical, expected.categorical[start:stop])
             np.testing.assert_allclose(got.dense, expected.dense[start:stop], rtol=1e-6)
             np.testing.assert_array_equal(got.label, expected.label[start:stop])
+
+
+def test_data_on_s3_through_aws_conn_id_is_refused_on_kubernetes() -> None:
+    """The pods cannot be given the connection's keys: the task fails at once, saying what
+    to do instead (as for checkpoints)."""
+    with DAG(dag_id="s3_data", schedule=None, start_date=datetime(2026, 1, 1)):
+        operator = ElasticTrainingOperator(
+            task_id="train",
+            train_data="s3://bucket/clicks/",
+            aws_conn_id="rover_s3",
+            launcher="kubernetes",
+            kubernetes={"image": "registry.example.com/rover:1", "job_volume_claim": "jobs"},
+        )
+    spec = JobSpec(job_id="s3", train_data="s3://bucket/clicks/")
+    with pytest.raises(AirflowFailException, match=r"aws_conn_id with data on S3 and launcher="):
+        operator._data_env(spec)
