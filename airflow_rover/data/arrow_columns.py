@@ -21,7 +21,7 @@ from airflow_rover.core.data_schema import (
     Standardize,
 )
 from airflow_rover.core.hashing import fnv1a64, hash_ints, splitmix64, to_buckets
-from airflow_rover.data.batch import Batch, CategoricalColumn, Schema
+from airflow_rover.data.batch import Batch, CategoricalColumn, ListColumn, RaggedIds, Schema
 
 
 class DataSchemaError(ValueError):
@@ -36,6 +36,7 @@ class CategoricalField:
     buckets: int
     strings: bool  # string values (else integers)
     hashed: bool = True  # else ids used as they are
+    combiner: str = "sum"  # a list column's (``ColumnLayout.lists``)
 
 
 @dataclass(frozen=True)
@@ -45,11 +46,13 @@ class ColumnLayout:
     label: str
     dense: tuple[DenseColumn, ...]
     categorical: tuple[CategoricalField, ...]
+    lists: tuple[CategoricalField, ...] = ()
 
     @property
     def columns(self) -> list[str]:
         """The file columns to decode, in a stable order."""
-        return [self.label, *(c.name for c in self.dense), *(c.name for c in self.categorical)]
+        names = [self.label, *(c.name for c in self.dense), *(c.name for c in self.categorical)]
+        return names + [c.name for c in self.lists]
 
     @property
     def schema(self) -> Schema:
@@ -57,6 +60,7 @@ class ColumnLayout:
         return Schema(
             num_dense=len(self.dense),
             categorical=tuple(CategoricalColumn(c.name, c.buckets) for c in self.categorical),
+            lists=tuple(ListColumn(c.name, c.buckets, c.combiner) for c in self.lists),
         )
 
 
@@ -122,28 +126,35 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
     for column in schema.dense:
         kind = _field_type(arrow_schema, column.name, "dense", where)
         _expect(kind, ("bool", "int", "float"), column.name, "dense", where)
-    categorical = []
+    scalars: list[CategoricalField] = []
+    lists: list[CategoricalField] = []
     for config in schema.categorical:
-        categorical.append(_categorical(arrow_schema, schema, config, where))
-    return ColumnLayout(schema.label, schema.dense, tuple(categorical))
+        field, is_list = _categorical(arrow_schema, schema, config, where)
+        (lists if is_list else scalars).append(field)
+    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists))
 
 
 def _categorical(
     arrow_schema: pa.Schema, schema: DataSchema, config: CategoricalColumnConfig, where: str
-) -> CategoricalField:
+) -> tuple[CategoricalField, bool]:
+    """The column as read, and whether it is a list column."""
     kind = _field_type(arrow_schema, config.name, "categorical", where)
-    if kind.startswith("list<"):
-        raise DataSchemaError(
-            f"{where}: categorical column {config.name!r} holds {kind}: list columns are not "
-            "supported yet; accepted: int, string"
-        )
-    _expect(kind, ("int", "string"), config.name, "categorical", where)
+    is_list = kind.startswith("list<")
+    if is_list:
+        kind = kind[len("list<") : -1]
+        accepted: tuple[str, ...] = ("list<int>", "list<string>")
+        _expect(f"list<{kind}>", accepted, config.name, "categorical", where)
+    else:
+        _expect(kind, ("int", "string"), config.name, "categorical", where)
     if not config.hashed and kind != "int":
         raise DataSchemaError(
             f"{where}: categorical column {config.name!r} holds {kind} with hashed=false; "
             "only int ids can be used as they are"
         )
-    return CategoricalField(config.name, schema.buckets_of(config), kind == "string", config.hashed)
+    field = CategoricalField(
+        config.name, schema.buckets_of(config), kind == "string", config.hashed, config.combiner
+    )
+    return field, is_list
 
 
 def infer_schema(arrow_schema: pa.Schema, where: str) -> DataSchema:
@@ -190,7 +201,21 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
             categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
         else:
             categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
-    return Batch(dense=dense, categorical=categorical, label=_floats(label))
+    lists = tuple(_ragged(table.column(field.name), field) for field in layout.lists)
+    return Batch(dense=dense, categorical=categorical, label=_floats(label), lists=lists)
+
+
+def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
+    """A list column's ids, hashed into its buckets; a null list holds no id."""
+    lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64()).to_numpy()
+    row_splits = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=row_splits[1:])
+    values = pc.list_flatten(column)
+    if field.hashed:
+        ids = to_buckets(_hashes(pa.chunked_array([values]), field), field.buckets)
+    else:
+        ids = pc.fill_null(values, 0).cast(pa.int64()).to_numpy()
+    return RaggedIds(np.ascontiguousarray(ids, dtype=np.int64), row_splits)
 
 
 def _floats(column: pa.ChunkedArray) -> np.ndarray:

@@ -17,11 +17,48 @@ class CategoricalColumn:
 
 
 @dataclass(frozen=True)
+class ListColumn:
+    """A multi-valued categorical feature: each sample holds any number of ids in
+    ``[0, vocab_size)``, whose embeddings ``combiner`` (sum or mean) makes one."""
+
+    name: str
+    vocab_size: int
+    combiner: str = "sum"
+
+
+@dataclass(frozen=True)
+class RaggedIds:
+    """A list column's ids: sample ``i`` holds ``values[row_splits[i]:row_splits[i + 1]]``."""
+
+    values: np.ndarray  # int64
+    row_splits: np.ndarray  # int64 (n + 1,), from 0 to len(values), non-decreasing
+
+    def __len__(self) -> int:
+        return int(self.row_splits.shape[0]) - 1
+
+    def rows(self, lo: int, hi: int) -> RaggedIds:
+        """Samples ``[lo, hi)`` (views of the values)."""
+        first, last = int(self.row_splits[lo]), int(self.row_splits[hi])
+        return RaggedIds(self.values[first:last], self.row_splits[lo : hi + 1] - first)
+
+
+def concat_ragged(parts: list[RaggedIds]) -> RaggedIds:
+    """One RaggedIds of ``parts``' samples in order."""
+    splits = [np.zeros(1, np.int64)]
+    total = 0
+    for part in parts:
+        splits.append(part.row_splits[1:] + total)
+        total += int(part.row_splits[-1])
+    return RaggedIds(np.concatenate([p.values for p in parts]), np.concatenate(splits))
+
+
+@dataclass(frozen=True)
 class Schema:
     """Column layout shared by every batch of a dataset (what a model needs to be built)."""
 
     num_dense: int
     categorical: tuple[CategoricalColumn, ...]
+    lists: tuple[ListColumn, ...] = ()
 
     @property
     def num_categorical(self) -> int:
@@ -39,6 +76,7 @@ class Batch:
     dense: np.ndarray  # float32 (n, num_dense)
     categorical: np.ndarray  # int64 (n, num_categorical)
     label: np.ndarray  # float32 (n,)
+    lists: tuple[RaggedIds, ...] = ()  # one per list column of the Schema
 
     def __post_init__(self) -> None:
         """Catch mismatched or mistyped columns here, not deep inside a training step."""
@@ -59,12 +97,31 @@ class Batch:
             if array.dtype != dtype:
                 raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {array.dtype}")
 
+        for j, ragged in enumerate(self.lists):
+            splits = ragged.row_splits
+            if ragged.values.dtype != np.int64 or splits.dtype != np.int64 or len(ragged) != n:
+                raise ValueError(
+                    f"lists[{j}] must be int64 values and {n + 1} int64 row_splits, got "
+                    f"{ragged.values.dtype} and {splits.dtype} {splits.shape}"
+                )
+            if splits[0] != 0 or splits[-1] != len(ragged.values) or (np.diff(splits) < 0).any():
+                raise ValueError(f"lists[{j}]: row_splits must rise from 0 to len(values)")
+
     def __len__(self) -> int:
         return int(self.label.shape[0])
 
     def __getitem__(self, rows: slice) -> Batch:
-        """The samples ``rows`` (a slice: views, no copy)."""
-        return Batch(self.dense[rows], self.categorical[rows], self.label[rows])
+        """The samples ``rows`` (a slice without step: views, no copy)."""
+        lo, hi, step = rows.indices(len(self))
+        if step != 1:
+            raise ValueError("a Batch is sliced without a step")
+        hi = max(lo, hi)
+        return Batch(
+            self.dense[lo:hi],
+            self.categorical[lo:hi],
+            self.label[lo:hi],
+            tuple(ragged.rows(lo, hi) for ragged in self.lists),
+        )
 
 
 def concat_batches(parts: list[Batch]) -> Batch:
@@ -75,6 +132,7 @@ def concat_batches(parts: list[Batch]) -> Batch:
         dense=np.concatenate([p.dense for p in parts]),
         categorical=np.concatenate([p.categorical for p in parts]),
         label=np.concatenate([p.label for p in parts]),
+        lists=tuple(concat_ragged([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))),
     )
 
 

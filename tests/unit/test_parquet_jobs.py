@@ -100,3 +100,14 @@ def test_the_fingerprint_follows_the_files_and_the_schema(data: dict[str, Path])
     _write(part, 300, 9)  # the ETL rewrote the partition
     os.utime(part, ns=(1, 1))
     assert training_fingerprint(spec) != first
+
+
+def test_list_columns_are_refused_until_the_lookup_combines_them(tmp_path: Path) -> None:
+    table = pa.table({"label": [1.0, 0.0], "ad": [1, 2], "tags": [["a"], ["b", "c"]]})
+    pq.write_table(table, tmp_path / "part-0.parquet")
+    schema = {"categorical": [{"name": "ad"}, {"name": "tags"}], "default_buckets": 64}
+    spec = JobSpec.model_validate(
+        {"job_id": "lists", "train_data": str(tmp_path), "data_schema": schema}
+    )
+    with pytest.raises(PreflightError, match=r"\['tags'\] are list columns"):
+        preflight(spec)

@@ -14,7 +14,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_rover.core.data_schema import CategoricalColumnConfig, DataSchema, DenseColumn
-from airflow_rover.core.hashing import FNV_OFFSET, FNV_PRIME, fnv1a64, hash_strings, splitmix64
+from airflow_rover.core.hashing import (
+    FNV_OFFSET,
+    FNV_PRIME,
+    fnv1a64,
+    hash_strings,
+    splitmix64,
+    to_buckets,
+)
 from airflow_rover.data.arrow_columns import DataSchemaError
 from airflow_rover.data.parquet import ParquetReader
 from airflow_rover.data.reader import open_dataset
@@ -200,3 +207,27 @@ def test_mixed_formats_and_unknown_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "extra.csv").write_text("a\n")
     with pytest.raises(ValueError, match=r"files of several formats: csv \(.*extra\.csv\)"):
         open_dataset(tmp_path, schema=SCHEMA)
+
+
+def test_a_list_column_is_read_as_ragged_ids(tmp_path: Path) -> None:
+    """Each sample's ids hashed into the buckets, empty and null lists holding none, across
+    files and row groups and in any slice of a Batch."""
+    tags = [["a", "b"], [], None, ["c"], ["a", None, "d"]] * 40
+    table = pa.table({"label": pa.array([1.0, 0.0] * 100), "tags": pa.array(tags)})
+    _write(tmp_path, table, cuts=(77,), group_rows=30)
+    schema = DataSchema(categorical=(CategoricalColumnConfig(name="tags", combiner="mean"),))
+    reader = open_dataset(tmp_path, schema=schema)
+    assert reader.schema.categorical == ()
+    assert [(c.name, c.combiner) for c in reader.schema.lists] == [("tags", "mean")]
+    buckets = schema.default_buckets
+    for start, stop in ((0, 200), (25, 95), (76, 78)):
+        ragged = reader.read(start, stop).lists[0]
+        for i, row in enumerate(tags[start:stop]):
+            got = ragged.values[ragged.row_splits[i] : ragged.row_splits[i + 1]]
+            names = ["" if v is None else v for v in (row or [])]
+            want = to_buckets(hash_strings(names), buckets) if names else np.empty(0, np.int64)
+            np.testing.assert_array_equal(got, want)
+    whole = reader.read(0, 200)
+    part = whole[3:9].lists[0]
+    assert part.row_splits.tolist() == [0, 1, 4, 6, 6, 6, 7]
+    np.testing.assert_array_equal(part.values, reader.read(3, 9).lists[0].values)
