@@ -10,7 +10,9 @@ dim 16 + 26 wide tables of dim 1, MLP 256-128, batch 512, Adagrad lr 0.2, one ep
          (its ``sqrt(accumulator + eps)`` is dense), so this is the real in-graph ceiling;
     (b)  TensorFlow's ``ParameterServerStrategy`` on localhost, 1 PS + 1 worker, a custom loop
          with (a*)'s math and the variables on the PS; (b') the same with 2 workers;
-    (c)  airflow-rover (``run_job`` on the local launcher), 1 PS + 1 worker and 1 PS + 2 workers.
+    (c)  airflow-rover (``run_job`` on the local launcher), 1 PS + 1 worker and 1 PS + 2 workers;
+         (c') the same reading the same rows as Parquet files with string ids (hashed into 8
+         buckets per id) from an S3 stand-in (moto's server on loopback), side by side with (c).
 
 Every configuration runs alone, in its own child process (a fresh TensorFlow runtime; its
 servers are killed afterwards). Rates are steady state for (a), (a*) and (b) (the first 20
@@ -22,11 +24,13 @@ reports ready; the first PS round trips and lazy row creation included). In (b) 
     python bench/throughput.py                    # 300k training samples
     python bench/throughput.py --quick            # 60k, a smoke run
     python bench/throughput.py --configs rover-1w,tf-ps --repeats 3
+    python bench/throughput.py --configs rover-1w,rover-1w-parquet-s3   # npy against Parquet
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -35,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,7 +79,11 @@ CONFIGS = (
     Config("tf-ps-2w", "b", "(b') TF ParameterServerStrategy, 1 PS + 2 workers"),
     Config("rover-1w", "c", "(c) airflow-rover, 1 PS + 1 worker"),
     Config("rover-2w", "c", "(c) airflow-rover, 1 PS + 2 workers"),
+    Config("rover-1w-parquet-s3", "c", "(c') airflow-rover, 1 PS + 1 worker, Parquet on S3"),
+    Config("rover-2w-parquet-s3", "c", "(c') airflow-rover, 1 PS + 2 workers, Parquet on S3"),
 )
+PARQUET_SUFFIX = "-parquet-s3"
+BUCKETS_PER_ID = 8
 BY_KEY = {c.key: c for c in CONFIGS}
 DEFAULT_CONFIGS = tuple(c.key for c in CONFIGS)
 
@@ -89,6 +98,7 @@ class ChildArgs:
     work_dir: str
     run_id: str
     worker_cpu: float
+    data_schema: dict[str, Any] | None = None  # Parquet configs: the files' schema
 
 
 # -- one configuration (runs in a child process) ------------------------------------------------
@@ -109,6 +119,7 @@ def _setup(args: ChildArgs) -> BenchSetup:
 
 def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
     from airflow_rover.cli import run_job
+    from airflow_rover.core.data_schema import DataSchema
     from airflow_rover.core.job_dir import JobDir
     from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
     from airflow_rover.launchers.local import LocalBackend
@@ -120,6 +131,7 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
         job_id=job_id,
         train_data=args.train_dir,
         eval_data=args.eval_dir,
+        data_schema=DataSchema.model_validate(args.data_schema) if args.data_schema else None,
         plan=ResourcePlan(num_workers=num_workers, num_ps=1, worker_cpu=args.worker_cpu),
         training=TrainingConfig(
             optimizer="adagrad",  # what every baseline here uses
@@ -149,7 +161,7 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
 
 def run_one(args: ChildArgs) -> dict[str, Any]:
     if args.config.startswith("rover-"):
-        return run_rover(args, num_workers=int(args.config.removeprefix("rover-")[:-1]))
+        return run_rover(args, num_workers=int(args.config.split("-")[1][:-1]))
     from bench._baselines import run_keras, run_local_loop, run_tf_ps
 
     setup = _setup(args)
@@ -262,6 +274,16 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
             if auc is not None and ref_auc is not None:
                 parts.append(f"AUC {auc - ref_auc:+.4f} vs {ref}")
             print(f"{BY_KEY[key].label}: {', '.join(parts)}")
+    for workers in ("1w", "2w"):
+        npy, parquet = (
+            median.get(f"rover-{workers}"),
+            median.get(f"rover-{workers}{PARQUET_SUFFIX}"),
+        )
+        if npy and parquet:
+            print(
+                f"(c') Parquet on S3 / (c) npy-columns, {workers}: {parquet:.0f} / {npy:.0f} "
+                f"samples/s = {parquet / npy:.2f}"
+            )
     print(
         f"\n{num_train} training samples, {NUM_EVAL} held-out; batch {BATCH_SIZE}, "
         f"Adagrad lr {LEARNING_RATE}, 1 epoch.\n"
@@ -319,13 +341,57 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     cpu_tag = "" if args.worker_cpu == 1 else f"-cpu{args.worker_cpu:g}"
+    with contextlib.ExitStack() as stack:
+        parquet = None
+        if any(c.endswith(PARQUET_SUFFIX) for c in configs):
+            parquet = stack.enter_context(parquet_on_s3(data.train_dir, data.eval_dir, logs))
+        results = run_configs(configs, args, data, work_dir, num_train, cpu_tag, logs, parquet)
+    print_table(results, num_train)
+    return 0 if all(results.values()) else 1
+
+
+@contextlib.contextmanager
+def parquet_on_s3(
+    train_dir: Path, eval_dir: Path, logs: Path
+) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """The splits as Parquet with string ids on the S3 stand-in: (train URI, eval URI,
+    schema); this process's environment reads S3 from it while the block runs."""
+    from airflow_rover.data.synthetic_files import parquet_schema, write_parquet
+    from bench._s3_standin import apply_env, s3_standin, upload
+
+    files = train_dir.parent / "parquet"
+    train = write_parquet(train_dir, files / "train", num_files=8, string_ids=True)
+    held_out = write_parquet(eval_dir, files / "eval", num_files=2, string_ids=True)
+    schema = parquet_schema(train_dir, string_ids=True, buckets_per_id=BUCKETS_PER_ID)
+    with s3_standin(logs / "moto.log") as endpoint:
+        apply_env(endpoint)
+        uris = (
+            upload(endpoint, train, "bench", "train"),
+            upload(endpoint, held_out, "bench", "eval"),
+        )
+        print(f"Parquet on the S3 stand-in: {uris[0]}, {uris[1]}", flush=True)
+        yield uris[0], uris[1], schema.model_dump(mode="json")
+
+
+def run_configs(
+    configs: list[str],
+    args: argparse.Namespace,
+    data: Any,
+    work_dir: Path,
+    num_train: int,
+    cpu_tag: str,
+    logs: Path,
+    parquet: tuple[str, str, dict[str, Any]] | None,
+) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for rep in range(args.repeats):
         for key in configs:
+            on_s3 = parquet is not None and key.endswith(PARQUET_SUFFIX)
             child = ChildArgs(
                 config=key,
-                train_dir=str(data.train_dir),
-                eval_dir=str(data.eval_dir),
+                train_dir=parquet[0] if on_s3 and parquet else str(data.train_dir),
+                eval_dir=parquet[1] if on_s3 and parquet else str(data.eval_dir),
+                data_schema=parquet[2] if on_s3 and parquet else None,
                 work_dir=str(work_dir),
                 run_id=f"n{num_train}-r{rep}" + cpu_tag,
                 worker_cpu=args.worker_cpu,
@@ -345,8 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"load average before {load:.1f}{extra})",
                 flush=True,
             )
-    print_table(results, num_train)
-    return 0 if all(results.values()) else 1
+    return results
 
 
 if __name__ == "__main__":

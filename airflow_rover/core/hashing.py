@@ -74,3 +74,49 @@ def initial_rows(table: str, ids: np.ndarray, dim: int, seed: int, scale: float)
         bits = splitmix64(base[:, None] + np.arange(dim, dtype=np.uint64)[None, :])
     unit = (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
     return (unit * np.float32(2 * scale) - np.float32(scale)).astype(np.float32)
+
+
+# Categorical values hashed into a table's buckets (docs/data-formats.md): fixed forever, as a
+# changed function would scramble every trained table, and simple to reproduce when serving.
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+
+
+def hash_ints(values: np.ndarray) -> np.ndarray:
+    """``splitmix64`` of integer ids (negative ones as their two's complement), as uint64."""
+    return splitmix64(np.asarray(values).astype(np.int64, copy=False).view(np.uint64))
+
+
+def fnv1a64(offsets: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """FNV-1a 64 of each byte string ``data[offsets[i]:offsets[i + 1]]`` (Arrow's layout of a
+    string array), vectorised over the strings: one pass per byte position."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    data = np.asarray(data, dtype=np.uint8)
+    starts = offsets[:-1]
+    lengths = offsets[1:] - starts
+    hashes = np.full(starts.shape, FNV_OFFSET, dtype=np.uint64)
+    longest = int(lengths.max()) if lengths.size else 0
+    rows = np.arange(starts.size)
+    with np.errstate(over="ignore"):
+        for position in range(longest):
+            rows = rows[lengths[rows] > position]
+            byte = data[starts[rows] + position].astype(np.uint64)
+            hashes[rows] = (hashes[rows] ^ byte) * FNV_PRIME
+    return hashes
+
+
+def hash_strings(strings: list[str] | list[bytes]) -> np.ndarray:
+    """``splitmix64(fnv1a64(utf8(s)))`` of each string, as uint64 (the same as for an Arrow
+    string array's buffers)."""
+    encoded = [s.encode() if isinstance(s, str) else bytes(s) for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    data = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+    return splitmix64(fnv1a64(offsets, data))
+
+
+def to_buckets(hashes: np.ndarray, buckets: int) -> np.ndarray:
+    """Bucket ``hash mod buckets`` of each uint64 hash, as int64 ids in ``[0, buckets)``."""
+    if buckets < 1:
+        raise ValueError(f"buckets must be >= 1, got {buckets}")
+    return (hashes % np.uint64(buckets)).astype(np.int64)

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from airflow_rover.core.data_schema import DataFormat, DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.incremental import InitSource
 from airflow_rover.core.policies import CheckpointPolicyConfig
@@ -187,8 +188,20 @@ class JobSpec(_Strict):
     """Everything a job's processes need to run; written to ``job.json`` by the launcher."""
 
     job_id: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9.-]*$")
-    train_data: str = Field(min_length=1, description="dataset directory of the training split")
+    train_data: str = Field(
+        min_length=1, description="the training split: a dataset directory, files or a glob"
+    )
     eval_data: str | None = Field(default=None, description="held-out split scored at the end")
+    data_format: DataFormat = Field(
+        default="auto",
+        description="npy-columns, parquet, tfrecord or csv; auto: by the manifest or the files' "
+        "extension (docs/data-formats.md)",
+    )
+    data_schema: DataSchema | None = Field(
+        default=None,
+        description="the label, weight, dense and categorical columns of a Parquet, TFRecord "
+        "or CSV dataset; default: inferred from Parquet metadata",
+    )
     model: str = Field(
         default="wide_deep",
         description="a reference model name or an import path 'package.module:factory'",

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_rover.core.spec import REFERENCE_MODELS, JobSpec
-from airflow_rover.data.reader import read_manifest
+from airflow_rover.data.reader import MANIFEST_NAME, read_manifest
+from airflow_rover.data.sources import file_stamps
 
 MODEL_FIELDS = ("train_data", "eval_data", "model", "features", "embedding_dim", "training")
 """The spec fields in the digest."""
@@ -35,6 +36,8 @@ def training_fingerprint(spec: JobSpec) -> str:
     }
     if spec.init is not None:  # another model to start from is another training
         parts["init"] = spec.init.model_dump(mode="json")
+    if spec.data_format != "auto" or spec.data_schema is not None:  # older digests unchanged
+        parts["data"] = spec.model_dump(mode="json", include={"data_format", "data_schema"})
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
@@ -42,8 +45,11 @@ def training_fingerprint(spec: JobSpec) -> str:
 def dataset_digest(path: str) -> str:
     """The content of the dataset directory ``path``: its manifest and, for each file it
     lists, the size and the checksum the manifest records. Without recorded checksums every
-    file under the directory is read and hashed."""
+    file under the directory is read and hashed. A dataset without a manifest (Parquet,
+    TFRecord, CSV files): each file's path, size and modification time."""
     directory = Path(path)
+    if not (directory / MANIFEST_NAME).is_file():
+        return files_digest(path)
     manifest = read_manifest(directory)
     digest = hashlib.blake2b(digest_size=16)
     digest.update(json.dumps(manifest, sort_keys=True).encode())
@@ -55,6 +61,15 @@ def dataset_digest(path: str) -> str:
     for file in sorted(p for p in directory.rglob("*") if p.is_file()):
         digest.update(f"{file.relative_to(directory)}:{file.stat().st_size}\n".encode())
         digest.update(_file_digest(file).encode())
+    return digest.hexdigest()
+
+
+def files_digest(uri: str) -> str:
+    """The files ``uri`` names (a directory, a glob, a file): for each, its path, size and
+    modification time (a partition rewritten by the ETL trains again)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for stamp in file_stamps(uri):
+        digest.update(f"{stamp}\n".encode())
     return digest.hexdigest()
 
 

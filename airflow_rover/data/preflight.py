@@ -12,7 +12,7 @@ import importlib
 
 from airflow_rover.core.spec import REFERENCE_MODELS, FeatureConfig, JobSpec
 from airflow_rover.data.features import resolve_features
-from airflow_rover.data.reader import SampleReader, open_dataset
+from airflow_rover.data.reader import SampleReader, open_split
 from airflow_rover.data.vocab_check import first_id_outside_vocab
 
 
@@ -20,9 +20,9 @@ class PreflightError(ValueError):
     """The job spec cannot run; the message names the field."""
 
 
-def _open(field: str, path: str) -> SampleReader:
+def _open(spec: JobSpec, field: str, path: str) -> SampleReader:
     try:
-        return open_dataset(path)
+        return open_split(spec, path)
     except (OSError, ValueError) as exc:
         raise PreflightError(f"{field}={path!r}: {exc}") from None
 
@@ -46,11 +46,17 @@ def check_model_importable(ref: str) -> None:
 def check_data(spec: JobSpec) -> FeatureConfig:
     """Check ``spec``'s datasets and features against each other; returns the resolved
     feature config."""
-    train = _open("train_data", spec.train_data)
+    train = _open(spec, "train_data", spec.train_data)
     schema = train.schema
+    if schema.lists:
+        raise PreflightError(
+            f"data_schema.categorical: {[c.name for c in schema.lists]} are list columns; they "
+            "are read, but the workers' embedding lookup does not combine lists yet: leave "
+            "them out of data_schema for now"
+        )
     readers = {"train_data": (spec.train_data, train)}
     if spec.eval_data is not None:
-        evaluated = _open("eval_data", spec.eval_data)
+        evaluated = _open(spec, "eval_data", spec.eval_data)
         if evaluated.schema != schema:
             raise PreflightError(
                 f"eval_data={spec.eval_data!r}: its columns differ from train_data's"

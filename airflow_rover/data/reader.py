@@ -12,68 +12,21 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from airflow_rover.core.data_schema import DataSchema
+from airflow_rover.core.spec import JobSpec
+from airflow_rover.data.batch import (
+    Batch,
+    CategoricalColumn,
+    Schema,
+    check_range,
+)
+
 MANIFEST_NAME = "manifest.json"
-
-
-@dataclass(frozen=True)
-class CategoricalColumn:
-    """One categorical feature: ids are integers in ``[0, vocab_size)``."""
-
-    name: str
-    vocab_size: int
-
-
-@dataclass(frozen=True)
-class Schema:
-    """Column layout shared by every batch of a dataset (what a model needs to be built)."""
-
-    num_dense: int
-    categorical: tuple[CategoricalColumn, ...]
-
-    @property
-    def num_categorical(self) -> int:
-        return len(self.categorical)
-
-    @property
-    def vocab_sizes(self) -> tuple[int, ...]:
-        return tuple(column.vocab_size for column in self.categorical)
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A block of consecutive samples, column-major by feature kind, ready for a model."""
-
-    dense: np.ndarray  # float32 (n, num_dense)
-    categorical: np.ndarray  # int64 (n, num_categorical)
-    label: np.ndarray  # float32 (n,)
-
-    def __post_init__(self) -> None:
-        """Catch mismatched or mistyped columns here, not deep inside a training step."""
-        n = self.label.shape[0] if self.label.ndim == 1 else -1
-        if n < 0:
-            raise ValueError(f"label must be 1-D, got shape {self.label.shape}")
-        if self.dense.ndim != 2 or self.dense.shape[0] != n:
-            raise ValueError(f"dense must have shape ({n}, num_dense), got {self.dense.shape}")
-        if self.categorical.ndim != 2 or self.categorical.shape[0] != n:
-            raise ValueError(
-                f"categorical must have shape ({n}, num_categorical), got {self.categorical.shape}"
-            )
-        for name, array, dtype in (
-            ("dense", self.dense, np.float32),
-            ("categorical", self.categorical, np.int64),
-            ("label", self.label, np.float32),
-        ):
-            if array.dtype != dtype:
-                raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {array.dtype}")
-
-    def __len__(self) -> int:
-        return int(self.label.shape[0])
 
 
 @runtime_checkable
@@ -137,12 +90,15 @@ def _no_manifest(directory: Path) -> str:
     if not directory.exists():
         return f"{directory} does not exist"
     if not directory.is_dir():
-        return f"{directory} is not a directory: a dataset is a directory"
+        return (
+            f"{directory} is not a directory: a dataset is a directory, or Parquet files (.parquet)"
+        )
     return (
         f"{directory} has no {MANIFEST_NAME}: a dataset directory holds {MANIFEST_NAME} (its "
         "format, num_samples, num_dense and categorical columns with their vocab_size) and the "
         "format's files, e.g. dense.npy, categorical.npy and label.npy for npy-columns "
-        f"(accepted formats: {', '.join(registered_formats())}); `rover data gen` writes one"
+        f"(accepted formats: {', '.join(registered_formats())}), or Parquet files (.parquet); "
+        "`rover data gen` writes one (docs/data-formats.md)"
     )
 
 
@@ -198,9 +154,72 @@ def verify_checksums(path: str | os.PathLike[str], manifest: Mapping[str, Any]) 
             )
 
 
-def open_dataset(path: str | os.PathLike[str], *, verify: bool = False) -> SampleReader:
-    """Open the dataset directory ``path`` with the reader its manifest's format names."""
+def open_dataset(
+    path: str | os.PathLike[str],
+    *,
+    verify: bool = False,
+    data_format: str = "auto",
+    schema: DataSchema | None = None,
+) -> SampleReader:
+    """Open the dataset ``path`` (``docs/data-formats.md``): a directory with a manifest with
+    the reader its format names; else the files ``path`` names, of ``data_format`` (``auto``:
+    by their extension), their columns read as ``schema`` says (None: inferred)."""
     directory = Path(path)
+    if data_format in ("auto", "npy-columns") and (directory / MANIFEST_NAME).is_file():
+        return _open_manifest(directory, verify)
+    if data_format == "npy-columns":
+        read_manifest(directory)  # raises, saying what an npy-columns dataset holds
+    from airflow_rover.data.sources import NoDataFiles, files_of_format
+
+    try:
+        fmt, files = files_of_format(str(path), data_format)
+    except NoDataFiles:
+        if data_format != "auto" or "://" in str(path) or _is_glob(str(path)):
+            raise
+        raise ValueError(_no_manifest(directory)) from None
+    opener = _FILE_FORMATS.get(fmt)
+    if opener is None:
+        raise ValueError(f"{path}: reading {fmt} files is not supported yet")
+    return opener(files, schema)
+
+
+def open_split(spec: JobSpec, path: str) -> SampleReader:
+    """One of ``spec``'s datasets, in its format and schema, as every process of the job
+    opens it."""
+    return open_dataset(path, data_format=spec.data_format, schema=spec.data_schema)
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def _open_parquet(files: list[str], schema: DataSchema | None) -> SampleReader:
+    from airflow_rover.data.parquet import ParquetReader
+
+    return ParquetReader(files, schema)
+
+
+def _open_tfrecord(files: list[str], schema: DataSchema | None) -> SampleReader:
+    from airflow_rover.data.tfrecord import TFRecordReader
+
+    return TFRecordReader(files, schema)
+
+
+def _open_csv(files: list[str], schema: DataSchema | None) -> SampleReader:
+    from airflow_rover.data.csv_files import CsvReader
+
+    return CsvReader(files, schema)
+
+
+FileReaderFactory = Callable[[list[str], "DataSchema | None"], SampleReader]
+_FILE_FORMATS: dict[str, FileReaderFactory] = {
+    "parquet": _open_parquet,
+    "tfrecord": _open_tfrecord,
+    "csv": _open_csv,
+}
+
+
+def _open_manifest(directory: Path, verify: bool) -> SampleReader:
     manifest = read_manifest(directory)
     fmt = manifest.get("format")
     factory = _FORMATS.get(fmt) if isinstance(fmt, str) else None
@@ -279,13 +298,7 @@ class NpyColumnsReader:
 
     def read(self, start: int, stop: int) -> Batch:
         """Copy samples ``[start, stop)`` out of the mapped files into a fresh Batch."""
-        for name, value in (("start", start), ("stop", stop)):
-            if isinstance(value, bool) or not isinstance(value, int | np.integer):
-                raise ValueError(f"{name} must be an integer, got {value!r}")
-        if not 0 <= start <= self._num_samples:
-            raise ValueError(f"start must be in [0, {self._num_samples}], got {start}")
-        if not start <= stop <= self._num_samples:
-            raise ValueError(f"stop must be in [start={start}, {self._num_samples}], got {stop}")
+        check_range(start, stop, self._num_samples)
         return Batch(
             dense=np.array(self._dense[start:stop]),
             categorical=np.array(self._categorical[start:stop]),

@@ -37,6 +37,7 @@ from airflow_rover.core.job_dir import (
 from airflow_rover.core.job_status import resolve_status
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import TERMINAL_STATES
+from airflow_rover.data.sources import reads_s3
 from airflow_rover.launchers.base import (
     KEEPER_MODULE,
     ROLE_MODULES,
@@ -118,8 +119,16 @@ class LocalNodeLauncher(NodeLauncher):
         # SIGTERMed about 10 s later (its parent thread gone: ``_die_with_parent``).
         self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-forker")
 
+    def node_env(self, node_id: str, reads_data: bool) -> dict[str, str]:
+        """A node's environment; the S3 credentials only for one that reads data on S3."""
+        env = self._env(node_id)
+        if reads_data and reads_s3(self.job_dir.read_spec()):
+            env.update({k: v for k, v in os.environ.items() if k.startswith(_MASTER_ONLY_ENV)})
+        return env
+
     def _env(self, node_id: str) -> dict[str, str]:
-        # The durable store's credentials are the master's alone: nodes never get them.
+        # The S3 credentials are the master's alone: nodes get them only to read data on S3
+        # (the workers and the evaluator, ``_fork``), a PS never.
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MASTER_ONLY_ENV)}
         env.update(
             {
@@ -142,11 +151,14 @@ class LocalNodeLauncher(NodeLauncher):
         self._watch(self._procs[node_id])
 
     def _spawn(self, node_id: str, role: Role) -> subprocess.Popen:
-        return self._fork([sys.executable, "-m", ROLE_MODULES[role], "--role", role], node_id)
+        command = [sys.executable, "-m", ROLE_MODULES[role], "--role", role]
+        return self._fork(command, node_id, reads_data=role != "ps")
 
-    def _fork(self, cmd: list[str], node_id: str) -> subprocess.Popen:
-        """Start a node's process on the launcher's own thread, whichever thread asks."""
-        log_file, env = self.job_dir.log_file(node_id), self._env(node_id)
+    def _fork(self, cmd: list[str], node_id: str, reads_data: bool = False) -> subprocess.Popen:
+        """Start a node's process on the launcher's own thread, whichever thread asks.
+        ``reads_data``: a worker or the evaluator, which keeps the S3 credentials when the
+        job's data is on S3 (``reads_s3``)."""
+        log_file, env = self.job_dir.log_file(node_id), self.node_env(node_id, reads_data)
         return self._forker.submit(_popen, cmd, log_file, env, preexec_fn=_die_with_parent).result()
 
     def _watch(self, proc: subprocess.Popen) -> None:

@@ -15,7 +15,7 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import LostUpdates
 from airflow_rover.core.shards import ShardQueue
 from airflow_rover.core.spec import JobSpec
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.reader import open_split
 from airflow_rover.storage import CheckpointMirror, check_owner, restore_latest_checkpoint
 
 LOST_UPDATES_KEY = "partial_recovery"  # in queue.json: the lost updates at the snapshot
@@ -80,5 +80,5 @@ def fresh_start(spec: JobSpec) -> str:
 
 def fresh_queue(spec: JobSpec) -> ShardQueue:
     t, r = spec.training, spec.recovery
-    num_samples = open_dataset(spec.train_data).num_samples
+    num_samples = open_split(spec, spec.train_data).num_samples
     return ShardQueue(num_samples, t.shard_size, t.epochs, t.batch_size, r.max_shard_failures)

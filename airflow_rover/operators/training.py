@@ -17,6 +17,7 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
+from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.incremental import check_init_option
 from airflow_rover.core.job_dir import JobDir
@@ -34,6 +35,7 @@ from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.preflight import PreflightError, check_data
+from airflow_rover.data.sources import reads_s3
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -77,6 +79,7 @@ from airflow_rover.operators.training_params import (
     dict_or_as_is,
     kubernetes_param,
     static_cluster_budget,
+    static_data_schema,
     static_features,
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
@@ -95,8 +98,13 @@ class ElasticTrainingOperator(BaseOperator):
     (``data.fingerprint``), and else trains a new model, which replaces the one published in
     ``output_dir/model`` once it succeeds.
 
-    :param train_data: dataset directory of the training split. (templated)
-    :param eval_data: dataset directory of the held-out split scored at the end. (templated)
+    :param train_data: the training split: a dataset directory, Parquet files (a directory, a
+        glob, a Hive-style partition such as ``.../dt={{ ds }}/``) (templated)
+    :param eval_data: the held-out split scored at the end, named the same way. (templated)
+    :param data_format: ``"auto"`` (by the manifest or the files' extension),
+        ``"npy-columns"`` or ``"parquet"`` (``docs/data-formats.md``).
+    :param data_schema: the label, dense and categorical columns of Parquet files and how
+        each is read (``core.data_schema.DataSchema``); default: inferred from the files.
     :param output_dir: the job directory (model, logs, status); default
         ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``, on Kubernetes
         ``<kubernetes.job_volume_mount_path>/jobs/...``. (templated)
@@ -185,6 +193,8 @@ class ElasticTrainingOperator(BaseOperator):
         *,
         train_data: str,
         eval_data: str | None = None,
+        data_format: str = "auto",
+        data_schema: dict[str, Any] | DataSchema | None = None,
         output_dir: str | None = None,
         model: str = "wide_deep",
         plan: dict[str, Any] | ResourcePlan | str | None = None,
@@ -227,6 +237,8 @@ class ElasticTrainingOperator(BaseOperator):
         self.evict_after_days = evict_after_days
         self.train_data = train_data
         self.eval_data = eval_data
+        self.data_format = data_format
+        self.data_schema = static_data_schema(owner, data_schema)
         self.output_dir = output_dir
         self.model = model
         self.plan: dict[str, Any] | str = as_param_dict(plan, ResourcePlan)
@@ -272,6 +284,8 @@ class ElasticTrainingOperator(BaseOperator):
                     "job_id": job_id,
                     "train_data": train_data,
                     "eval_data": eval_data,
+                    "data_format": self.data_format,
+                    "data_schema": self.data_schema,
                     "model": self.model,
                     "features": self.features,
                     "embedding_dim": self.embedding_dim,
@@ -359,6 +373,7 @@ class ElasticTrainingOperator(BaseOperator):
         (``operators.job_rerun``). Returns the job directory."""
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
+        os.environ.update(self._data_env(spec))  # preflight reads data on S3 as the job does
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:  # what a retry cannot fix fails the task, before any process starts
             features = check_data(spec)
@@ -397,7 +412,7 @@ class ElasticTrainingOperator(BaseOperator):
                 check_visible(self._owner, k8s.config, paths)
             except ValueError as exc:
                 raise AirflowFailException(str(exc)) from None
-        env = self._storage_env(spec, k8s is not None, replaced)
+        env = {**self._data_env(spec), **self._storage_env(spec, k8s is not None, replaced)}
         spec = spec.model_copy(update={"deadline": JobDeadline.after(self.max_runtime)})
         self._launched_job_dir = str(job_dir)
         try:
@@ -426,6 +441,22 @@ class ElasticTrainingOperator(BaseOperator):
             return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
         except ValueError as exc:
             raise AirflowFailException(f"{self.task_id}: {exc}") from None
+
+    def _data_env(self, spec: JobSpec) -> dict[str, str]:
+        """The S3 credentials (``aws_conn_id``) of a job whose data is on S3, for the task's
+        preflight and for the job's master, workers and evaluator (environment only)."""
+        if not self.aws_conn_id or not reads_s3(spec):
+            return {}
+        if self.launcher == "kubernetes":
+            raise AirflowFailException(
+                f"{self.task_id}: aws_conn_id with data on S3 and launcher='kubernetes': give "
+                "the pods' service account access to the bucket (e.g. IRSA) and leave "
+                "aws_conn_id unset"
+            )
+        try:
+            return CheckpointStoreHook(self.aws_conn_id).aws_settings().to_env()
+        except ValueError as exc:
+            raise AirflowFailException(f"{self.task_id}: aws_conn_id: {exc}") from None
 
     def _check_store_is_this_jobs(self, spec: JobSpec, replaced: str | None) -> None:
         """A job resumes from the newest checkpoint at ``checkpoint_uri`` (a retry, another

@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import (
     ClusterBudget,
@@ -125,6 +126,11 @@ def as_param_dict(value: Any, model: type[BaseModel]) -> Any:
 def static_features(owner: str, features: Any) -> FeatureConfig | None:
     """The validated ``features``; None for the default tables."""
     return parse_param(owner, "features", FeatureConfig, features) if features else None
+
+
+def static_data_schema(owner: str, data_schema: Any) -> DataSchema | None:
+    """The validated ``data_schema``; None to infer it from the files."""
+    return parse_param(owner, "data_schema", DataSchema, data_schema) if data_schema else None
 
 
 def kubernetes_param(

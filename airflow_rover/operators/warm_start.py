@@ -26,7 +26,7 @@ from airflow_rover.core.warm_start import (
     check_settings,
 )
 from airflow_rover.data.features import resolve_features
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.reader import open_dataset, open_split
 from airflow_rover.hooks.history_store import HistoryStoreHook
 from airflow_rover.operators._validation import (
     check_static_entries,
@@ -81,7 +81,7 @@ def job_traits(
 def spec_traits(spec: JobSpec, dag_id: str | None, task_id: str | None) -> JobTraits:
     """The traits of a job about to start (the same ones its history record will carry)."""
     features = resolve_features(spec)
-    samples = open_dataset(spec.train_data).num_samples
+    samples = open_split(spec, spec.train_data).num_samples
     return JobTraits.of(spec.model, features, samples, dag_id, task_id)
 
 

@@ -15,7 +15,7 @@ from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.reader import SampleReader, open_split
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
@@ -49,14 +49,18 @@ def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
     spec = ctx.job_dir.read_spec()
     cluster = master.cluster()
     optimizer = Optimizer(spec.training.optimizer, spec.training.learning_rate)
-    model = _ps_model(spec, ctx, role, cluster, optimizer)
+    # Opened once, before the node says it is ready: on S3 that lists the files and reads
+    # their footers, start-up work that would otherwise delay the first shard.
+    evaluates = role == "evaluator" and spec.eval_data is not None
+    data = open_split(spec, spec.eval_data if evaluates and spec.eval_data else spec.train_data)
+    model = _ps_model(spec, ctx, role, cluster, optimizer, data)
     if role == "worker":
         model.warm_up()
     master.ready(ctx.node_id)
     if role == "worker":
-        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop)
+        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop, data)
     else:
-        _evaluate(spec, model, master)
+        _evaluate(spec, model, master, data)
     model.ps.close()  # the client of the last PS set it trained against
     master.close()
 
@@ -70,7 +74,12 @@ def _configure_tensorflow() -> None:
 
 
 def _ps_model(
-    spec: JobSpec, ctx: NodeContext, role: str, cluster: ClusterInfo, optimizer: Optimizer
+    spec: JobSpec,
+    ctx: NodeContext,
+    role: str,
+    cluster: ClusterInfo,
+    optimizer: Optimizer,
+    data: SampleReader,
 ) -> PSModel:
     """The job's model (Keras seeded with the job's seed) on a client of ``cluster``'s PS;
     a worker reads a lost PS's rows itself where the checkpoint policy can (ECRM)."""
@@ -91,7 +100,7 @@ def _ps_model(
     return PSModel(
         load_factory(spec.model)(features),
         features,
-        [c.name for c in open_dataset(spec.train_data).schema.categorical],
+        [c.name for c in data.schema.categorical],
         ps,
     )
 
@@ -104,6 +113,7 @@ def _train(
     master: MasterClient,
     ps_set_version: int,
     stop: threading.Event,
+    data: SampleReader,
 ) -> None:
     """Train until the queue is done; a PS lost for good ends the process with
     ``EXIT_PS_LOST`` (not a failure)."""
@@ -116,7 +126,7 @@ def _train(
             node_id,
             model,
             optimizer,
-            open_dataset(spec.train_data),
+            data,
             master,
             spec.training.batch_size,
             stop,
@@ -134,13 +144,13 @@ def _train(
     log.info("%s done: %d steps, %d samples", node_id, progress.steps, progress.samples)
 
 
-def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient) -> None:
+def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:
     """Score the held-out split and report it to the master."""
     from airflow_rover.worker.evaluation import evaluate
 
     if spec.eval_data is None:
         raise SystemExit("evaluator started for a job without eval_data")
-    report = evaluate(model, open_dataset(spec.eval_data))
+    report = evaluate(model, data)
     master.report_evaluation(report)
     log.info(
         "evaluation: auc=%.4f logloss=%.4f on %d samples",

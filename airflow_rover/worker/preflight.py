@@ -25,7 +25,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.spec import FeatureConfig, JobSpec
 from airflow_rover.data.preflight import PreflightError, check_data, check_model_importable
-from airflow_rover.data.reader import Batch, open_dataset
+from airflow_rover.data.reader import Batch, open_split
 from airflow_rover.worker.tensorflow_notes import tensorflow_stderr_to_debug
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def check_model(spec: JobSpec, features: FeatureConfig) -> None:
 
 def _check_model(spec: JobSpec, features: FeatureConfig) -> None:
     model, package = build_model(spec.model, features)
-    reader = open_dataset(spec.train_data)
+    reader = open_split(spec, spec.train_data)
     batch = reader.read(0, min(CHECK_ROWS, reader.num_samples))
     if len(batch) == 0:
         return  # no rows to call the model on

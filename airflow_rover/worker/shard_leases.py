@@ -52,6 +52,6 @@ def leased_batches(
             if not keeps(reply.ps_set_version):
                 break  # the trainer moved on (a lost PS is back): the master requeued the shard
             hi = min(lo + batch_size, len(samples))
-            batch = Batch(samples.dense[lo:hi], samples.categorical[lo:hi], samples.label[lo:hi])
+            batch = samples[lo:hi]
             last = hi == len(samples)
             yield batch, shard.shard_id, last, shard.first_key + index, reply.ps_set_version

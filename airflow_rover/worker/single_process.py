@@ -20,7 +20,7 @@ from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TrainingConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
 from airflow_rover.data.features import resolve_features
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.reader import open_split
 from airflow_rover.worker.models import DENSE_INPUT, ModelFactory, load_factory
 
 EVAL_BATCH = 8192
@@ -71,7 +71,7 @@ def train_single_process(spec: JobSpec) -> dict[str, float]:
         raise ValueError("eval_data: the single-process yardstick needs a held-out split")
     keras.utils.set_random_seed(spec.training.seed)
     features = resolve_features(spec)
-    train_reader, eval_reader = open_dataset(spec.train_data), open_dataset(spec.eval_data)
+    train_reader, eval_reader = open_split(spec, spec.train_data), open_split(spec, spec.eval_data)
     train = train_reader.read(0, train_reader.num_samples)
     held_out = eval_reader.read(0, eval_reader.num_samples)
     columns = [c.name for c in train_reader.schema.categorical]

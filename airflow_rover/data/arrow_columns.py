@@ -1,0 +1,254 @@
+"""Arrow tables to the ``Batch`` a worker consumes, as a ``DataSchema`` says (or as inferred
+from the Arrow schema): the label, dense columns normalised, categorical values hashed into
+their buckets (``docs/data-formats.md``).
+
+Every reader of a columnar or record format (Parquet, TFRecord, CSV) decodes into Arrow and
+converts here, so the schema's checks and the hashing are the same for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from airflow_rover.core.data_schema import (
+    CategoricalColumnConfig,
+    DataSchema,
+    DenseColumn,
+    Standardize,
+)
+from airflow_rover.core.hashing import fnv1a64, hash_ints, splitmix64, to_buckets
+from airflow_rover.data.batch import Batch, CategoricalColumn, ListColumn, RaggedIds, Schema
+
+
+class DataSchemaError(ValueError):
+    """The files do not match the schema; the message names the column and what was found."""
+
+
+@dataclass(frozen=True)
+class CategoricalField:
+    """A categorical column as read: its hashing and bucket count."""
+
+    name: str
+    buckets: int
+    strings: bool  # string values (else integers)
+    hashed: bool = True  # else ids used as they are
+    combiner: str = "sum"  # a list column's (``ColumnLayout.lists``)
+
+
+@dataclass(frozen=True)
+class ColumnLayout:
+    """The columns a reader decodes and what each becomes in a Batch."""
+
+    label: str
+    dense: tuple[DenseColumn, ...]
+    categorical: tuple[CategoricalField, ...]
+    lists: tuple[CategoricalField, ...] = ()
+
+    @property
+    def columns(self) -> list[str]:
+        """The file columns to decode, in a stable order."""
+        names = [self.label, *(c.name for c in self.dense), *(c.name for c in self.categorical)]
+        return names + [c.name for c in self.lists]
+
+    @property
+    def schema(self) -> Schema:
+        """What a model needs to be built: the dense count, each column's bucket count."""
+        return Schema(
+            num_dense=len(self.dense),
+            categorical=tuple(CategoricalColumn(c.name, c.buckets) for c in self.categorical),
+            lists=tuple(ListColumn(c.name, c.buckets, c.combiner) for c in self.lists),
+        )
+
+
+def _kind(dtype: pa.DataType) -> str:
+    """``int``, ``float``, ``bool``, ``string``, ``list<...>`` or the type's own name."""
+    if pa.types.is_dictionary(dtype):
+        return _kind(dtype.value_type)
+    if pa.types.is_boolean(dtype):
+        return "bool"
+    if pa.types.is_integer(dtype):
+        return "int"
+    if pa.types.is_floating(dtype):
+        return "float"
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return "string"
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return "string"
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        return f"list<{_kind(dtype.value_type)}>"
+    return str(dtype)
+
+
+def _field_type(arrow_schema: pa.Schema, name: str, role: str, where: str) -> str:
+    index = arrow_schema.get_field_index(name)
+    if index < 0:
+        raise DataSchemaError(
+            f"{where}: {role} column {name!r} is missing; the columns found: "
+            f"{', '.join(arrow_schema.names)}"
+        )
+    return _kind(arrow_schema.field(index).type)
+
+
+def _expect(kind: str, accepted: tuple[str, ...], name: str, role: str, where: str) -> None:
+    if kind in accepted:
+        return
+    hint = ""
+    if kind.startswith("list<"):
+        hint = " (a list where a scalar was expected)"
+    raise DataSchemaError(
+        f"{where}: {role} column {name!r} holds {kind}{hint}; accepted: {', '.join(accepted)}"
+    )
+
+
+def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -> ColumnLayout:
+    """The layout ``schema`` gives for files of ``arrow_schema`` (inferred when ``schema`` is
+    None); DataSchemaError naming the column, what was found and what is accepted."""
+    if schema is None:
+        schema = infer_schema(arrow_schema, where)
+    _expect(
+        _field_type(arrow_schema, schema.label, "label", where),
+        ("bool", "int", "float"),
+        schema.label,
+        "label",
+        where,
+    )
+    unsupported = [schema.weight] if schema.weight else []
+    unsupported += [c.table for c in schema.categorical if c.table]
+    if unsupported:
+        raise DataSchemaError(
+            f"{where}: data_schema: weight columns and shared tables are not supported yet "
+            f"(found {unsupported})"
+        )
+    for column in schema.dense:
+        kind = _field_type(arrow_schema, column.name, "dense", where)
+        _expect(kind, ("bool", "int", "float"), column.name, "dense", where)
+    scalars: list[CategoricalField] = []
+    lists: list[CategoricalField] = []
+    for config in schema.categorical:
+        field, is_list = _categorical(arrow_schema, schema, config, where)
+        (lists if is_list else scalars).append(field)
+    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists))
+
+
+def _categorical(
+    arrow_schema: pa.Schema, schema: DataSchema, config: CategoricalColumnConfig, where: str
+) -> tuple[CategoricalField, bool]:
+    """The column as read, and whether it is a list column."""
+    kind = _field_type(arrow_schema, config.name, "categorical", where)
+    is_list = kind.startswith("list<")
+    if is_list:
+        kind = kind[len("list<") : -1]
+        accepted: tuple[str, ...] = ("list<int>", "list<string>")
+        _expect(f"list<{kind}>", accepted, config.name, "categorical", where)
+    else:
+        _expect(kind, ("int", "string"), config.name, "categorical", where)
+    if not config.hashed and kind != "int":
+        raise DataSchemaError(
+            f"{where}: categorical column {config.name!r} holds {kind} with hashed=false; "
+            "only int ids can be used as they are"
+        )
+    field = CategoricalField(
+        config.name, schema.buckets_of(config), kind == "string", config.hashed, config.combiner
+    )
+    return field, is_list
+
+
+def infer_schema(arrow_schema: pa.Schema, where: str) -> DataSchema:
+    """The schema of files written without one: ``label`` is the label, float and bool
+    columns are dense, int, string and list columns categorical; other types are refused by name."""
+    if arrow_schema.get_field_index("label") < 0:
+        raise DataSchemaError(
+            f"{where}: no column 'label' to infer the schema from (columns: "
+            f"{', '.join(arrow_schema.names)}); give data_schema with the label column"
+        )
+    dense: list[DenseColumn] = []
+    categorical: list[CategoricalColumnConfig] = []
+    for field in arrow_schema:
+        if field.name == "label":
+            continue
+        kind = _kind(field.type)
+        if kind in ("float", "bool"):
+            dense.append(DenseColumn(name=field.name))
+        elif kind in ("int", "string", "list<int>", "list<string>"):
+            categorical.append(CategoricalColumnConfig(name=field.name))
+        else:
+            raise DataSchemaError(
+                f"{where}: column {field.name!r} holds {kind}, which has no default role "
+                "(float, bool: dense; int, string and their lists: categorical); give data_schema "
+                "naming the columns to read"
+            )
+    return DataSchema(dense=tuple(dense), categorical=tuple(categorical))
+
+
+def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
+    """The Batch of ``table``'s rows; a null label raises naming the column and the row."""
+    n = table.num_rows
+    label = table.column(layout.label)
+    if label.null_count:
+        row = int(np.argmax(np.asarray(label.is_null())))
+        raise DataSchemaError(f"{where}: label column {layout.label!r} is null at row {row}")
+    dense = np.empty((n, len(layout.dense)), dtype=np.float32)
+    for j, column in enumerate(layout.dense):
+        dense[:, j] = _dense_values(table.column(column.name), column)
+    categorical = np.empty((n, len(layout.categorical)), dtype=np.int64)
+    for j, field in enumerate(layout.categorical):
+        column = table.column(field.name)
+        if field.hashed:
+            categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
+        else:
+            categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
+    lists = tuple(_ragged(table.column(field.name), field) for field in layout.lists)
+    return Batch(dense=dense, categorical=categorical, label=_floats(label), lists=lists)
+
+
+def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
+    """A list column's ids, hashed into its buckets; a null list holds no id."""
+    lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64()).to_numpy()
+    row_splits = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=row_splits[1:])
+    values = pc.list_flatten(column)
+    if field.hashed:
+        ids = to_buckets(_hashes(pa.chunked_array([values]), field), field.buckets)
+    else:
+        ids = pc.fill_null(values, 0).cast(pa.int64()).to_numpy()
+    return RaggedIds(np.ascontiguousarray(ids, dtype=np.int64), row_splits)
+
+
+def _floats(column: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(column.cast(pa.float32()).to_numpy(), dtype=np.float32)
+
+
+def _dense_values(column: pa.ChunkedArray, config: DenseColumn) -> np.ndarray:
+    values = _floats(pc.fill_null(column.cast(pa.float64()), 0.0))
+    normalize = config.normalize
+    if isinstance(normalize, Standardize):
+        values = (values - np.float32(normalize.mean)) / np.float32(normalize.std)
+    elif normalize == "log1p":
+        values = np.log1p(np.maximum(values, 0))
+    return values
+
+
+def _hashes(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:
+    """uint64 hash of each value: ints by ``hash_ints``, strings by splitmix64(FNV-1a), the
+    distinct strings of each chunk hashed once."""
+    if not field.strings:
+        return hash_ints(pc.fill_null(column, 0).cast(pa.int64()).to_numpy())
+    parts = []
+    for chunk in pc.fill_null(column.cast(pa.large_string()), "").chunks:
+        encoded = chunk.dictionary_encode()
+        parts.append(_string_hashes(encoded.dictionary)[encoded.indices.to_numpy()])
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+
+
+def _string_hashes(strings: pa.Array) -> np.ndarray:
+    strings = strings.cast(pa.large_string())
+    _, offsets, data = strings.buffers()
+    count = len(strings)
+    first = strings.offset
+    offset_array = np.frombuffer(offsets, dtype=np.int64)[first : first + count + 1]
+    data_array = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
+    return splitmix64(fnv1a64(offset_array, data_array))

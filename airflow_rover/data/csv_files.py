@@ -1,0 +1,147 @@
+"""Reader for CSV files with a header line, by global row range (local or S3, uncompressed).
+
+Each file's line offsets are found once, when the dataset is opened (a scan for newlines, no
+parsing), so a range reads exactly its lines' bytes, parsed by pyarrow into Arrow columns and
+converted by ``data.arrow_columns`` as Parquet's are. The columns' types are inferred once,
+from the first lines of the first file, and every range is parsed with them. A field may not
+hold a newline, even quoted. ``data_schema`` is required.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+
+from airflow_rover.core.data_schema import DataSchema
+from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.sources import open_binary
+
+CHUNK = 16 << 20
+INFER_LINES = 1000
+
+
+def line_offsets(path: str) -> tuple[bytes, np.ndarray]:
+    """The header line of ``path`` and the byte offset of each following line, then the end
+    of the last one."""
+    ends = []
+    position = 0
+    header = b""
+    with open_binary(path) as f:
+        while chunk := f.read(CHUNK):
+            newlines = np.flatnonzero(np.frombuffer(chunk, dtype=np.uint8) == ord("\n"))
+            ends.append(newlines.astype(np.int64) + position + 1)
+            if position == 0:
+                header = chunk[: int(newlines[0]) + 1] if newlines.size else chunk
+            position += len(chunk)
+    starts = np.concatenate([np.zeros(1, np.int64), *ends])
+    if position and (not ends or not ends[-1].size or ends[-1][-1] != position):
+        starts = np.append(starts, position)  # a last line without a newline
+    if len(starts) < 2:
+        raise DataSchemaError(f"{path}: empty CSV file (no header line)")
+    return header, starts[1:]
+
+
+class CsvReader:
+    """Random access by global row range over CSV files with one header line each."""
+
+    FORMAT = "csv"
+
+    def __init__(self, files: Sequence[str], schema: DataSchema | None = None) -> None:
+        if not files:
+            raise ValueError("a CSV dataset needs at least one file")
+        if any(f.endswith(".gz") for f in files):
+            raise ValueError(f"{files[0]}: compressed CSV cannot be read by row range; unzip it")
+        if schema is None:
+            raise DataSchemaError(
+                f"{files[0]}: give data_schema for CSV files (the label, dense and "
+                "categorical columns)"
+            )
+        self.files = list(files)
+        self.data_schema = schema
+        headers, self._offsets = zip(*(line_offsets(f) for f in self.files), strict=True)
+        self._names = _names(headers[0])
+        for path, header in zip(self.files, headers, strict=True):
+            if _names(header) != self._names:
+                raise DataSchemaError(
+                    f"{path}: its header differs from {self.files[0]}'s "
+                    f"({header.decode().strip()!r} against {','.join(self._names)!r})"
+                )
+        counts = [len(o) - 1 for o in self._offsets]
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        first = self._parse(0, 0, min(INFER_LINES, counts[0]), types=None)
+        self._types = {name: first.schema.field(name).type for name in self._names}
+        self.layout: ColumnLayout = layout_for(first.schema, schema, self.files[0])
+
+    @property
+    def schema(self) -> Schema:
+        return self.layout.schema
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._starts[-1])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __reduce__(self) -> tuple[type[CsvReader], tuple[list[str], DataSchema | None]]:
+        return (CsvReader, (self.files, self.data_schema))
+
+    def __repr__(self) -> str:
+        return f"CsvReader({len(self.files)} files, num_samples={self.num_samples})"
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Samples ``[start, stop)``: the lines of each file the range overlaps."""
+        check_range(start, stop, self.num_samples)
+        parts = []
+        f = int(np.searchsorted(self._starts, start, side="right")) - 1
+        while start < stop:
+            base = int(self._starts[f])
+            end = min(stop, int(self._starts[f + 1]))
+            if end > start:
+                table = self._parse(f, start - base, end - base, self._types)
+                parts.append(
+                    to_batch(table, self.layout, f"{self.files[f]} (line {start - base + 2})")
+                )
+            start = end
+            f += 1
+        if not parts:
+            return to_batch(self._parse(0, 0, 0, self._types), self.layout, self.files[0])
+        return concat_batches(parts)
+
+    def _parse(
+        self, f: int, first: int, last: int, types: dict[str, pa.DataType] | None
+    ) -> pa.Table:
+        """Lines ``[first, last)`` (after the header) of file ``f`` as a table."""
+        offsets = self._offsets[f]
+        begin, end = int(offsets[first]), int(offsets[last])
+        if begin == end:
+            if types is None:
+                raise DataSchemaError(f"{self.files[f]}: no line after the header")
+            return pa.table({name: pa.array([], type=types[name]) for name in self._names})
+        with open_binary(self.files[f]) as fh:
+            fh.seek(begin)
+            data = fh.read(end - begin)
+        read = pacsv.ReadOptions(column_names=self._names)
+        convert = pacsv.ConvertOptions(column_types=types) if types else None
+        try:
+            return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=convert)
+        except pa.ArrowInvalid as exc:
+            raise DataSchemaError(
+                f"{self.files[f]} (lines {first + 2}-{last + 1}): {exc}; the column types "
+                f"inferred from its first lines: {_types(types)}"
+            ) from None
+
+
+def _names(header: bytes) -> list[str]:
+    """The column names of a header line (quoted or not)."""
+    return next(csv.reader([header.decode().rstrip("\r\n")]))
+
+
+def _types(types: dict[str, pa.DataType] | None) -> str:
+    return ", ".join(f"{name} {dtype}" for name, dtype in (types or {}).items())

@@ -1,0 +1,118 @@
+"""Reader for Parquet datasets: any number of files, read by global row range.
+
+The footers give each file's row groups and their row counts, so the global index space (the
+files' rows in path order) maps to row groups without reading data; a range decodes only the
+row groups it overlaps. The last decoded row groups are kept, converted: a row group holds many
+shards, and consecutive shards of one worker mostly lie in the same one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from airflow_rover.core.data_schema import DataSchema
+from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.sources import open_source
+
+CACHED_ROW_GROUPS = 2
+
+
+class ParquetReader:
+    """Random access by global row range over Parquet files, as ``schema`` maps their
+    columns (inferred from the first file's schema when None)."""
+
+    FORMAT = "parquet"
+
+    def __init__(self, files: Sequence[str], schema: DataSchema | None = None) -> None:
+        if not files:
+            raise ValueError("a Parquet dataset needs at least one file")
+        self.files = list(files)
+        self.data_schema = schema
+        first = _open(self.files[0])
+        self.layout: ColumnLayout = layout_for(first.schema_arrow, schema, self.files[0])
+        starts, where = [0], []
+        for f, path in enumerate(self.files):
+            parquet = first if f == 0 else _open(path)
+            if f > 0:
+                layout_for(parquet.schema_arrow, schema, path)  # the same columns in each file
+            metadata = parquet.metadata
+            for g in range(metadata.num_row_groups):
+                starts.append(starts[-1] + metadata.row_group(g).num_rows)
+                where.append((f, g))
+        self._starts = np.array(starts, dtype=np.int64)
+        self._where = where
+        self._open: dict[int, pq.ParquetFile] = {0: first}
+        self._cache: OrderedDict[int, Batch] = OrderedDict()
+
+    @property
+    def schema(self) -> Schema:
+        return self.layout.schema
+
+    @property
+    def num_samples(self) -> int:
+        return int(self._starts[-1])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __reduce__(self) -> tuple[type[ParquetReader], tuple[list[str], DataSchema | None]]:
+        """Pickle as the file list and schema (footers re-read on load)."""
+        return (ParquetReader, (self.files, self.data_schema))
+
+    def __repr__(self) -> str:
+        return f"ParquetReader({len(self.files)} files, num_samples={self.num_samples})"
+
+    def read(self, start: int, stop: int) -> Batch:
+        """Samples ``[start, stop)`` from the row groups they lie in."""
+        check_range(start, stop, self.num_samples)
+        if start == stop:
+            return _empty(self.schema)
+        first = int(np.searchsorted(self._starts, start, side="right")) - 1
+        last = int(np.searchsorted(self._starts, stop, side="left"))
+        parts = []
+        for group in range(first, last):
+            base = int(self._starts[group])
+            lo, hi = max(start, base) - base, min(stop, int(self._starts[group + 1])) - base
+            parts.append(self._row_group(group)[lo:hi])
+        return concat_batches(parts)
+
+    def _row_group(self, group: int) -> Batch:
+        cached = self._cache.get(group)
+        if cached is not None:
+            self._cache.move_to_end(group)
+            return cached
+        f, g = self._where[group]
+        parquet = self._open.get(f)
+        if parquet is None:
+            parquet = self._open[f] = _open(self.files[f])
+        table = parquet.read_row_group(g, columns=self.layout.columns)
+        batch = to_batch(table, self.layout, f"{self.files[f]} (row group {g})")
+        self._cache[group] = batch
+        while len(self._cache) > CACHED_ROW_GROUPS:
+            self._cache.popitem(last=False)
+        return batch
+
+
+def _open(path: str) -> pq.ParquetFile:
+    """The Parquet file ``path`` (local or ``s3://``), its column chunks fetched together."""
+    try:
+        return pq.ParquetFile(open_source(path), pre_buffer=True)
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ValueError(f"{path}: cannot read as Parquet: {exc}") from None
+
+
+def _empty(schema: Schema) -> Batch:
+    return Batch(
+        dense=np.empty((0, schema.num_dense), np.float32),
+        categorical=np.empty((0, schema.num_categorical), np.int64),
+        label=np.empty(0, np.float32),
+    )
+
+
+__all__ = ["DataSchemaError", "ParquetReader"]

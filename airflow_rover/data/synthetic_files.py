@@ -1,0 +1,136 @@
+"""The synthetic dataset's rows written as Parquet, TFRecord or CSV files, for tests and benches
+of the file readers: the same samples as the npy-columns split they come from, so a model trained on
+either can be compared (``docs/data-formats.md``).
+
+Dense columns are ``I1``..``In`` (float32), categorical ones ``C1``..``Cm``: integers, or with
+``string_ids`` strings ``"<column>:<id>"`` (hashed into buckets when read), the label
+``label``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from airflow_rover.core.data_schema import CategoricalColumnConfig, DataSchema, DenseColumn
+from airflow_rover.data.reader import NpyColumnsReader, open_dataset
+
+ROWS_PER_GROUP = 8192  # a row group per default shard: a shard decodes one
+
+
+def parquet_schema(
+    split_dir: str | os.PathLike[str], *, string_ids: bool, buckets_per_id: int = 8
+) -> DataSchema:
+    """The DataSchema of ``write_parquet``'s files: string ids hashed into ``buckets_per_id``
+    times the column's vocabulary (few collisions), integer ids used as they are."""
+    schema = open_dataset(split_dir).schema
+    categorical = tuple(
+        CategoricalColumnConfig(
+            name=c.name,
+            buckets=c.vocab_size * (buckets_per_id if string_ids else 1),
+            hashed=string_ids,
+        )
+        for c in schema.categorical
+    )
+    dense = tuple(DenseColumn(name=f"I{i + 1}") for i in range(schema.num_dense))
+    return DataSchema(label="label", dense=dense, categorical=categorical)
+
+
+def write_parquet(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    num_files: int = 4,
+    string_ids: bool = False,
+    rows_per_group: int = ROWS_PER_GROUP,
+) -> Path:
+    """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.parquet`` (the rows
+    in order across up to ``num_files`` files, each a whole number of row groups, so shards of
+    ``rows_per_group`` rows each decode one); returns ``out_dir``."""
+    reader = NpyColumnsReader(split_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    groups = -(-reader.num_samples // rows_per_group)
+    cuts = np.linspace(0, groups, min(num_files, max(groups, 1)) + 1).astype(int)
+    bounds = np.minimum(cuts * rows_per_group, reader.num_samples)
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        table = _table(reader, int(start), int(stop), string_ids)
+        pq.write_table(table, out / f"part-{index:05d}.parquet", row_group_size=rows_per_group)
+    return out
+
+
+def _table(reader: NpyColumnsReader, start: int, stop: int, string_ids: bool) -> pa.Table:
+    batch = reader.read(start, stop)
+    columns: dict[str, pa.Array] = {"label": pa.array(batch.label)}
+    for j in range(batch.dense.shape[1]):
+        columns[f"I{j + 1}"] = pa.array(batch.dense[:, j])
+    for j, column in enumerate(reader.schema.categorical):
+        ids = batch.categorical[:, j]
+        if string_ids:
+            columns[column.name] = pa.array([f"{column.name}:{i}" for i in ids.tolist()])
+        else:
+            columns[column.name] = pa.array(ids)
+    return pa.table(columns)
+
+
+def write_tfrecord(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    num_files: int = 4,
+    string_ids: bool = False,
+) -> Path:
+    """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.tfrecord``: one
+    ``tf.train.Example`` per row, the features named as in ``write_parquet``."""
+    import tensorflow as tf
+
+    reader = NpyColumnsReader(split_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        table = _table(reader, int(start), int(stop), string_ids)
+        with tf.io.TFRecordWriter(str(out / f"part-{index:05d}.tfrecord")) as writer:
+            for row in table.to_pylist():
+                writer.write(_example(row).SerializeToString())
+    return out
+
+
+def _example(row: dict[str, Any]) -> Any:
+    import tensorflow as tf
+
+    features = {}
+    for name, value in row.items():
+        if isinstance(value, str):
+            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
+        elif isinstance(value, int):
+            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        else:
+            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
+    return tf.train.Example(features=tf.train.Features(feature=features))
+
+
+def write_csv(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    num_files: int = 4,
+    string_ids: bool = False,
+) -> Path:
+    """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.csv``, a header line
+    each, the columns named as in ``write_parquet``."""
+    reader = NpyColumnsReader(split_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
+    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        table = _table(reader, int(start), int(stop), string_ids)
+        pacsv.write_csv(table, out / f"part-{index:05d}.csv")
+    return out

@@ -1,0 +1,77 @@
+"""TFRecord datasets of tf.train.Example: the record index across files, the same rows as the
+npy-columns split they were written from, and errors naming the feature."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from airflow_rover.core.data_schema import CategoricalColumnConfig, DataSchema, DenseColumn
+from airflow_rover.data import tfrecord
+from airflow_rover.data.arrow_columns import DataSchemaError
+from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.data.synthetic_files import parquet_schema, write_parquet, write_tfrecord
+from airflow_rover.data.tfrecord import TFRecordReader, record_offsets
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    return generate_dataset(root, SyntheticConfig(num_train=1200, num_eval=200, seed=6)).train_dir
+
+
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_records_read_back_as_the_parquet_rows(
+    split: Path, tmp_path: Path, string_ids: bool
+) -> None:
+    """Any range, inside a file or across files, equals the same rows written as Parquet."""
+    records = write_tfrecord(split, tmp_path / "tfr", num_files=3, string_ids=string_ids)
+    files = write_parquet(split, tmp_path / "pq", num_files=2, string_ids=string_ids)
+    schema = parquet_schema(split, string_ids=string_ids)
+    reader = open_dataset(records, schema=schema)
+    assert isinstance(reader, TFRecordReader)
+    assert reader.num_samples == 1200
+    expected = open_dataset(files, schema=schema)
+    assert reader.schema == expected.schema
+    for start, stop in ((0, 1200), (0, 0), (390, 410), (399, 801), (1199, 1200)):
+        got, want = reader.read(start, stop), expected.read(start, stop)
+        np.testing.assert_array_equal(got.categorical, want.categorical)
+        np.testing.assert_array_equal(got.dense, want.dense)
+        np.testing.assert_array_equal(got.label, want.label)
+    copy = pickle.loads(pickle.dumps(reader))
+    np.testing.assert_array_equal(copy.read(5, 9).categorical, reader.read(5, 9).categorical)
+
+
+@pytest.mark.parametrize("chunk", [7, 100, 1 << 20])
+def test_the_index_holds_each_records_offset(
+    split: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chunk: int
+) -> None:
+    """Whatever the read size: headers split between chunks, records longer than a chunk."""
+    monkeypatch.setattr(tfrecord, "CHUNK", chunk)
+    records = write_tfrecord(split, tmp_path / "tfr", num_files=1)
+    path = records / "part-00000.tfrecord"
+    offsets = record_offsets(str(path))
+    data = path.read_bytes()
+    lengths = [int.from_bytes(data[o : o + 8], "little") for o in offsets[:-1]]
+    np.testing.assert_array_equal(np.diff(offsets), np.array(lengths) + 16)
+    assert len(offsets) == 1201
+    assert offsets[0] == 0 and offsets[-1] == path.stat().st_size
+    assert (np.diff(offsets) > 16).all()
+
+
+def test_a_schema_is_required_and_checked(split: Path, tmp_path: Path) -> None:
+    records = write_tfrecord(split, tmp_path / "tfr", num_files=1, string_ids=True)
+    with pytest.raises(DataSchemaError, match=r"Examples carry no schema; give data_schema"):
+        open_dataset(records)
+    schema = DataSchema(
+        dense=(DenseColumn(name="C2"),), categorical=(CategoricalColumnConfig(name="C1"),)
+    )
+    with pytest.raises(DataSchemaError, match=r"dense column 'C2' holds string; accepted"):
+        open_dataset(records, schema=schema)
+    schema = DataSchema(categorical=(CategoricalColumnConfig(name="user"),))
+    with pytest.raises(DataSchemaError, match=r"categorical column 'user' is missing; the col"):
+        open_dataset(records, schema=schema)
