@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,10 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_DAG = Path(__file__).with_name("run_dag.py")
 
 
-@pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = {
+def _airflow_env(home: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
@@ -27,14 +26,28 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "ROVER_HOME": str(home / "rover"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty metadata DB at Airflow's schema, migrated once and copied into each module's
+    home (a migration costs seconds per module)."""
+    home = tmp_path_factory.mktemp("airflow_template")
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"],
-        env=env,
+        env=_airflow_env(home),
         check=True,
         capture_output=True,
         timeout=300,
     )
-    return env
+    return home / "airflow.db"
+
+
+@pytest.fixture(scope="module")
+def airflow_env(migrated_db: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    shutil.copyfile(migrated_db, home / "airflow.db")
+    return _airflow_env(home)
 
 
 @pytest.fixture(scope="module")
