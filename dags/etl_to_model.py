@@ -12,8 +12,8 @@ etl_partition -> train -> quality_gate (held-out AUC >= params.min_auc) -> publi
   waiting for its ``_SUCCESS`` file); nothing else in the DAG changes.
 - ``train`` reads that partition (``data_format="parquet"``, ``DATA_SCHEMA``: which column is
   the label, which are dense, which are ids hashed into how many buckets) and continues from
-  the model of the last successful run of this task (``init_from="previous"``; the first run
-  trains from scratch). Its job, model and SavedModel live in ``MODEL_DIR``.
+  the model of the last successful run of this task (``params.init_from``, ``"previous"`` by
+  default; the first run trains from scratch). Its job, model and SavedModel live in ``MODEL_DIR``.
 - ``quality_gate`` fails the run if the held-out AUC is below ``params.min_auc``.
 - ``publish_model`` updates the Asset ``ETL_MODEL`` only for a model that passed the gate;
   ``dags/score_on_new_model.py`` is scheduled on it.
@@ -100,7 +100,15 @@ ETL_MODEL = model_asset(DAG_ID, "publish_model")  # x-rover-model://rover_etl_to
         "bucket": Param("my-data-lake", type="string", description="the ETL's bucket"),
         "prefix": Param("ad_clicks", type="string", description="the ETL's table (a key prefix)"),
         "aws_conn_id": Param(
-            "aws_default", type="string", description="the Airflow AWS connection to the bucket"
+            "aws_default",
+            type="string",
+            description="the Airflow AWS connection to the bucket ('': boto3's default chain)",
+        ),
+        "init_from": Param(
+            "previous",
+            type="string",
+            description="'previous': continue from the last successful run's model; a model "
+            "folder to continue from that one; '': train from scratch (after a schema change)",
         ),
         "rows_per_day": Param(200_000, type="integer", minimum=1_000),
         "holdout_rows": Param(50_000, type="integer", minimum=1_000),
@@ -128,7 +136,7 @@ def rover_etl_to_model() -> None:
         data_format="parquet",
         data_schema=DATA_SCHEMA,
         aws_conn_id="{{ params.aws_conn_id }}",
-        init_from="previous",
+        init_from="{{ params.init_from }}",
         evict_after_days=EVICT_AFTER_DAYS,
         output_dir=MODEL_DIR,
         model="wide_deep",
@@ -195,14 +203,12 @@ def write_day(ds: str, params: dict[str, Any]) -> dict[str, Any]:
     """Generate the day's rows and write both splits to S3; returns where they went."""
     import tempfile
 
-    from airflow.sdk import BaseHook
-
     from airflow_rover.data.synthetic import generate_dataset
-    from airflow_rover.storage.s3 import aws_settings_from_connection
+    from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 
-    # The connection in the Amazon provider's shape (with that provider installed,
-    # S3Hook(aws_conn_id).get_conn() gives the same client).
-    settings = aws_settings_from_connection(BaseHook.get_connection(params["aws_conn_id"]))
+    # The connection in the Amazon provider's shape, read as the training task reads it (with
+    # that provider installed, S3Hook(aws_conn_id).get_conn() gives the same client).
+    settings = CheckpointStoreHook(params["aws_conn_id"]).aws_settings()
     client = settings.session().client("s3", endpoint_url=settings.endpoint_url)
     bucket, prefix = params["bucket"], params["prefix"]
     with tempfile.TemporaryDirectory() as tmp:

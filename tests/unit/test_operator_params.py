@@ -462,7 +462,8 @@ def test_every_dag_file_imports_without_errors(
     # The ETL example: Parquet on S3, continued daily, published only past its gate.
     etl = bag.dags["rover_etl_to_model"]
     train = etl.get_task("train")
-    assert isinstance(train, ElasticTrainingOperator) and train.init_from == "previous"
+    assert isinstance(train, ElasticTrainingOperator)
+    assert train.init_from == "{{ params.init_from }}" and etl.params["init_from"] == "previous"
     assert train.data_format == "parquet" and "dt={{ ds }}" in train.train_data
     publish = etl.get_task("publish_model")
     assert publish.upstream_task_ids == {"etl_partition", "train", "quality_gate"}
