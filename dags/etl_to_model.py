@@ -156,15 +156,16 @@ def rover_etl_to_model() -> None:
     )
 
     @task(outlets=[ETL_MODEL])
-    def publish_model(result: Any, day: Any, gate: Any) -> dict[str, Any]:
+    def publish_model(result: Any, gate: Any) -> dict[str, Any]:
         """Update ``ETL_MODEL`` with the model that passed the gate: its AUC, samples, model
         and SavedModel URIs, and how to read its data (format, schema, connection)."""
         from airflow_rover.operators.model_asset import attach_model_event
 
         context = get_current_context()
+        render = context["task"].render_template
         data = {
-            "train_data": day["train_data"],
-            "eval_data": day["holdout_data"],
+            "train_data": render(TRAIN_DATA, context),
+            "eval_data": render(HOLDOUT_DATA, context),
             "data_format": "parquet",
             "data_schema": DATA_SCHEMA,
             "aws_conn_id": context["params"]["aws_conn_id"],
@@ -174,7 +175,7 @@ def rover_etl_to_model() -> None:
         return extra
 
     partition >> train >> quality_gate
-    publish_model(result=train.output, day=partition, gate=quality_gate.output)
+    publish_model(result=train.output, gate=quality_gate.output)
 
 
 # -- the stand-in ETL ----------------------------------------------------------------------

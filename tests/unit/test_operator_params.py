@@ -466,7 +466,7 @@ def test_every_dag_file_imports_without_errors(
     assert train.init_from == "{{ params.init_from }}" and etl.params["init_from"] == "previous"
     assert train.data_format == "parquet" and "dt={{ ds }}" in train.train_data
     publish = etl.get_task("publish_model")
-    assert publish.upstream_task_ids == {"etl_partition", "train", "quality_gate"}
+    assert publish.upstream_task_ids == {"train", "quality_gate"}
     etl_model = "x-rover-model://rover_etl_to_model/publish_model"
     assert [a.uri for a in publish.outlets] == [etl_model]
     scorer = bag.dags["rover_score_on_new_model"].timetable.asset_condition
