@@ -87,13 +87,23 @@ def supervise(master: JobMaster, server: uvicorn.Server, linger_s: float) -> Non
     server.should_exit = True
 
 
+KEEP_ALIVE_S = 65
+"""How long the master keeps an idle connection: longer than its clients do (httpx: 5 s), so
+a client never sends on a connection the master is closing at that moment."""
+
+
 def _server_config(app: FastAPI, tls: JobTLS | None) -> uvicorn.Config:
     """The API's server: HTTPS with the job's certificate where it has one."""
     cert = key = None
     if tls is not None:
         cert, key = str(tls.cert_file), str(tls.key_file)
     return uvicorn.Config(
-        app, log_level="warning", access_log=False, ssl_certfile=cert, ssl_keyfile=key
+        app,
+        log_level="warning",
+        access_log=False,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
 
 
