@@ -55,11 +55,11 @@ def test_no_secret_reaches_xcom(outcome) -> None:
     assert token and token not in json.dumps(outcome["xcom"])
 
 
-def test_a_backfill_of_three_dates_trains_three_independent_models(run_dag, outcome) -> None:
+def test_a_backfill_of_three_dates_trains_three_independent_models(run_dags, outcome) -> None:
     """Each logical date has its own data, job and model folder; no run touches another's."""
     tiny = {**SMALL, "num_train": 20_000, "num_eval": 5_000, "num_workers": 1, "num_ps": 1}
     tiny["min_auc"] = 0.55  # 40 steps: the gate checks the wiring here, not the quality
-    others = [run_dag("rover_daily_retrain", ds, tiny) for ds in ("2026-11-18", "2026-11-19")]
+    others = run_dags([("rover_daily_retrain", ds, tiny) for ds in ("2026-11-18", "2026-11-19")])
     runs = [outcome, *others]
     assert [r["state"] for r in runs] == ["success"] * 3
     metrics = [r["xcom"]["train:return_value"] for r in runs]
