@@ -70,9 +70,9 @@ def _records(path: str, offsets: np.ndarray, first: int, last: int) -> list[byte
     return records
 
 
-def example_schema(record: bytes, where: str) -> pa.Schema:
+def example_schema(record: bytes, where: str, lists: frozenset[str] = frozenset()) -> pa.Schema:
     """The Arrow schema of one serialized Example: each feature's kind, a list when it holds
-    other than one value."""
+    other than one value or is named in ``lists`` (the schema says it is multivalued)."""
     from tensorflow.core.example import example_pb2
 
     example = example_pb2.Example.FromString(record)
@@ -83,7 +83,8 @@ def example_schema(record: bytes, where: str) -> pa.Schema:
             raise DataSchemaError(f"{where}: feature {name!r} holds no value list")
         dtype = _KINDS[kind]
         count = len(getattr(feature, kind).value)
-        fields.append(pa.field(name, dtype if count == 1 else pa.list_(dtype)))
+        is_list = count != 1 or name in lists
+        fields.append(pa.field(name, pa.list_(dtype) if is_list else dtype))
     return pa.schema(fields)
 
 
@@ -109,7 +110,8 @@ class TFRecordReader:
         if first is None:
             raise DataSchemaError(f"{self.files[0]}: the TFRecord files hold no record")
         record = _records(self.files[first], self._offsets[first], 0, 1)[0]
-        self._arrow_schema = example_schema(record, self.files[first])
+        lists = frozenset(c.name for c in schema.categorical if c.multivalued)
+        self._arrow_schema = example_schema(record, self.files[first], lists)
         self.layout: ColumnLayout = layout_for(self._arrow_schema, schema, self.files[first])
 
     @property
@@ -152,16 +154,32 @@ class TFRecordReader:
         spec: dict[str, Any] = {}
         for name in self.layout.columns:
             dtype = self._arrow_schema.field(name).type
-            tf_type = tf.string if dtype == pa.binary() else tf.as_dtype(dtype.to_pandas_dtype())
-            default = b"" if tf_type == tf.string else 0
-            spec[name] = tf.io.FixedLenFeature([], tf_type, default_value=default)
+            is_list = pa.types.is_list(dtype)
+            value_type = dtype.value_type if is_list else dtype
+            binary = value_type == pa.binary()
+            tf_type = tf.string if binary else tf.as_dtype(value_type.to_pandas_dtype())
+            if is_list:
+                spec[name] = tf.io.RaggedFeature(tf_type, row_splits_dtype=tf.int64)
+            else:
+                default = b"" if tf_type == tf.string else 0
+                spec[name] = tf.io.FixedLenFeature([], tf_type, default_value=default)
         try:
             parsed = tf.io.parse_example(tf.constant(records, dtype=tf.string), spec)
         except tf.errors.InvalidArgumentError as exc:
             raise DataSchemaError(f"{where}: {exc.message}") from None
         columns = {}
         for name in self.layout.columns:
-            values = parsed[name].numpy()
             dtype = self._arrow_schema.field(name).type
-            columns[name] = pa.array(list(values) if dtype == pa.binary() else values, dtype)
+            columns[name] = _arrow_column(parsed[name], dtype)
         return to_batch(pa.table(columns), self.layout, where)
+
+
+def _arrow_column(parsed: Any, dtype: pa.DataType) -> pa.Array:
+    """A parsed feature (a dense tensor, or ragged for a list) as an Arrow array."""
+    if not pa.types.is_list(dtype):
+        values = parsed.numpy()
+        return pa.array(list(values) if dtype == pa.binary() else values, dtype)
+    flat = parsed.flat_values.numpy()
+    values = pa.array(list(flat) if dtype.value_type == pa.binary() else flat, dtype.value_type)
+    offsets = pa.array(parsed.row_splits.numpy().astype(np.int32), pa.int32())
+    return pa.ListArray.from_arrays(offsets, values)
