@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
-from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.batch import Batch, RaggedIds, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_source
 
 CACHED_ROW_GROUPS = 2
@@ -112,6 +112,7 @@ def _empty(schema: Schema) -> Batch:
         dense=np.empty((0, schema.num_dense), np.float32),
         categorical=np.empty((0, schema.num_categorical), np.int64),
         label=np.empty(0, np.float32),
+        lists=tuple(RaggedIds(np.empty(0, np.int64), np.zeros(1, np.int64)) for _ in schema.lists),
     )
 
 

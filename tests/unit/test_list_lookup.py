@@ -157,3 +157,29 @@ def test_entries_sharing_a_table_must_agree_on_its_shape() -> None:
                 TableConfig(name="b", column="b", vocab_size=11, dim=4, table="geo"),
             ),
         )
+
+
+def _summing(features: FeatureConfig) -> keras.Model:
+    """A tower whose logit is the sum of every input: it shows what the lookup fed it."""
+    from airflow_rover.worker.models import _inputs as model_inputs_of
+
+    inputs = model_inputs_of(features)
+    both = keras.layers.Concatenate()(list(inputs.values()))
+    logit = keras.layers.Lambda(lambda x: keras.ops.sum(x, axis=1, keepdims=True))(both)
+    return keras.Model(inputs, logit)
+
+
+def test_the_single_process_yardstick_shares_and_pools_as_the_workers_do() -> None:
+    """One Embedding per table (shared by city and visited), lists padded and pooled: the same
+    inputs as a worker's first step (preflight's ``model_inputs``, the PS's initial rows)."""
+    from airflow_rover.worker.preflight import model_inputs
+    from airflow_rover.worker.single_process import in_graph_model, padded_lists
+
+    batch = _batch()
+    lists = ["visited", "tags"]
+    model = in_graph_model(FEATURES, ["city", "ad"], _summing, 3, lists)
+    assert len([w for w in model.weights if "emb_" in w.path]) == 4  # geo, ad, tags, ad_wide
+    got = model({"x_dense": batch.dense, "x_ids": batch.categorical} | padded_lists(batch, lists))
+    expected = model_inputs(FEATURES, ["city", "ad"], batch, 3, lists)
+    want = sum(np.asarray(v, np.float64).sum(axis=1) for v in expected.values())
+    np.testing.assert_allclose(np.asarray(got)[:, 0], want, rtol=1e-5)
