@@ -150,11 +150,11 @@ def _categorical(
     kind = _field_type(arrow_schema, config.name, "categorical", where)
     is_list = kind.startswith("list<")
     if config.multivalued is not None and config.multivalued != is_list:
-        accepted = ("list<int>", "list<string>") if config.multivalued else ("int", "string")
+        expected = ("list<int>", "list<string>") if config.multivalued else ("int", "string")
         said = "true" if config.multivalued else "false"
         raise DataSchemaError(
             f"{where}: categorical column {config.name!r} holds {kind}, with multivalued="
-            f"{said}; accepted: {', '.join(accepted)}"
+            f"{said}; accepted: {', '.join(expected)}"
         )
     if is_list:
         kind = kind[len("list<") : -1]

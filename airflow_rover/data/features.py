@@ -46,9 +46,9 @@ def with_resolved_features(spec: JobSpec) -> JobSpec:
 
 
 def _values(values: str) -> Literal["ids", "ints", "strings"]:
-    if values == "ints" or values == "strings":
-        return values
-    return "ids"
+    if values == "ints":
+        return "ints"
+    return "strings" if values == "strings" else "ids"
 
 
 def _pooling(combiner: str) -> Literal["sum", "mean"]:

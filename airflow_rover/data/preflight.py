@@ -61,7 +61,8 @@ def check_data(spec: JobSpec) -> FeatureConfig:
         raise PreflightError(
             f"features.num_dense={features.num_dense}: the dataset has {schema.num_dense}"
         )
-    vocab = {c.name: c.vocab_size for c in (*schema.categorical, *schema.lists)}
+    vocab = {c.name: c.vocab_size for c in schema.categorical}
+    vocab |= {c.name: c.vocab_size for c in schema.lists}
     for i, table in enumerate(features.tables):
         if table.column not in vocab:
             raise PreflightError(

@@ -49,7 +49,7 @@ def parquet_schema(
     )
     if list_column:
         first = categorical[0]
-        buckets = first.buckets * (1 if string_ids else buckets_per_id)
+        buckets = (first.buckets or 1) * (1 if string_ids else buckets_per_id)
         shared = (
             first.model_copy(update={"table": "shared", "hashed": True, "buckets": buckets}),
             CategoricalColumnConfig(
@@ -163,14 +163,18 @@ def write_csv(
     *,
     num_files: int = 4,
     string_ids: bool = False,
+    list_column: bool = False,
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.csv``, a header line
-    each, the columns named as in ``write_parquet``."""
+    each, the columns named as in ``write_parquet`` (``bag``'s values separated by ``|``)."""
     reader = NpyColumnsReader(split_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids)
+        table = _table(reader, int(start), int(stop), string_ids, list_column)
+        if list_column:
+            cells = pa.array(["|".join(bag) for bag in table.column(LIST_COLUMN).to_pylist()])
+            table = table.set_column(table.schema.get_field_index(LIST_COLUMN), LIST_COLUMN, cells)
         pacsv.write_csv(table, out / f"part-{index:05d}.csv")
     return out
