@@ -186,3 +186,24 @@ def test_out_of_range_id_does_not_alias_another_table() -> None:
     cat[0, COLUMN_INDEX["C3"]] = 30
     with pytest.raises(ValueError, match=r"table 'c': column 'C3' has ids outside \[0, 30\)"):
         group.fused_ids(cat, COLUMN_INDEX)
+
+
+def test_a_model_whose_tables_were_not_shared_is_not_a_layout_for_one_that_shares() -> None:
+    """``init_from``'s layout check: a column moved into a shared table reads other rows."""
+    from airflow_rover.core.model_layout import layout_differences, layout_of
+
+    def features(shared: bool) -> FeatureConfig:
+        table = "geo" if shared else None
+        return FeatureConfig(
+            num_dense=0,
+            tables=(
+                TableConfig(name="city", column="C1", vocab_size=100, dim=4, table=table),
+                TableConfig(name="home", column="C2", vocab_size=100, dim=4, table=table),
+            ),
+        )
+
+    source, job = layout_of("m", features(False)), layout_of("m", features(True))
+    assert layout_differences(source, job) == [
+        "table 'home': rows at dim4+100 in the source, dim4+0 here"
+    ]
+    assert layout_differences(job, layout_of("m", features(True))) == []
