@@ -9,6 +9,7 @@ costs less than one that touches the PS, so the optimizer prefers it whenever it
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -156,24 +157,38 @@ def pareto_plans(
     generations: int = 60,
     population: int = 60,
 ) -> list[Candidate]:
-    """Non-dominated plans on (resource cost, -throughput gain), cheapest first (NSGA-II)."""
+    """Non-dominated plans on (resource cost, -throughput gain), cheapest first: NSGA-II, or
+    every plan where the space holds no more plans than NSGA-II would evaluate (then the front
+    is exact, and found without NSGA-II's hunt for unseen offspring in a nearly covered space)."""
     bounds, prices, costs = bounds or PlanBounds(), prices or Prices(), costs or ScalingCosts()
     problem = _PlanProblem(model, current, bounds, prices, remaining_samples, costs)
-    algorithm = NSGA2(
-        pop_size=population,
-        sampling=IntegerRandomSampling(),
-        crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
-        mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
-        eliminate_duplicates=True,
-    )
-    result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
+    if _space_size(bounds) <= population * generations:
+        sizes = range(len(bounds.cpu_choices))
+        every = itertools.product(
+            range(1, bounds.max_workers + 1), range(1, bounds.max_ps + 1), sizes, sizes
+        )
+        genomes = np.array(list(every))
+    else:
+        algorithm = NSGA2(
+            pop_size=population,
+            sampling=IntegerRandomSampling(),
+            crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
+            mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
+            eliminate_duplicates=True,
+        )
+        result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
+        genomes = np.atleast_2d(result.X)
     seen: dict[ResourcePlan, Candidate] = {}
-    for x in np.atleast_2d(result.X):
+    for x in genomes:
         w, p, wc, pc = (int(v) for v in x)
         plan = bounds.plan(w, p, wc, pc, like=current)
         gain = throughput_gain(model, current, plan, remaining_samples, costs)
         seen[plan] = Candidate(plan, prices.cost(plan), gain)
     return sorted(non_dominated(list(seen.values())), key=lambda c: (c.cost, -c.gain))
+
+
+def _space_size(bounds: PlanBounds) -> int:
+    return bounds.max_workers * bounds.max_ps * len(bounds.cpu_choices) ** 2
 
 
 def non_dominated(candidates: Sequence[Candidate]) -> list[Candidate]:

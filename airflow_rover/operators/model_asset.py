@@ -47,12 +47,10 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, dt.datetime) else None
 
 
-def event_extra(
-    result: dict[str, Any], context: Context, data: dict[str, str | None]
-) -> dict[str, Any]:
+def event_extra(result: dict[str, Any], context: Context, data: dict[str, Any]) -> dict[str, Any]:
     """The model event's metadata: quality, size, where the model and its SavedModel are, and
-    which run, data interval and ``data`` (``train_data``, ``eval_data``) trained it (all
-    plain JSON)."""
+    which run, data interval and ``data`` (``train_data``, ``eval_data``, and whatever else
+    a consumer needs to read them) trained it (all plain JSON)."""
     folder = Path(result["model_dir"]).resolve() if result.get("model_dir") else None
     saved = folder / "saved_model" if folder is not None else None
     dag_run = context.get("dag_run")
@@ -74,7 +72,7 @@ def event_extra(
 
 
 def attach_model_event(
-    asset: Asset, result: dict[str, Any], context: Context, data: dict[str, str | None]
+    asset: Asset, result: dict[str, Any], context: Context, data: dict[str, Any]
 ) -> dict[str, Any]:
     """Set the outlet event's metadata (Airflow sends it when the task succeeds)."""
     extra = event_extra(result, context, data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -16,10 +17,8 @@ REPO = Path(__file__).resolve().parents[2]
 RUN_DAG = Path(__file__).with_name("run_dag.py")
 
 
-@pytest.fixture(scope="module")
-def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = {
+def _airflow_env(home: Path) -> dict[str, str]:
+    return {
         **os.environ,
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
@@ -27,14 +26,50 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "ROVER_HOME": str(home / "rover"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
     }
+
+
+@pytest.fixture(scope="session")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty metadata DB at Airflow's schema, migrated once and copied into each module's
+    home (a migration costs seconds per module)."""
+    home = tmp_path_factory.mktemp("airflow_template")
     subprocess.run(
         [sys.executable, "-m", "airflow", "db", "migrate"],
-        env=env,
+        env=_airflow_env(home),
         check=True,
         capture_output=True,
         timeout=300,
     )
-    return env
+    return home / "airflow.db"
+
+
+@pytest.fixture(scope="module")
+def airflow_env(migrated_db: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("airflow_home")
+    shutil.copyfile(migrated_db, home / "airflow.db")
+    return _airflow_env(home)
+
+
+def _dag_test(
+    env: dict[str, str], out: Path, runs: list[tuple[str, str, dict[str, Any]]], timeout: int
+) -> Any:
+    """``run_dag.py`` for ``runs`` (the first, then each as ``--then``): the outcome JSON it
+    wrote and its log."""
+    (dag_id, logical_date, conf), *more = runs
+    then = [a for d, date, c in more for a in ("--then", d, date, json.dumps(c))]
+    command = [sys.executable, str(RUN_DAG), dag_id, logical_date, "--conf", json.dumps(conf)]
+    proc = subprocess.run(
+        [*command, *then, "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0 or not out.exists():
+        raise AssertionError(
+            f"dag.test failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
+    return {"outcome": json.loads(out.read_text()), "log": proc.stdout + proc.stderr}
 
 
 @pytest.fixture(scope="module")
@@ -47,29 +82,28 @@ def run_dag(
         dag_id: str, logical_date: str, conf: dict[str, Any], timeout: int = 600
     ) -> dict[str, Any]:
         out = tmp_path_factory.mktemp("run") / "outcome.json"
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(RUN_DAG),
-                dag_id,
-                logical_date,
-                "--conf",
-                json.dumps(conf),
-                "--out",
-                str(out),
-            ],
-            env=airflow_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if proc.returncode != 0 or not out.exists():
-            raise AssertionError(
-                f"dag.test failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n"
-                f"{proc.stderr[-6000:]}"
-            )
-        outcome = json.loads(out.read_text())
-        outcome["log"] = proc.stdout + proc.stderr
+        done = _dag_test(airflow_env, out, [(dag_id, logical_date, conf)], timeout)
+        outcome: dict[str, Any] = done["outcome"]
+        outcome["log"] = done["log"]
         return outcome
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def run_dags(
+    airflow_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., list[dict[str, Any]]]:
+    """Run several DAG runs, ``[(dag_id, logical_date, conf), ...]``, in order in one
+    ``dag.test()`` process (Airflow and TensorFlow are imported once); returns an outcome per
+    run, each with the whole process's log under ``log``."""
+
+    def run(
+        runs: list[tuple[str, str, dict[str, Any]]], timeout: int = 900
+    ) -> list[dict[str, Any]]:
+        out = tmp_path_factory.mktemp("runs") / "outcomes.json"
+        done = _dag_test(airflow_env, out, runs, timeout)
+        outcomes = done["outcome"] if len(runs) > 1 else [done["outcome"]]
+        return [{**outcome, "log": done["log"]} for outcome in outcomes]
 
     return run

@@ -459,3 +459,18 @@ def test_every_dag_file_imports_without_errors(
     dag = bag.dags["rover_daily_retrain"]
     assert isinstance(dag.get_task("train"), ElasticTrainingOperator)
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
+    # The ETL example: Parquet on S3, continued daily, published only past its gate.
+    etl = bag.dags["rover_etl_to_model"]
+    train = etl.get_task("train")
+    assert isinstance(train, ElasticTrainingOperator)
+    assert train.init_from == "{{ params.init_from }}" and etl.params["init_from"] == "previous"
+    assert train.data_format == "parquet" and "dt={{ ds }}" in train.train_data
+    publish = etl.get_task("publish_model")
+    assert publish.upstream_task_ids == {"train", "quality_gate"}
+    etl_model = "x-rover-model://rover_etl_to_model/publish_model"
+    assert [a.uri for a in publish.outlets] == [etl_model]
+    scorer = bag.dags["rover_score_on_new_model"].timetable.asset_condition
+    assert {a.uri for a in scorer.objects} == {
+        etl_model,
+        "x-rover-model://rover_daily_retrain/train",
+    }

@@ -64,6 +64,35 @@ def test_nsga2_is_deterministic_for_a_seed() -> None:
     assert a == b
 
 
+def test_a_space_smaller_than_the_search_gets_the_exact_front() -> None:
+    """8 x 4 x 2 x 2 = 128 plans, fewer than 60 x 60 evaluations: every plan is scored, so the
+    front is exactly the non-dominated set of all plans, and NSGA-II on the same space (a
+    smaller search, forced) finds nothing that beats it."""
+    small = PlanBounds(max_workers=8, max_ps=4, cpu_choices=(2.0, 4.0))
+    exact = pareto_plans(MODEL, CURRENT, REMAINING, small)
+    every = [
+        Candidate(
+            p, Prices().cost(p), throughput_gain(MODEL, CURRENT, p, REMAINING, ScalingCosts())
+        )
+        for p in (
+            small.plan(w, ps, wc, pc, like=CURRENT)
+            for w in range(1, 9)
+            for ps in range(1, 5)
+            for wc in range(2)
+            for pc in range(2)
+        )
+    ]
+    assert {c.plan for c in exact} == {c.plan for c in non_dominated(every)}
+    searched = pareto_plans(MODEL, CURRENT, REMAINING, small, seed=1, generations=5, population=20)
+    for found in searched:
+        assert not any(
+            found.cost <= c.cost
+            and found.gain >= c.gain
+            and (found.cost, found.gain) != (c.cost, c.gain)
+            for c in exact
+        )
+
+
 def test_non_dominated_filters_dominated_and_keeps_ties() -> None:
     plan = ResourcePlan()
     cands = [
