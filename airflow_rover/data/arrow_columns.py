@@ -273,3 +273,26 @@ def _string_hashes(strings: pa.Array) -> np.ndarray:
     offset_array = np.frombuffer(offsets, dtype=np.int64)[first : first + count + 1]
     data_array = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
     return splitmix64(fnv1a64(offset_array, data_array))
+
+
+def serving_columns(table: pa.Table, layout: ColumnLayout) -> dict[str, np.ndarray]:
+    """The categorical inputs a served model takes for ``table``'s rows (``docs/serving.md``):
+    each column's raw values (strings as bytes, ints as int64; a null as the readers read it),
+    a list column's values one after the other and ``<column>_lengths``."""
+    out: dict[str, np.ndarray] = {}
+    for field in layout.categorical:
+        out[field.name] = _raw_values(table.column(field.name), field)
+    for field in layout.lists:
+        column = table.column(field.name)
+        values = pa.chunked_array([pc.list_flatten(column)])
+        out[field.name] = _raw_values(values, field)
+        lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+        out[f"{field.name}_lengths"] = lengths.to_numpy()
+    return out
+
+
+def _raw_values(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:
+    if field.strings:
+        strings = pc.fill_null(column.cast(pa.large_binary()), b"").to_pylist()
+        return np.array(strings, dtype=object)
+    return np.asarray(pc.fill_null(column, 0).cast(pa.int64()).to_numpy(), dtype=np.int64)

@@ -20,7 +20,13 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.arrow_columns import (
+    ColumnLayout,
+    DataSchemaError,
+    layout_for,
+    serving_columns,
+    to_batch,
+)
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_binary
 
@@ -102,6 +108,19 @@ class CsvReader:
 
     def read(self, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)``: the lines of each file the range overlaps."""
+        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
+        return concat_batches(parts)
+
+    def read_table(self, start: int, stop: int) -> pa.Table:
+        """Samples ``[start, stop)`` as the lines hold them (not hashed; lists split)."""
+        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
+
+    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
+        return serving_columns(self.read_table(start, stop), self.layout)
+
+    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
+        """The lines of each file ``[start, stop)`` overlaps, parsed, and where they are."""
         check_range(start, stop, self.num_samples)
         parts = []
         f = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -110,14 +129,10 @@ class CsvReader:
             end = min(stop, int(self._starts[f + 1]))
             if end > start:
                 table = self._parse(f, start - base, end - base, self._types)
-                parts.append(
-                    to_batch(table, self.layout, f"{self.files[f]} (line {start - base + 2})")
-                )
+                parts.append((table, f"{self.files[f]} (line {start - base + 2})"))
             start = end
             f += 1
-        if not parts:
-            return to_batch(self._parse(0, 0, 0, self._types), self.layout, self.files[0])
-        return concat_batches(parts)
+        return parts or [(self._parse(0, 0, 0, self._types), self.files[0])]
 
     def _parse(
         self, f: int, first: int, last: int, types: dict[str, pa.DataType] | None

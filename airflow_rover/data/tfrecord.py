@@ -18,7 +18,13 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.arrow_columns import (
+    ColumnLayout,
+    DataSchemaError,
+    layout_for,
+    serving_columns,
+    to_batch,
+)
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_binary
 
@@ -133,6 +139,19 @@ class TFRecordReader:
 
     def read(self, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)``: the records of each file the range overlaps."""
+        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
+        return concat_batches(parts)
+
+    def read_table(self, start: int, stop: int) -> pa.Table:
+        """Samples ``[start, stop)`` as the records hold them (not hashed)."""
+        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
+
+    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
+        return serving_columns(self.read_table(start, stop), self.layout)
+
+    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
+        """The records of each file ``[start, stop)`` overlaps, parsed, and where they are."""
         check_range(start, stop, self.num_samples)
         parts = []
         f = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -141,14 +160,13 @@ class TFRecordReader:
             end = min(stop, int(self._starts[f + 1]))
             if end > start:
                 records = _records(self.files[f], self._offsets[f], start - base, end - base)
-                parts.append(self._batch(records, f"{self.files[f]} (record {start - base})"))
+                where = f"{self.files[f]} (record {start - base})"
+                parts.append((self._table(records, where), where))
             start = end
             f += 1
-        if not parts:
-            return self._batch([], self.files[0])
-        return concat_batches(parts)
+        return parts or [(self._table([], self.files[0]), self.files[0])]
 
-    def _batch(self, records: list[bytes], where: str) -> Batch:
+    def _table(self, records: list[bytes], where: str) -> pa.Table:
         import tensorflow as tf
 
         spec: dict[str, Any] = {}
@@ -171,7 +189,7 @@ class TFRecordReader:
         for name in self.layout.columns:
             dtype = self._arrow_schema.field(name).type
             columns[name] = _arrow_column(parsed[name], dtype)
-        return to_batch(pa.table(columns), self.layout, where)
+        return pa.table(columns)
 
 
 def _arrow_column(parsed: Any, dtype: pa.DataType) -> pa.Array:

@@ -104,3 +104,26 @@ def test_a_feature_said_multivalued_that_is_a_scalar_in_parquet_is_named(
         DataSchemaError, match=r"'C1' holds int, with multivalued=true; accepted: l"
     ):
         open_dataset(files, schema=schema)
+
+
+def test_serving_columns_are_the_raw_values_in_every_format(split: Path, tmp_path: Path) -> None:
+    """What a served model takes: the strings as written (not hashed), a list's values one
+    after the other and its lengths; the same from Parquet, TFRecord and CSV."""
+    from airflow_rover.data.synthetic_files import write_csv
+
+    schema = parquet_schema(split, string_ids=True, list_column=True)
+    kw = {"num_files": 2, "string_ids": True, "list_column": True}
+    readers = [
+        open_dataset(write(split, tmp_path / name, **kw), schema=schema)
+        for name, write in (("pq", write_parquet), ("tfr", write_tfrecord), ("csv", write_csv))
+    ]
+    npy = open_dataset(split).read(598, 603)
+    want = readers[0].serving_columns(598, 603)
+    assert want["C2"].tolist() == [f"C2:{i}".encode() for i in npy.categorical[:, 1]]
+    np.testing.assert_array_equal(want["bag_lengths"], npy.categorical[:, 3] % 4)
+    assert want["bag"].size == want["bag_lengths"].sum()
+    for reader in readers[1:]:
+        got = reader.serving_columns(598, 603)
+        assert got.keys() == want.keys()
+        for name, values in want.items():
+            assert got[name].tolist() == values.tolist(), name
