@@ -9,8 +9,9 @@ data (``eval_data``; for the ETL model also ``data_format``, ``data_schema`` and
 ``aws_conn_id`` that reads it).
 
 ``score_batch`` loads the SavedModel with TensorFlow alone (``tf.saved_model.load``: no
-airflow_rover in the model's path), scores the first rows of the model's held-out split (read,
-and their ids hashed, by airflow_rover's reader) and returns what it found as its XCom. A run
+airflow_rover in the model's path), scores the first rows of the model's held-out split (read
+by airflow_rover's reader: the dense features as the job read them, the categorical columns'
+raw values, which the SavedModel hashes) and returns what it found as its XCom. A run
 triggered by hand scores the newest model of either Asset.
 
 .. seealso:: ``docs/serving.md`` and ``docs/tutorial-etl-to-model.md``
@@ -88,10 +89,15 @@ def score(meta: dict[str, Any]) -> dict[str, Any]:
         data_format=meta.get("data_format") or "auto",
         schema=DataSchema.model_validate(schema) if schema else None,
     )
-    batch = data.read(0, min(BATCH_ROWS, data.num_samples))
-    names = [column.name for column in data.schema.categorical]
+    rows = min(BATCH_ROWS, data.num_samples)
+    batch = data.read(0, rows)
     columns = {"dense_features": tf.constant(batch.dense)}
-    columns |= {n: tf.constant(batch.categorical[:, j]) for j, n in enumerate(names)}
+    raw = getattr(data, "serving_columns", None)
+    if raw is not None:  # Parquet, TFRecord, CSV: the raw values, hashed by the SavedModel
+        columns |= {name: tf.constant(values) for name, values in raw(0, rows).items()}
+    else:  # npy-columns: the ids as they are
+        names = [column.name for column in data.schema.categorical]
+        columns |= {n: tf.constant(batch.categorical[:, j]) for j, n in enumerate(names)}
     probability = model.serve(columns)["probability"].numpy()  # TensorFlow alone
     return {
         "model_uri": meta.get("model_uri"),

@@ -58,6 +58,12 @@ class CategoricalColumnConfig(_Strict):
     combiner: Literal["sum", "mean"] = Field(
         default="sum", description="how a list column's embeddings combine into one"
     )
+    multivalued: bool | None = Field(
+        default=None,
+        description="true: a list column (any number of values per sample), as TFRecord "
+        "features and CSV cells must be said to be; false: a scalar; none: as the files' "
+        "type says (Parquet; a TFRecord feature whose first record holds other than one value)",
+    )
 
 
 class DataSchema(_Strict):

@@ -3,7 +3,9 @@
 A batch of Criteo-shaped data touches 26+ tables; one request, one ``np.unique`` and one
 optimizer call per *group* instead of per table cuts the per-step overhead on both sides.
 A table's rows keep their identity: fused id = table offset + row id, where the offsets stack
-the tables of a group by vocabulary size, so (table, id) <-> fused id is a bijection.
+the tables of a group by vocabulary size, so (table, id) <-> fused id is a bijection. Entries
+of the feature config that share a table (``TableConfig.table``) read the same offset: one set
+of rows, several model inputs.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from airflow_rover.core.spec import FeatureConfig
 
 @dataclass(frozen=True)
 class TableSlice:
-    """Where one table lives inside its group."""
+    """Where the rows one entry of the feature config reads live inside its group."""
 
     name: str
     column: str
     offset: int
     vocab_size: int
+    table: str = ""  # the table whose rows it reads (shared by entries naming the same)
+    pooling: str = "sum"  # how a list column's rows combine
 
 
 @dataclass(frozen=True)
@@ -33,29 +37,50 @@ class EmbeddingGroup:
 
     @property
     def vocab_size(self) -> int:
-        last = self.tables[-1]
-        return last.offset + last.vocab_size
+        return max(t.offset + t.vocab_size for t in self.tables)
 
-    def fused_ids(self, categorical: np.ndarray, column_index: dict[str, int]) -> np.ndarray:
-        """(batch, tables) fused ids of a batch's categorical columns."""
-        cols = [column_index[t.column] for t in self.tables]
+    def fused_ids(
+        self,
+        categorical: np.ndarray,
+        column_index: dict[str, int],
+        tables: tuple[TableSlice, ...] | None = None,
+    ) -> np.ndarray:
+        """(batch, tables) fused ids of a batch's categorical columns (``tables``: those of
+        the group's entries to read, by default all)."""
+        tables = self.tables if tables is None else tables
+        cols = [column_index[t.column] for t in tables]
         ids = categorical[:, cols].astype(np.int64, copy=False)
-        vocab = np.array([t.vocab_size for t in self.tables], dtype=np.int64)
+        vocab = np.array([t.vocab_size for t in tables], dtype=np.int64)
         bad = (ids < 0) | (ids >= vocab)  # would silently alias a row of the next table
         if bad.any():
             j = int(np.nonzero(bad.any(axis=0))[0][0])
-            table = self.tables[j]
-            raise ValueError(
-                f"table {table.name!r}: column {table.column!r} has ids outside "
-                f"[0, {table.vocab_size}) (e.g. {int(ids[bad[:, j], j][0])})"
-            )
-        return ids + np.array([t.offset for t in self.tables], dtype=np.int64)
+            _out_of_range(tables[j], int(ids[bad[:, j], j][0]))
+        return ids + np.array([t.offset for t in tables], dtype=np.int64)
+
+    @staticmethod
+    def fused_values(table: TableSlice, values: np.ndarray) -> np.ndarray:
+        """Fused ids of a list column's ids (any number per sample) read by ``table``."""
+        ids = values.astype(np.int64, copy=False)
+        bad = (ids < 0) | (ids >= table.vocab_size)
+        if bad.any():
+            _out_of_range(table, int(ids[bad][0]))
+        return ids + table.offset
 
     def split(self, fused: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Table index and row id of each fused id (for export and inspection)."""
-        starts = np.array([t.offset for t in self.tables], dtype=np.int64)
-        table = np.searchsorted(starts, fused, side="right") - 1
-        return table, fused - starts[table]
+        """Index in ``tables`` and row id of each fused id (for export and inspection): of a
+        shared table, its first entry."""
+        first = {t.offset: j for j, t in reversed(list(enumerate(self.tables)))}
+        starts = np.array(sorted(first), dtype=np.int64)
+        at = np.searchsorted(starts, fused, side="right") - 1
+        index = np.array([first[int(o)] for o in starts], dtype=np.int64)
+        return index[at], fused - starts[at]
+
+
+def _out_of_range(table: TableSlice, example: int) -> None:
+    raise ValueError(
+        f"table {table.name!r}: column {table.column!r} has ids outside "
+        f"[0, {table.vocab_size}) (e.g. {example})"
+    )
 
 
 @dataclass(frozen=True)
@@ -64,11 +89,21 @@ class EmbeddingPlacement:
 
     @classmethod
     def from_features(cls, features: FeatureConfig) -> EmbeddingPlacement:
+        """Tables stacked per dim in the order they first appear; an entry sharing a table
+        takes that table's offset."""
         by_dim: dict[int, list[TableSlice]] = {}
+        ends: dict[int, int] = {}
+        offsets: dict[str, int] = {}
         for table in features.tables:
-            slices = by_dim.setdefault(table.dim, [])
-            offset = slices[-1].offset + slices[-1].vocab_size if slices else 0
-            slices.append(TableSlice(table.name, table.column, offset, table.vocab_size))
+            key = table.rows_of
+            if key not in offsets:
+                offsets[key] = ends.get(table.dim, 0)
+                ends[table.dim] = offsets[key] + table.vocab_size
+            by_dim.setdefault(table.dim, []).append(
+                TableSlice(
+                    table.name, table.column, offsets[key], table.vocab_size, key, table.pooling
+                )
+            )
         return cls(
             tuple(EmbeddingGroup(f"dim{d}", d, tuple(ts)) for d, ts in sorted(by_dim.items()))
         )

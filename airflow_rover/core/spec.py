@@ -7,7 +7,8 @@ Every process of a job (master, parameter servers, workers) reads the same ``Job
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
     BaseModel,
@@ -32,14 +33,43 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+ColumnValues = Literal["ids", "ints", "strings"]
+
+
 class TableConfig(_Strict):
-    """One embedding table fed by one categorical column of the dataset."""
+    """One embedding input of the model: a categorical column read through a table's rows.
+
+    Entries naming the same ``table`` share its rows (one table read by several columns);
+    a list column's rows combine into one per sample by ``pooling``.
+    """
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
     column: str = Field(min_length=1, description="categorical column whose ids index the table")
     vocab_size: int = Field(gt=0, description="hashed vocabulary size: ids lie in [0, vocab_size)")
     dim: int = Field(gt=0, le=1024)
-    pooling: Literal["sum", "mean"] = "sum"
+    pooling: Literal["sum", "mean"] = Field(
+        default="sum", description="how a list column's rows combine into one per sample"
+    )
+    table: str | None = Field(
+        default=None,
+        min_length=1,
+        pattern=r"^[A-Za-z_][\w-]*$",
+        description="the table whose rows this entry reads; entries naming the same one share "
+        "its rows (and must agree on vocab_size and dim); default: the entry's own name",
+    )
+    values: ColumnValues = Field(
+        default="ids",
+        description="the column's raw values: ids already in [0, vocab_size), or ints or "
+        "strings hashed into vocab_size buckets (core.hashing); what a served model takes",
+    )
+    multivalued: bool = Field(
+        default=False, description="a list column: any number of ids per sample, pooled"
+    )
+
+    @property
+    def rows_of(self) -> str:
+        """The name of the table whose rows this entry reads."""
+        return self.table or self.name
 
 
 class FeatureConfig(_Strict):
@@ -54,6 +84,15 @@ class FeatureConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"features.tables: duplicate table names {dupes}")
+        shape: dict[str, tuple[int, int]] = {}
+        for t in self.tables:
+            first = shape.setdefault(t.rows_of, (t.vocab_size, t.dim))
+            if first != (t.vocab_size, t.dim):
+                raise ValueError(
+                    f"features.tables: {t.name!r} shares table {t.rows_of!r} with vocab_size "
+                    f"{t.vocab_size} and dim {t.dim}, where another entry has {first[0]} and "
+                    f"{first[1]}: entries sharing a table agree on both"
+                )
         return self
 
 
@@ -275,20 +314,44 @@ _WIDE_TABLE_MODELS = frozenset(REFERENCE_MODELS)
 WIDE_SUFFIX = "_wide"
 
 
+class FeatureColumn(NamedTuple):
+    """A categorical column as the default features read it (``default_features``)."""
+
+    name: str
+    vocab_size: int
+    pooling: Literal["sum", "mean"] = "sum"
+    table: str | None = None  # a table shared with other columns; default: its own
+    values: ColumnValues = "ids"
+    multivalued: bool = False
+
+
 def default_features(
-    columns: list[tuple[str, int]], num_dense: int, model: str, dim: int
+    columns: Sequence[tuple[str, int] | FeatureColumn], num_dense: int, model: str, dim: int
 ) -> FeatureConfig:
-    """One ``dim``-wide table per categorical column, plus a 1-dim table of per-id linear
-    weights for the reference models (their wide / first-order term)."""
-    tables = [
-        TableConfig(name=name, column=name, vocab_size=vocab, dim=dim) for name, vocab in columns
-    ]
+    """One ``dim``-wide input per categorical column (columns naming one table share its rows),
+    plus a 1-dim one of per-id linear weights for the reference models (their wide /
+    first-order term), shared the same way."""
+    full = [FeatureColumn(*c) for c in columns]
+    tables = [_entry(c, c.name, c.table, dim) for c in full]
     if model in _WIDE_TABLE_MODELS:
         tables += [
-            TableConfig(name=f"{name}{WIDE_SUFFIX}", column=name, vocab_size=vocab, dim=1)
-            for name, vocab in columns
+            _entry(c, f"{c.name}{WIDE_SUFFIX}", c.table and f"{c.table}{WIDE_SUFFIX}", 1)
+            for c in full
         ]
     return FeatureConfig(num_dense=num_dense, tables=tuple(tables))
+
+
+def _entry(column: FeatureColumn, name: str, table: str | None, dim: int) -> TableConfig:
+    return TableConfig(
+        name=name,
+        column=column.name,
+        vocab_size=column.vocab_size,
+        dim=dim,
+        pooling=column.pooling,
+        table=table,
+        values=column.values,
+        multivalued=column.multivalued,
+    )
 
 
 def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) -> str:

@@ -37,6 +37,14 @@ class CategoricalField:
     strings: bool  # string values (else integers)
     hashed: bool = True  # else ids used as they are
     combiner: str = "sum"  # a list column's (``ColumnLayout.lists``)
+    table: str | None = None  # shared with other columns (None: the column's own)
+
+    @property
+    def values(self) -> str:
+        """What the files hold: ids used as they are, or ints or strings hashed."""
+        if not self.hashed:
+            return "ids"
+        return "strings" if self.strings else "ints"
 
 
 @dataclass(frozen=True)
@@ -59,8 +67,12 @@ class ColumnLayout:
         """What a model needs to be built: the dense count, each column's bucket count."""
         return Schema(
             num_dense=len(self.dense),
-            categorical=tuple(CategoricalColumn(c.name, c.buckets) for c in self.categorical),
-            lists=tuple(ListColumn(c.name, c.buckets, c.combiner) for c in self.lists),
+            categorical=tuple(
+                CategoricalColumn(c.name, c.buckets, c.values, c.table) for c in self.categorical
+            ),
+            lists=tuple(
+                ListColumn(c.name, c.buckets, c.combiner, c.values, c.table) for c in self.lists
+            ),
         )
 
 
@@ -116,12 +128,9 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
         "label",
         where,
     )
-    unsupported = [schema.weight] if schema.weight else []
-    unsupported += [c.table for c in schema.categorical if c.table]
-    if unsupported:
+    if schema.weight:
         raise DataSchemaError(
-            f"{where}: data_schema: weight columns and shared tables are not supported yet "
-            f"(found {unsupported})"
+            f"{where}: data_schema: weight columns are not supported yet (found {schema.weight!r})"
         )
     for column in schema.dense:
         kind = _field_type(arrow_schema, column.name, "dense", where)
@@ -140,6 +149,13 @@ def _categorical(
     """The column as read, and whether it is a list column."""
     kind = _field_type(arrow_schema, config.name, "categorical", where)
     is_list = kind.startswith("list<")
+    if config.multivalued is not None and config.multivalued != is_list:
+        expected = ("list<int>", "list<string>") if config.multivalued else ("int", "string")
+        said = "true" if config.multivalued else "false"
+        raise DataSchemaError(
+            f"{where}: categorical column {config.name!r} holds {kind}, with multivalued="
+            f"{said}; accepted: {', '.join(expected)}"
+        )
     if is_list:
         kind = kind[len("list<") : -1]
         accepted: tuple[str, ...] = ("list<int>", "list<string>")
@@ -152,7 +168,12 @@ def _categorical(
             "only int ids can be used as they are"
         )
     field = CategoricalField(
-        config.name, schema.buckets_of(config), kind == "string", config.hashed, config.combiner
+        config.name,
+        schema.buckets_of(config),
+        kind == "string",
+        config.hashed,
+        config.combiner,
+        config.table,
     )
     return field, is_list
 
@@ -252,3 +273,26 @@ def _string_hashes(strings: pa.Array) -> np.ndarray:
     offset_array = np.frombuffer(offsets, dtype=np.int64)[first : first + count + 1]
     data_array = np.frombuffer(data, dtype=np.uint8) if data is not None else np.empty(0, np.uint8)
     return splitmix64(fnv1a64(offset_array, data_array))
+
+
+def serving_columns(table: pa.Table, layout: ColumnLayout) -> dict[str, np.ndarray]:
+    """The categorical inputs a served model takes for ``table``'s rows (``docs/serving.md``):
+    each column's raw values (strings as bytes, ints as int64; a null as the readers read it),
+    a list column's values one after the other and ``<column>_lengths``."""
+    out: dict[str, np.ndarray] = {}
+    for field in layout.categorical:
+        out[field.name] = _raw_values(table.column(field.name), field)
+    for field in layout.lists:
+        column = table.column(field.name)
+        values = pa.chunked_array([pc.list_flatten(column)])
+        out[field.name] = _raw_values(values, field)
+        lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64())
+        out[f"{field.name}_lengths"] = lengths.to_numpy()
+    return out
+
+
+def _raw_values(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:
+    if field.strings:
+        strings = pc.fill_null(column.cast(pa.large_binary()), b"").to_pylist()
+        return np.array(strings, dtype=object)
+    return np.asarray(pc.fill_null(column, 0).cast(pa.int64()).to_numpy(), dtype=np.int64)

@@ -10,10 +10,14 @@ import numpy as np
 
 @dataclass(frozen=True)
 class CategoricalColumn:
-    """One categorical feature: ids are integers in ``[0, vocab_size)``."""
+    """One categorical feature: ids are integers in ``[0, vocab_size)``. ``values``: what
+    the files hold (``ids`` used as they are, ``ints`` or ``strings`` hashed); ``table``: a
+    table shared with other columns (None: the column's own)."""
 
     name: str
     vocab_size: int
+    values: str = "ids"
+    table: str | None = None
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,8 @@ class ListColumn:
     name: str
     vocab_size: int
     combiner: str = "sum"
+    values: str = "ids"
+    table: str | None = None
 
 
 @dataclass(frozen=True)

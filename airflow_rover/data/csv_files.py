@@ -4,7 +4,8 @@ Each file's line offsets are found once, when the dataset is opened (a scan for 
 parsing), so a range reads exactly its lines' bytes, parsed by pyarrow into Arrow columns and
 converted by ``data.arrow_columns`` as Parquet's are. The columns' types are inferred once,
 from the first lines of the first file, and every range is parsed with them. A field may not
-hold a newline, even quoted. ``data_schema`` is required.
+hold a newline, even quoted. ``data_schema`` is required. A column the schema says is
+``multivalued`` holds strings separated by ``|`` (an empty cell: an empty list).
 """
 
 from __future__ import annotations
@@ -15,15 +16,23 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.arrow_columns import (
+    ColumnLayout,
+    DataSchemaError,
+    layout_for,
+    serving_columns,
+    to_batch,
+)
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_binary
 
 CHUNK = 16 << 20
 INFER_LINES = 1000
+LIST_SEPARATOR = "|"
 
 
 def line_offsets(path: str) -> tuple[bytes, np.ndarray]:
@@ -74,6 +83,8 @@ class CsvReader:
                 )
         counts = [len(o) - 1 for o in self._offsets]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # a list column's cells are strings of values separated by LIST_SEPARATOR
+        self._lists = [c.name for c in schema.categorical if c.multivalued]
         first = self._parse(0, 0, min(INFER_LINES, counts[0]), types=None)
         self._types = {name: first.schema.field(name).type for name in self._names}
         self.layout: ColumnLayout = layout_for(first.schema, schema, self.files[0])
@@ -97,6 +108,19 @@ class CsvReader:
 
     def read(self, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)``: the lines of each file the range overlaps."""
+        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
+        return concat_batches(parts)
+
+    def read_table(self, start: int, stop: int) -> pa.Table:
+        """Samples ``[start, stop)`` as the lines hold them (not hashed; lists split)."""
+        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
+
+    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
+        return serving_columns(self.read_table(start, stop), self.layout)
+
+    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
+        """The lines of each file ``[start, stop)`` overlaps, parsed, and where they are."""
         check_range(start, stop, self.num_samples)
         parts = []
         f = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -105,14 +129,10 @@ class CsvReader:
             end = min(stop, int(self._starts[f + 1]))
             if end > start:
                 table = self._parse(f, start - base, end - base, self._types)
-                parts.append(
-                    to_batch(table, self.layout, f"{self.files[f]} (line {start - base + 2})")
-                )
+                parts.append((table, f"{self.files[f]} (line {start - base + 2})"))
             start = end
             f += 1
-        if not parts:
-            return to_batch(self._parse(0, 0, 0, self._types), self.layout, self.files[0])
-        return concat_batches(parts)
+        return parts or [(self._parse(0, 0, 0, self._types), self.files[0])]
 
     def _parse(
         self, f: int, first: int, last: int, types: dict[str, pa.DataType] | None
@@ -123,19 +143,36 @@ class CsvReader:
         if begin == end:
             if types is None:
                 raise DataSchemaError(f"{self.files[f]}: no line after the header")
-            return pa.table({name: pa.array([], type=types[name]) for name in self._names})
+            cells = {name: types[name] for name in self._names} | dict.fromkeys(
+                self._lists, pa.string()
+            )
+            empty = pa.table({name: pa.array([], type=t) for name, t in cells.items()})
+            return _split_lists(empty, self._lists)
         with open_binary(self.files[f]) as fh:
             fh.seek(begin)
             data = fh.read(end - begin)
         read = pacsv.ReadOptions(column_names=self._names)
-        convert = pacsv.ConvertOptions(column_types=types) if types else None
+        column_types = dict(types or {}) | {name: pa.string() for name in self._lists}
+        convert = pacsv.ConvertOptions(column_types=column_types)
         try:
-            return pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=convert)
+            table = pacsv.read_csv(io.BytesIO(data), read_options=read, convert_options=convert)
+            return _split_lists(table, self._lists)
         except pa.ArrowInvalid as exc:
             raise DataSchemaError(
                 f"{self.files[f]} (lines {first + 2}-{last + 1}): {exc}; the column types "
                 f"inferred from its first lines: {_types(types)}"
             ) from None
+
+
+def _split_lists(table: pa.Table, names: list[str]) -> pa.Table:
+    """The list columns' cells split at ``LIST_SEPARATOR`` into list<string> (an empty cell:
+    no value)."""
+    for name in names:
+        cells = table.column(name).cast(pa.string())
+        cells = pc.if_else(pc.equal(cells, ""), pa.scalar(None, pa.string()), cells)
+        index = table.schema.get_field_index(name)
+        table = table.set_column(index, name, pc.split_pattern(cells, LIST_SEPARATOR))
+    return table
 
 
 def _names(header: bytes) -> list[str]:

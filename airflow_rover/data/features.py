@@ -6,17 +6,36 @@ job's spec: every process of the job reads the same tables from ``job.json``.
 
 from __future__ import annotations
 
-from airflow_rover.core.spec import FeatureConfig, JobSpec, default_features
+from typing import Literal
+
+from airflow_rover.core.spec import FeatureColumn, FeatureConfig, JobSpec, default_features
+from airflow_rover.data.batch import Schema
 from airflow_rover.data.reader import open_split
 
 
 def resolve_features(spec: JobSpec) -> FeatureConfig:
-    """The spec's features, or one table per categorical column of its training data."""
+    """The spec's features, or one table per categorical column of its training data (one
+    shared by the columns that name the same table; a list column's pooled by its combiner)."""
     if spec.features is not None:
         return spec.features
     schema = open_split(spec, spec.train_data).schema
-    columns = [(c.name, c.vocab_size) for c in schema.categorical]
-    return default_features(columns, schema.num_dense, spec.model, spec.embedding_dim)
+    return default_features(
+        feature_columns(schema), schema.num_dense, spec.model, spec.embedding_dim
+    )
+
+
+def feature_columns(schema: Schema) -> list[FeatureColumn]:
+    """The categorical columns of a dataset as the default features read them: the scalar
+    ones, then the lists."""
+    columns = [
+        FeatureColumn(c.name, c.vocab_size, "sum", c.table, _values(c.values))
+        for c in schema.categorical
+    ]
+    columns += [
+        FeatureColumn(c.name, c.vocab_size, _pooling(c.combiner), c.table, _values(c.values), True)
+        for c in schema.lists
+    ]
+    return columns
 
 
 def with_resolved_features(spec: JobSpec) -> JobSpec:
@@ -24,3 +43,13 @@ def with_resolved_features(spec: JobSpec) -> JobSpec:
     if spec.features is not None:
         return spec
     return spec.model_copy(update={"features": resolve_features(spec)})
+
+
+def _values(values: str) -> Literal["ids", "ints", "strings"]:
+    if values == "ints":
+        return "ints"
+    return "strings" if values == "strings" else "ids"
+
+
+def _pooling(combiner: str) -> Literal["sum", "mean"]:
+    return "mean" if combiner == "mean" else "sum"

@@ -16,8 +16,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
-from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.arrow_columns import (
+    ColumnLayout,
+    DataSchemaError,
+    layout_for,
+    serving_columns,
+    to_batch,
+)
+from airflow_rover.data.batch import Batch, RaggedIds, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_source
 
 CACHED_ROW_GROUPS = 2
@@ -82,16 +88,39 @@ class ParquetReader:
             parts.append(self._row_group(group)[lo:hi])
         return concat_batches(parts)
 
+    def read_table(self, start: int, stop: int) -> pa.Table:
+        """Samples ``[start, stop)`` as the files hold them (the columns the schema reads, not
+        hashed): what a served model takes (``serving_columns``)."""
+        check_range(start, stop, self.num_samples)
+        first = min(
+            int(np.searchsorted(self._starts, start, side="right")) - 1, len(self._where) - 1
+        )
+        last = max(int(np.searchsorted(self._starts, stop, side="left")), first + 1)
+        parts = []
+        for group in range(first, last):
+            base = int(self._starts[group])
+            lo, hi = max(start, base) - base, min(stop, int(self._starts[group + 1])) - base
+            parts.append(self._raw_group(group).slice(lo, max(hi - lo, 0)))
+        return pa.concat_tables(parts)
+
+    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
+        return serving_columns(self.read_table(start, stop), self.layout)
+
+    def _raw_group(self, group: int) -> pa.Table:
+        f, g = self._where[group]
+        parquet = self._open.get(f)
+        if parquet is None:
+            parquet = self._open[f] = _open(self.files[f])
+        return parquet.read_row_group(g, columns=self.layout.columns)
+
     def _row_group(self, group: int) -> Batch:
         cached = self._cache.get(group)
         if cached is not None:
             self._cache.move_to_end(group)
             return cached
         f, g = self._where[group]
-        parquet = self._open.get(f)
-        if parquet is None:
-            parquet = self._open[f] = _open(self.files[f])
-        table = parquet.read_row_group(g, columns=self.layout.columns)
+        table = self._raw_group(group)
         batch = to_batch(table, self.layout, f"{self.files[f]} (row group {g})")
         self._cache[group] = batch
         while len(self._cache) > CACHED_ROW_GROUPS:
@@ -112,6 +141,7 @@ def _empty(schema: Schema) -> Batch:
         dense=np.empty((0, schema.num_dense), np.float32),
         categorical=np.empty((0, schema.num_categorical), np.int64),
         label=np.empty(0, np.float32),
+        lists=tuple(RaggedIds(np.empty(0, np.int64), np.zeros(1, np.int64)) for _ in schema.lists),
     )
 
 

@@ -48,12 +48,6 @@ def check_data(spec: JobSpec) -> FeatureConfig:
     feature config."""
     train = _open(spec, "train_data", spec.train_data)
     schema = train.schema
-    if schema.lists:
-        raise PreflightError(
-            f"data_schema.categorical: {[c.name for c in schema.lists]} are list columns; they "
-            "are read, but the workers' embedding lookup does not combine lists yet: leave "
-            "them out of data_schema for now"
-        )
     readers = {"train_data": (spec.train_data, train)}
     if spec.eval_data is not None:
         evaluated = _open(spec, "eval_data", spec.eval_data)
@@ -68,6 +62,7 @@ def check_data(spec: JobSpec) -> FeatureConfig:
             f"features.num_dense={features.num_dense}: the dataset has {schema.num_dense}"
         )
     vocab = {c.name: c.vocab_size for c in schema.categorical}
+    vocab |= {c.name: c.vocab_size for c in schema.lists}
     for i, table in enumerate(features.tables):
         if table.column not in vocab:
             raise PreflightError(

@@ -4,7 +4,10 @@ either can be compared (``docs/data-formats.md``).
 
 Dense columns are ``I1``..``In`` (float32), categorical ones ``C1``..``Cm``: integers, or with
 ``string_ids`` strings ``"<column>:<id>"`` (hashed into buckets when read), the label
-``label``.
+``label``. With ``list_column`` a list<string> column ``bag`` is added, derived from the row's
+own ids so the labels stay as generated: the first ``C4 mod 4`` of ``"C1:<id>"``,
+``"C2:<id>"``, ``"C3:<id>"`` (zero to three values; the teacher reads those columns, so its ids
+carry signal), the same strings as ``C1``..``C3``'s with ``string_ids``.
 """
 
 from __future__ import annotations
@@ -26,10 +29,15 @@ ROWS_PER_GROUP = 8192  # a row group per default shard: a shard decodes one
 
 
 def parquet_schema(
-    split_dir: str | os.PathLike[str], *, string_ids: bool, buckets_per_id: int = 8
+    split_dir: str | os.PathLike[str],
+    *,
+    string_ids: bool,
+    buckets_per_id: int = 8,
+    list_column: bool = False,
 ) -> DataSchema:
     """The DataSchema of ``write_parquet``'s files: string ids hashed into ``buckets_per_id``
-    times the column's vocabulary (few collisions), integer ids used as they are."""
+    times the column's vocabulary (few collisions), integer ids used as they are; with
+    ``list_column``, ``bag`` (mean) sharing C1's table, both hashed into C1's buckets."""
     schema = open_dataset(split_dir).schema
     categorical = tuple(
         CategoricalColumnConfig(
@@ -39,6 +47,16 @@ def parquet_schema(
         )
         for c in schema.categorical
     )
+    if list_column:
+        first = categorical[0]
+        buckets = (first.buckets or 1) * (1 if string_ids else buckets_per_id)
+        shared = (
+            first.model_copy(update={"table": "shared", "hashed": True, "buckets": buckets}),
+            CategoricalColumnConfig(
+                name=LIST_COLUMN, buckets=buckets, table="shared", combiner="mean", multivalued=True
+            ),
+        )
+        categorical = shared + categorical[1:]
     dense = tuple(DenseColumn(name=f"I{i + 1}") for i in range(schema.num_dense))
     return DataSchema(label="label", dense=dense, categorical=categorical)
 
@@ -50,6 +68,7 @@ def write_parquet(
     num_files: int = 4,
     string_ids: bool = False,
     rows_per_group: int = ROWS_PER_GROUP,
+    list_column: bool = False,
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.parquet`` (the rows
     in order across up to ``num_files`` files, each a whole number of row groups, so shards of
@@ -61,12 +80,14 @@ def write_parquet(
     cuts = np.linspace(0, groups, min(num_files, max(groups, 1)) + 1).astype(int)
     bounds = np.minimum(cuts * rows_per_group, reader.num_samples)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids)
+        table = _table(reader, int(start), int(stop), string_ids, list_column)
         pq.write_table(table, out / f"part-{index:05d}.parquet", row_group_size=rows_per_group)
     return out
 
 
-def _table(reader: NpyColumnsReader, start: int, stop: int, string_ids: bool) -> pa.Table:
+def _table(
+    reader: NpyColumnsReader, start: int, stop: int, string_ids: bool, list_column: bool = False
+) -> pa.Table:
     batch = reader.read(start, stop)
     columns: dict[str, pa.Array] = {"label": pa.array(batch.label)}
     for j in range(batch.dense.shape[1]):
@@ -77,7 +98,22 @@ def _table(reader: NpyColumnsReader, start: int, stop: int, string_ids: bool) ->
             columns[column.name] = pa.array([f"{column.name}:{i}" for i in ids.tolist()])
         else:
             columns[column.name] = pa.array(ids)
+    if list_column:
+        columns[LIST_COLUMN] = _bag(batch.categorical)
     return pa.table(columns)
+
+
+LIST_COLUMN = "bag"
+
+
+def _bag(categorical: np.ndarray) -> pa.Array:
+    """``bag``: per row the first ``C4 mod 4`` of ``"C1:<id>"``, ``"C2:<id>"``, ``"C3:<id>"``."""
+    lengths = categorical[:, 3] % 4
+    tokens = [
+        [f"C{j + 1}:{row[j]}" for j in range(n)]
+        for row, n in zip(categorical.tolist(), lengths.tolist(), strict=True)
+    ]
+    return pa.array(tokens, pa.list_(pa.string()))
 
 
 def write_tfrecord(
@@ -86,6 +122,7 @@ def write_tfrecord(
     *,
     num_files: int = 4,
     string_ids: bool = False,
+    list_column: bool = False,
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.tfrecord``: one
     ``tf.train.Example`` per row, the features named as in ``write_parquet``."""
@@ -96,7 +133,7 @@ def write_tfrecord(
     out.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids)
+        table = _table(reader, int(start), int(stop), string_ids, list_column)
         with tf.io.TFRecordWriter(str(out / f"part-{index:05d}.tfrecord")) as writer:
             for row in table.to_pylist():
                 writer.write(_example(row).SerializeToString())
@@ -108,7 +145,10 @@ def _example(row: dict[str, Any]) -> Any:
 
     features = {}
     for name, value in row.items():
-        if isinstance(value, str):
+        if isinstance(value, list):  # a list<string> column
+            values = [v.encode() for v in value]
+            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=values))
+        elif isinstance(value, str):
             features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value.encode()]))
         elif isinstance(value, int):
             features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
@@ -123,14 +163,18 @@ def write_csv(
     *,
     num_files: int = 4,
     string_ids: bool = False,
+    list_column: bool = False,
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.csv``, a header line
-    each, the columns named as in ``write_parquet``."""
+    each, the columns named as in ``write_parquet`` (``bag``'s values separated by ``|``)."""
     reader = NpyColumnsReader(split_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids)
+        table = _table(reader, int(start), int(stop), string_ids, list_column)
+        if list_column:
+            cells = pa.array(["|".join(bag) for bag in table.column(LIST_COLUMN).to_pylist()])
+            table = table.set_column(table.schema.get_field_index(LIST_COLUMN), LIST_COLUMN, cells)
         pacsv.write_csv(table, out / f"part-{index:05d}.csv")
     return out

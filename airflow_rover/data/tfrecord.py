@@ -18,7 +18,13 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import ColumnLayout, DataSchemaError, layout_for, to_batch
+from airflow_rover.data.arrow_columns import (
+    ColumnLayout,
+    DataSchemaError,
+    layout_for,
+    serving_columns,
+    to_batch,
+)
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
 from airflow_rover.data.sources import open_binary
 
@@ -70,9 +76,9 @@ def _records(path: str, offsets: np.ndarray, first: int, last: int) -> list[byte
     return records
 
 
-def example_schema(record: bytes, where: str) -> pa.Schema:
+def example_schema(record: bytes, where: str, lists: frozenset[str] = frozenset()) -> pa.Schema:
     """The Arrow schema of one serialized Example: each feature's kind, a list when it holds
-    other than one value."""
+    other than one value or is named in ``lists`` (the schema says it is multivalued)."""
     from tensorflow.core.example import example_pb2
 
     example = example_pb2.Example.FromString(record)
@@ -83,7 +89,8 @@ def example_schema(record: bytes, where: str) -> pa.Schema:
             raise DataSchemaError(f"{where}: feature {name!r} holds no value list")
         dtype = _KINDS[kind]
         count = len(getattr(feature, kind).value)
-        fields.append(pa.field(name, dtype if count == 1 else pa.list_(dtype)))
+        is_list = count != 1 or name in lists
+        fields.append(pa.field(name, pa.list_(dtype) if is_list else dtype))
     return pa.schema(fields)
 
 
@@ -109,7 +116,8 @@ class TFRecordReader:
         if first is None:
             raise DataSchemaError(f"{self.files[0]}: the TFRecord files hold no record")
         record = _records(self.files[first], self._offsets[first], 0, 1)[0]
-        self._arrow_schema = example_schema(record, self.files[first])
+        lists = frozenset(c.name for c in schema.categorical if c.multivalued)
+        self._arrow_schema = example_schema(record, self.files[first], lists)
         self.layout: ColumnLayout = layout_for(self._arrow_schema, schema, self.files[first])
 
     @property
@@ -131,6 +139,19 @@ class TFRecordReader:
 
     def read(self, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)``: the records of each file the range overlaps."""
+        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
+        return concat_batches(parts)
+
+    def read_table(self, start: int, stop: int) -> pa.Table:
+        """Samples ``[start, stop)`` as the records hold them (not hashed)."""
+        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
+
+    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
+        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
+        return serving_columns(self.read_table(start, stop), self.layout)
+
+    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
+        """The records of each file ``[start, stop)`` overlaps, parsed, and where they are."""
         check_range(start, stop, self.num_samples)
         parts = []
         f = int(np.searchsorted(self._starts, start, side="right")) - 1
@@ -139,29 +160,44 @@ class TFRecordReader:
             end = min(stop, int(self._starts[f + 1]))
             if end > start:
                 records = _records(self.files[f], self._offsets[f], start - base, end - base)
-                parts.append(self._batch(records, f"{self.files[f]} (record {start - base})"))
+                where = f"{self.files[f]} (record {start - base})"
+                parts.append((self._table(records, where), where))
             start = end
             f += 1
-        if not parts:
-            return self._batch([], self.files[0])
-        return concat_batches(parts)
+        return parts or [(self._table([], self.files[0]), self.files[0])]
 
-    def _batch(self, records: list[bytes], where: str) -> Batch:
+    def _table(self, records: list[bytes], where: str) -> pa.Table:
         import tensorflow as tf
 
         spec: dict[str, Any] = {}
         for name in self.layout.columns:
             dtype = self._arrow_schema.field(name).type
-            tf_type = tf.string if dtype == pa.binary() else tf.as_dtype(dtype.to_pandas_dtype())
-            default = b"" if tf_type == tf.string else 0
-            spec[name] = tf.io.FixedLenFeature([], tf_type, default_value=default)
+            is_list = pa.types.is_list(dtype)
+            value_type = dtype.value_type if is_list else dtype
+            binary = value_type == pa.binary()
+            tf_type = tf.string if binary else tf.as_dtype(value_type.to_pandas_dtype())
+            if is_list:
+                spec[name] = tf.io.RaggedFeature(tf_type, row_splits_dtype=tf.int64)
+            else:
+                default = b"" if tf_type == tf.string else 0
+                spec[name] = tf.io.FixedLenFeature([], tf_type, default_value=default)
         try:
             parsed = tf.io.parse_example(tf.constant(records, dtype=tf.string), spec)
         except tf.errors.InvalidArgumentError as exc:
             raise DataSchemaError(f"{where}: {exc.message}") from None
         columns = {}
         for name in self.layout.columns:
-            values = parsed[name].numpy()
             dtype = self._arrow_schema.field(name).type
-            columns[name] = pa.array(list(values) if dtype == pa.binary() else values, dtype)
-        return to_batch(pa.table(columns), self.layout, where)
+            columns[name] = _arrow_column(parsed[name], dtype)
+        return pa.table(columns)
+
+
+def _arrow_column(parsed: Any, dtype: pa.DataType) -> pa.Array:
+    """A parsed feature (a dense tensor, or ragged for a list) as an Arrow array."""
+    if not pa.types.is_list(dtype):
+        values = parsed.numpy()
+        return pa.array(list(values) if dtype == pa.binary() else values, dtype)
+    flat = parsed.flat_values.numpy()
+    values = pa.array(list(flat) if dtype.value_type == pa.binary() else flat, dtype.value_type)
+    offsets = pa.array(parsed.row_splits.numpy().astype(np.int32), pa.int32())
+    return pa.ListArray.from_arrays(offsets, values)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from airflow_rover.core.spec import FeatureConfig
-from airflow_rover.data.reader import SampleReader
+from airflow_rover.data.reader import Batch, SampleReader
 
 SAMPLE_SHARDS = 8  # shards sampled, the first and the last among them
 SAMPLE_ROWS = 1024  # rows read from the start of each sampled shard
@@ -61,10 +61,16 @@ def first_id_outside_vocab(
     if not ranges:
         return None
     rows = np.concatenate([np.arange(start, stop) for start, stop in ranges])
-    ids = np.concatenate([reader.read(start, stop).categorical for start, stop in ranges])
+    batches = [reader.read(start, stop) for start, stop in ranges]
+    ids = np.concatenate([b.categorical for b in batches])
     index = {column.name: i for i, column in enumerate(reader.schema.categorical)}
+    lists = {column.name: j for j, column in enumerate(reader.schema.lists)}
     for table in features.tables:
-        column = ids[:, index[table.column]]
+        if table.column in lists:
+            column, holder = _list_ids(batches, lists[table.column])
+        else:
+            column = ids[:, index[table.column]]
+            holder = np.arange(len(column))
         bad = (column < 0) | (column >= table.vocab_size)
         if bad.any():
             first = int(np.argmax(bad))
@@ -73,8 +79,20 @@ def first_id_outside_vocab(
                 column=table.column,
                 vocab_size=table.vocab_size,
                 id=int(column[first]),
-                row=int(rows[first]),
-                bad_rows=int(bad.sum()),
+                row=int(rows[holder[first]]),
+                bad_rows=int(np.unique(holder[bad]).size),
                 sampled_rows=len(rows),
             )
     return None
+
+
+def _list_ids(batches: list[Batch], j: int) -> tuple[np.ndarray, np.ndarray]:
+    """A list column's sampled ids, and the index (among the sampled rows) of the row holding
+    each."""
+    values, holders, base = [], [], 0
+    for batch in batches:
+        ragged = batch.lists[j]
+        values.append(ragged.values)
+        holders.append(base + np.repeat(np.arange(len(ragged)), np.diff(ragged.row_splits)))
+        base += len(ragged)
+    return np.concatenate(values), np.concatenate(holders)

@@ -102,6 +102,7 @@ def _ps_model(
         features,
         [c.name for c in data.schema.categorical],
         ps,
+        [c.name for c in data.schema.lists],
     )
 
 

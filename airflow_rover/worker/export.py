@@ -2,8 +2,10 @@
 (``models/<stamp>/saved_model/``) that a downstream task loads with ``tf.saved_model.load``
 alone, without airflow_rover.
 
-The SavedModel takes the raw columns (``dense_features`` and one int64 id column per table's
-column) and returns the click probability. The embedding rows the PS saved are baked in; an id
+The SavedModel takes the raw columns (``dense_features`` and one input per categorical
+column a table reads: int64 ids or ints, or strings, hashed in the graph as the readers hash
+them; a list column as its values and ``<column>_lengths``) and returns the click
+probability. The embedding rows the PS saved are baked in; an id
 the job never trained reads as its seeded initial row, computed in the graph with the PS's own
 hash (``core.hashing.initial_rows``), so the SavedModel scores every row as the PS model does.
 Per embedding group it holds an int32 slot per id of the group's id space and the trained
@@ -67,7 +69,7 @@ def export_saved_model(folder: Path) -> dict[str, Any]:
     tf.saved_model.save(module, str(tmp), signatures={"serving_default": signature})
     info = {
         "inputs": {DENSE_COLUMN: ["float32", [None, features.num_dense]]}
-        | {column: ["int64", [None]] for column in module.columns},
+        | {name: [spec.dtype.name, [None]] for name, spec in module.inputs.items()},
         "outputs": {"probability": ["float32", [None]], "logit": ["float32", [None]]},
         "job_id": card.get("job_id"),
         "model": card.get("model"),

@@ -16,6 +16,7 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,8 @@ def _check_model(spec: JobSpec, features: FeatureConfig) -> None:
     if len(batch) == 0:
         return  # no rows to call the model on
     columns = [c.name for c in reader.schema.categorical]
-    inputs = model_inputs(features, columns, batch, spec.training.seed)
+    lists = [c.name for c in reader.schema.lists]
+    inputs = model_inputs(features, columns, batch, spec.training.seed, lists)
     try:
         logits, _ = model.stateless_call(
             [v.value for v in model.trainable_variables],
@@ -89,19 +91,40 @@ def _check_model(spec: JobSpec, features: FeatureConfig) -> None:
 
 
 def model_inputs(
-    features: FeatureConfig, columns: list[str], batch: Batch, seed: int
+    features: FeatureConfig,
+    columns: list[str],
+    batch: Batch,
+    seed: int,
+    lists: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """A worker's model inputs for ``batch``: its dense features and, per table, each row's
-    embedding as the PS initialises it (``worker.ps_model.PSModel._inputs``)."""
+    embedding as the PS initialises it, a list column's pooled (``PSModel._inputs``)."""
     from airflow_rover.worker.models import DENSE_INPUT
 
     index = {name: i for i, name in enumerate(columns)}
+    list_index = {name: j for j, name in enumerate(lists)}
     inputs = {DENSE_INPUT: batch.dense}
     for group in EmbeddingPlacement.from_features(features).groups:
-        fused = group.fused_ids(batch.categorical, index)
-        for j, table in enumerate(group.tables):
-            inputs[table.name] = initial_rows(group.name, fused[:, j], group.dim, seed, INIT_SCALE)
+        for table in group.tables:
+            if table.column in list_index:
+                ragged = batch.lists[list_index[table.column]]
+                fused = group.fused_values(table, ragged.values)
+                rows = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
+                inputs[table.name] = _pooled(rows, ragged.row_splits, table.pooling)
+            else:
+                fused = group.fused_ids(batch.categorical, index, (table,))[:, 0]
+                inputs[table.name] = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
     return inputs
+
+
+def _pooled(rows: np.ndarray, row_splits: np.ndarray, pooling: str) -> np.ndarray:
+    """Per sample the sum or mean of its rows (zeros for none), as ``worker.pooling.pool``."""
+    lengths = np.diff(row_splits)
+    out = np.zeros((lengths.size, rows.shape[1]), np.float32)
+    np.add.at(out, np.repeat(np.arange(lengths.size), lengths), rows)
+    if pooling == "mean":
+        out /= np.maximum(lengths, 1)[:, None]
+    return out
 
 
 def build_model(ref: str, features: FeatureConfig) -> tuple[keras.Model, str]:

@@ -2,10 +2,14 @@
 
 The model runs on rows read from the PS and on dense weights passed in (``stateless_call``):
 its step function returns the loss and the gradients of both, which the training loop pushes.
+A batch's ids per embedding group are made unique once, list columns' ids among them, so a
+list column's rows are pulled and pushed with the others (its gradient summed per id); each
+sample's rows of a list column are pooled in the graph (``worker.pooling``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,28 +17,39 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.embedding_placement import EmbeddingPlacement, TableSlice
 from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.data.batch import RaggedIds
 from airflow_rover.data.reader import Batch
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.worker.models import DENSE_INPUT
+from airflow_rover.worker.pooling import pool
 
 
 @dataclass
 class BatchIds:
-    """Unique fused ids per embedding group and each sample's (batch, tables) index into them."""
+    """Unique fused ids per embedding group, each sample's (batch, scalar tables) index into
+    them, and per list table the index of each of its ids and the sample that holds it."""
 
     unique: dict[str, np.ndarray]
     inverse: dict[str, np.ndarray]
+    list_ids: dict[str, np.ndarray]
+    segments: dict[str, np.ndarray]
 
 
 class PSModel:
-    """A Keras model whose embedding tables live on the parameter servers."""
+    """A Keras model whose embedding tables live on the parameter servers. ``columns``: the
+    dataset's scalar categorical columns, ``lists``: its list columns (``Batch.lists``)."""
 
     def __init__(
-        self, model: keras.Model, features: FeatureConfig, columns: list[str], ps: PSClient
+        self,
+        model: keras.Model,
+        features: FeatureConfig,
+        columns: list[str],
+        ps: PSClient,
+        lists: Sequence[str] = (),
     ) -> None:
-        missing = sorted({t.column for t in features.tables} - set(columns))
+        missing = sorted({t.column for t in features.tables} - set(columns) - set(lists))
         if missing:
             raise ValueError(f"features.tables: columns {missing} are not in the dataset")
         self.model = model
@@ -43,13 +58,27 @@ class PSModel:
         self.groups = self.placement.groups
         self.ps = ps
         self._column_index = {name: i for i, name in enumerate(columns)}
+        self._list_index = {name: i for i, name in enumerate(lists)}
+        self._scalar = [
+            tuple(t for t in g.tables if t.column in self._column_index) for g in self.groups
+        ]
+        # (group index, table) of each entry reading a list column, in a fixed order
+        self._lists: list[tuple[int, TableSlice]] = [
+            (i, t)
+            for i, g in enumerate(self.groups)
+            for t in g.tables
+            if t.column in self._list_index
+        ]
         self.variables = list(model.trainable_variables)
         self.var_names = [v.path for v in self.variables]
         self._non_trainable = [v.value for v in model.non_trainable_variables]
+        ragged = [tf.TensorSpec([None], tf.int32) for _ in self._lists]
         signature = (
             tf.TensorSpec([None, features.num_dense], tf.float32),
             [tf.TensorSpec([None, g.dim], tf.float32) for g in self.groups],
-            [tf.TensorSpec([None, len(g.tables)], tf.int32) for g in self.groups],
+            [tf.TensorSpec([None, len(s)], tf.int32) for s in self._scalar],
+            ragged,
+            list(ragged),
             [tf.TensorSpec(v.shape, tf.float32) for v in self.variables],
         )
         self._grad_fn = tf.function(
@@ -60,25 +89,29 @@ class PSModel:
 
     # -- graph functions ---------------------------------------------------------------------
     def _inputs(
-        self, dense: tf.Tensor, rows: list[tf.Tensor], inverse: list[tf.Tensor]
-    ) -> dict[str, tf.Tensor]:
-        inputs = {DENSE_INPUT: dense}
-        for group, group_rows, idx in zip(self.groups, rows, inverse, strict=True):
-            per_table = tf.unstack(tf.gather(group_rows, idx), num=len(group.tables), axis=1)
-            inputs.update({t.name: e for t, e in zip(group.tables, per_table, strict=True)})
-        return inputs
-
-    def _call(
         self,
         dense: tf.Tensor,
         rows: list[tf.Tensor],
         inverse: list[tf.Tensor],
-        weights: list[tf.Tensor],
-        training: bool,
-    ) -> tf.Tensor:
-        """The model on the given dense weights (``stateless_call``: passed in, not assigned)."""
+        list_ids: list[tf.Tensor],
+        segments: list[tf.Tensor],
+    ) -> dict[str, tf.Tensor]:
+        inputs = {DENSE_INPUT: dense}
+        for scalar, group_rows, idx in zip(self._scalar, rows, inverse, strict=True):
+            if scalar:
+                per_table = tf.unstack(tf.gather(group_rows, idx), num=len(scalar), axis=1)
+                inputs.update({t.name: e for t, e in zip(scalar, per_table, strict=True)})
+        samples = tf.shape(dense)[0]
+        for (group, table), ids, seg in zip(self._lists, list_ids, segments, strict=True):
+            inputs[table.name] = pool(tf.gather(rows[group], ids), seg, samples, table.pooling)
+        return inputs
+
+    def _call(self, *args: Any, training: bool) -> tf.Tensor:
+        """The model on the given dense weights (``stateless_call``: passed in, not assigned);
+        ``args``: dense, rows, inverse, list ids, segments, weights."""
+        *inputs, weights = args
         logits, _ = self.model.stateless_call(
-            weights, self._non_trainable, self._inputs(dense, rows, inverse), training=training
+            weights, self._non_trainable, self._inputs(*inputs), training=training
         )
         return tf.squeeze(logits, -1)
 
@@ -87,13 +120,15 @@ class PSModel:
         dense: tf.Tensor,
         rows: list[tf.Tensor],
         inverse: list[tf.Tensor],
+        list_ids: list[tf.Tensor],
+        segments: list[tf.Tensor],
         weights: list[tf.Tensor],
         label: tf.Tensor,
     ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
         with tf.GradientTape() as tape:
             tape.watch(rows)
             tape.watch(weights)
-            logits = self._call(dense, rows, inverse, weights, training=True)
+            logits = self._call(dense, rows, inverse, list_ids, segments, weights, training=True)
             loss = tf.reduce_mean(
                 tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             )
@@ -108,20 +143,43 @@ class PSModel:
         dense: tf.Tensor,
         rows: list[tf.Tensor],
         inverse: list[tf.Tensor],
+        list_ids: list[tf.Tensor],
+        segments: list[tf.Tensor],
         weights: list[tf.Tensor],
     ) -> tf.Tensor:
-        return tf.sigmoid(self._call(dense, rows, inverse, weights, training=False))
+        return tf.sigmoid(
+            self._call(dense, rows, inverse, list_ids, segments, weights, training=False)
+        )
 
     # -- host side ---------------------------------------------------------------------------
-    def batch_ids(self, categorical: np.ndarray) -> BatchIds:
-        unique: dict[str, np.ndarray] = {}
-        inverse: dict[str, np.ndarray] = {}
-        for group in self.groups:
-            fused = group.fused_ids(categorical, self._column_index)
-            uniq, inv = np.unique(fused, return_inverse=True)
-            unique[group.name] = uniq
-            inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
-        return BatchIds(unique, inverse)
+    def batch_ids(self, categorical: np.ndarray, lists: Sequence[RaggedIds] = ()) -> BatchIds:
+        """The ids a batch reads: per group, unique fused ids of its scalar and list columns
+        together (one pull, one push per id however many columns read it)."""
+        ids = BatchIds({}, {}, {}, {})
+        for i, group in enumerate(self.groups):
+            fused = group.fused_ids(categorical, self._column_index, self._scalar[i])
+            listed = [t for g, t in self._lists if g == i]
+            if not listed:  # the common case: no list column reads this group
+                uniq, inv = np.unique(fused, return_inverse=True)
+                ids.unique[group.name] = uniq
+                ids.inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
+                continue
+            ragged = [lists[self._list_index[t.column]] for t in listed]
+            parts = [fused.ravel()] + [
+                group.fused_values(t, r.values) for t, r in zip(listed, ragged, strict=True)
+            ]
+            uniq, inv = np.unique(np.concatenate(parts), return_inverse=True)
+            inv = inv.astype(np.int32)
+            ids.unique[group.name] = uniq
+            ids.inverse[group.name] = inv[: fused.size].reshape(fused.shape)
+            at = fused.size
+            for table, r in zip(listed, ragged, strict=True):
+                ids.list_ids[table.name] = inv[at : at + r.values.size]
+                ids.segments[table.name] = np.repeat(
+                    np.arange(len(r), dtype=np.int32), np.diff(r.row_splits)
+                )
+                at += r.values.size
+        return ids
 
     def offer_initial_weights(self) -> None:
         self.ps.init_dense(
@@ -130,12 +188,21 @@ class PSModel:
 
     def ids_element(self, batch: Batch) -> dict[str, np.ndarray]:
         """A batch and its ids: one element of the input pipeline (no PS access)."""
-        ids = self.batch_ids(batch.categorical)
+        ids = self.batch_ids(batch.categorical, batch.lists)
         element = {"dense": batch.dense, "label": batch.label}
         for g in self.groups:
             element[f"unique/{g.name}"] = ids.unique[g.name]
             element[f"inverse/{g.name}"] = ids.inverse[g.name]
+        for _, t in self._lists:
+            element[f"list/{t.name}"] = ids.list_ids[t.name]
+            element[f"segments/{t.name}"] = ids.segments[t.name]
         return element
+
+    def _list_inputs(self, element: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        return (
+            [element[f"list/{t.name}"] for _, t in self._lists],
+            [element[f"segments/{t.name}"] for _, t in self._lists],
+        )
 
     def element_signature(self) -> dict[str, tf.TensorSpec]:
         spec = {
@@ -146,9 +213,12 @@ class PSModel:
             "last": tf.TensorSpec([], tf.bool),
             "ps_set_version": tf.TensorSpec([], tf.int64),
         }
-        for g in self.groups:
+        for g, scalar in zip(self.groups, self._scalar, strict=True):
             spec[f"unique/{g.name}"] = tf.TensorSpec([None], tf.int64)
-            spec[f"inverse/{g.name}"] = tf.TensorSpec([None, len(g.tables)], tf.int32)
+            spec[f"inverse/{g.name}"] = tf.TensorSpec([None, len(scalar)], tf.int32)
+        for _, t in self._lists:
+            spec[f"list/{t.name}"] = tf.TensorSpec([None], tf.int32)
+            spec[f"segments/{t.name}"] = tf.TensorSpec([None], tf.int32)
         return spec
 
     def gradients(
@@ -159,6 +229,7 @@ class PSModel:
             element["dense"],
             [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
+            *self._list_inputs(element),
             [dense[n] for n in self.var_names],
             element["label"],
         )
@@ -172,7 +243,9 @@ class PSModel:
         self._grad_fn(
             np.zeros((1, self.features.num_dense), np.float32),
             [np.zeros((1, g.dim), np.float32) for g in self.groups],
-            [np.zeros((1, len(g.tables)), np.int32) for g in self.groups],
+            [np.zeros((1, len(s)), np.int32) for s in self._scalar],
+            [np.zeros(0, np.int32) for _ in self._lists],
+            [np.zeros(0, np.int32) for _ in self._lists],
             [v.numpy() for v in self.variables],
             np.zeros(1, np.float32),
         )
@@ -185,6 +258,7 @@ class PSModel:
             element["dense"],
             [rows[g.name] for g in self.groups],
             [element[f"inverse/{g.name}"] for g in self.groups],
+            *self._list_inputs(element),
             [dense[n] for n in self.var_names],
         )
         return np.asarray(out)

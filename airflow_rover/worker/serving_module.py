@@ -1,18 +1,20 @@
-"""The ``tf.Module`` a model is exported as: embedding lookups in the graph, then the Keras
+"""The ``tf.Module`` a model is exported as: the raw columns hashed as the readers hash them,
+embedding lookups in the graph (one per group, a list column's rows pooled), then the Keras
 model, then the sigmoid. Only TensorFlow ops, so the SavedModel needs no Python of ours."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_placement import EmbeddingGroup
+from airflow_rover.core.embedding_placement import TableSlice
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.worker.model_folder import GroupRows
 from airflow_rover.worker.models import DENSE_INPUT
+from airflow_rover.worker.pooling import pool, segments_of
 
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
@@ -63,6 +65,24 @@ def to_buckets(hashes: tf.Tensor, buckets: int) -> tf.Tensor:
     return tf.cast(tf.math.floormod(hashes, _u64(buckets)), tf.int64)
 
 
+LENGTHS_SUFFIX = "_lengths"
+"""A list column ``c`` is served as two inputs: ``c``, every sample's values one after the
+other (1-D), and ``c_lengths``, how many values each sample holds (int64, one per sample)."""
+
+
+def column_inputs(features: FeatureConfig) -> dict[str, tf.TensorSpec]:
+    """The signature's inputs for the categorical columns the tables read: per column its raw
+    values (int64 ids or ints, or strings), and a list column's lengths."""
+    spec: dict[str, tf.TensorSpec] = {}
+    for t in features.tables:
+        dtype = tf.string if t.values == "strings" else tf.int64
+        spec.setdefault(t.column, tf.TensorSpec([None], dtype, t.column))
+        if t.multivalued:
+            lengths = t.column + LENGTHS_SUFFIX
+            spec.setdefault(lengths, tf.TensorSpec([None], tf.int64, lengths))
+    return spec
+
+
 class ServingModule(tf.Module):
     """Raw columns in, click probability out; the trained rows and dense weights baked in."""
 
@@ -81,6 +101,7 @@ class ServingModule(tf.Module):
         self._salts = [int(name_salt(g.group.name)) for g in groups]
         self._seed = seed & (2**64 - 1)
         self._scale = np.float32(init_scale)
+        self._entries = {t.name: t for t in features.tables}
         self.slots: list[tf.Variable] = []
         self.rows: list[tf.Variable] = []
         for g in groups:
@@ -90,10 +111,10 @@ class ServingModule(tf.Module):
             rows = np.concatenate([g.rows, np.zeros((1, g.group.dim), np.float32)])
             self.slots.append(tf.Variable(slot, trainable=False, name=f"{g.group.name}_slot"))
             self.rows.append(tf.Variable(rows, trainable=False, name=f"{g.group.name}_rows"))
-        self.columns = sorted({t.column for g in self._groups for t in g.tables})
+        self.inputs = column_inputs(features)
+        self.columns = sorted(self.inputs)
         spec = {DENSE_INPUT: tf.TensorSpec([None, features.num_dense], tf.float32, DENSE_INPUT)}
-        spec |= {c: tf.TensorSpec([None], tf.int64, c) for c in self.columns}
-        self.serve = tf.function(self._serve, input_signature=[spec])
+        self.serve = tf.function(self._serve, input_signature=[spec | self.inputs])
 
     def _initial_rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
         """``core.hashing.initial_rows`` of fused ids of any shape, in the graph: shape + (dim,)."""
@@ -104,35 +125,84 @@ class ServingModule(tf.Module):
         unit = tf.cast(tf.bitwise.right_shift(bits, _u64(40)), tf.float32) * np.float32(2**-24)
         return unit * (2 * self._scale) - self._scale
 
-    def _check_ids(self, group: EmbeddingGroup, ids: tf.Tensor) -> None:
+    @staticmethod
+    def _check_ids(tables: Sequence[TableSlice], ids: tf.Tensor) -> None:
         """Every id inside its table, else an error naming the first column with one outside."""
-        vocab = tf.constant([t.vocab_size for t in group.tables], tf.int64)
+        vocab = tf.constant([t.vocab_size for t in tables], tf.int64)
         bad = tf.reduce_any(tf.logical_or(ids < 0, ids >= vocab), axis=0)
         messages = tf.constant(
             [
                 f"column {t.column!r} (table {t.name!r}) has ids outside [0, {t.vocab_size})"
-                for t in group.tables
+                for t in tables
             ]
         )
         first = tf.argmax(tf.cast(bad, tf.int32))
         tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [tf.gather(messages, first)])
 
-    def _lookup(self, index: int, ids: tf.Tensor) -> tf.Tensor:
-        """(batch, tables, dim) rows of a group's (batch, tables) ids: the trained rows, else
-        the seeded initial ones."""
-        group = self._groups[index]
-        self._check_ids(group, ids)
-        fused = ids + tf.constant([t.offset for t in group.tables], tf.int64)
+    def _rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
+        """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones."""
         slot = tf.gather(self.slots[index], fused)
         spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
         trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
         return tf.where((slot < 0)[..., None], self._initial_rows(index, fused), trained)
 
+    def _lookup(
+        self, index: int, ids: tf.Tensor, tables: Sequence[TableSlice] | None = None
+    ) -> tf.Tensor:
+        """(batch, tables) rows of a group's (batch, tables) ids (``tables``: default all
+        the group's)."""
+        tables = self._groups[index].tables if tables is None else tables
+        self._check_ids(tables, ids)
+        return self._rows(index, self._fuse(tables, ids))
+
+    @staticmethod
+    def _fuse(tables: Sequence[TableSlice], ids: tf.Tensor) -> tf.Tensor:
+        return ids + tf.constant([t.offset for t in tables], tf.int64)
+
+    def _ids(self, table: TableSlice, raw: tf.Tensor) -> tf.Tensor:
+        """A column's raw values as the readers make them ids of ``table``: hashed into its
+        buckets (``data.arrow_columns``), or used as they are."""
+        values = self._entries[table.name].values
+        if values == "strings":
+            return to_buckets(hash_strings(raw), table.vocab_size)
+        if values == "ints":
+            return to_buckets(hash_ints(raw), table.vocab_size)
+        return raw
+
+    def _group_inputs(
+        self, index: int, columns: dict[str, tf.Tensor], samples: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
+        """The model inputs a group's entries make: its rows looked up once for all of them
+        (scalar columns and lists), a list's rows pooled per sample."""
+        group = self._groups[index]
+        scalar = [t for t in group.tables if not self._entries[t.name].multivalued]
+        listed = [t for t in group.tables if self._entries[t.name].multivalued]
+        parts = []
+        if scalar:
+            ids = tf.stack([self._ids(t, columns[t.column]) for t in scalar], axis=1)
+            self._check_ids(scalar, ids)
+            parts.append(tf.reshape(self._fuse(scalar, ids), [-1]))
+        for t in listed:
+            ids = self._ids(t, columns[t.column])
+            self._check_ids([t], ids[:, None])
+            parts.append(ids + t.offset)
+        rows = self._rows(index, tf.concat(parts, 0))
+        out: dict[str, tf.Tensor] = {}
+        at = tf.size(parts[0]) if scalar else 0
+        if scalar:
+            per_table = tf.reshape(rows[:at], [samples, len(scalar), group.dim])
+            out |= dict(zip([t.name for t in scalar], tf.unstack(per_table, axis=1), strict=True))
+        for t, part in zip(listed, parts[len(parts) - len(listed) :], strict=True):
+            size = tf.size(part)
+            segments = segments_of(columns[t.column + LENGTHS_SUFFIX])
+            out[t.name] = pool(rows[at : at + size], segments, samples, t.pooling)
+            at += size
+        return out
+
     def _serve(self, columns: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         inputs = {DENSE_INPUT: columns[DENSE_INPUT]}
-        for index, group in enumerate(self._groups):
-            ids = tf.stack([columns[t.column] for t in group.tables], axis=1)
-            rows = tf.unstack(self._lookup(index, ids), num=len(group.tables), axis=1)
-            inputs.update({t.name: r for t, r in zip(group.tables, rows, strict=True)})
+        samples = tf.shape(columns[DENSE_INPUT])[0]
+        for index in range(len(self._groups)):
+            inputs |= self._group_inputs(index, columns, samples)
         logit = tf.squeeze(self.model(inputs, training=False), -1)
         return {"probability": tf.sigmoid(logit), "logit": logit}

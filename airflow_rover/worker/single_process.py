@@ -8,6 +8,7 @@ initialised like the PS rows), same model factory, same optimizer settings, same
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import keras
@@ -20,16 +21,21 @@ from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TrainingConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
 from airflow_rover.data.features import resolve_features
-from airflow_rover.data.reader import open_split
+from airflow_rover.data.reader import Batch, open_split
 from airflow_rover.worker.models import DENSE_INPUT, ModelFactory, load_factory
 
 EVAL_BATCH = 8192
 
 
 def in_graph_model(
-    features: FeatureConfig, columns: list[str], factory: ModelFactory, seed: int
+    features: FeatureConfig,
+    columns: list[str],
+    factory: ModelFactory,
+    seed: int,
+    lists: Sequence[str] = (),
 ) -> keras.Model:
-    """``factory(features)`` fed by one in-graph ``Embedding`` per table.
+    """``factory(features)`` fed by one in-graph ``Embedding`` per table (entries sharing a
+    table share it); a list column comes padded with -1 (``padded_lists``) and is pooled.
 
     The tower is built first (so the same seed gives the same dense weights as on a worker)
     and every row starts at the value the PS would give it (``core.hashing.initial_rows``).
@@ -37,19 +43,50 @@ def in_graph_model(
     tower = factory(features)
     dense_in = keras.Input((features.num_dense,), name="x_dense")
     ids_in = keras.Input((len(columns),), dtype="int64", name="x_ids")
+    list_in = {name: keras.Input((None,), dtype="int64", name=f"x_list_{name}") for name in lists}
     index = {name: i for i, name in enumerate(columns)}
     looked_up: dict[str, Any] = {DENSE_INPUT: dense_in}
     for group in EmbeddingPlacement.from_features(features).groups:
+        embeddings: dict[str, keras.layers.Embedding] = {}
         for table in group.tables:
-            fused = np.arange(table.vocab_size, dtype=np.int64) + table.offset
-            init = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
-            looked_up[table.name] = keras.layers.Embedding(
-                table.vocab_size,
-                group.dim,
-                embeddings_initializer=keras.initializers.Constant(init),
-                name=f"emb_{table.name}",
-            )(ids_in[:, index[table.column]])
-    return keras.Model({"x_dense": dense_in, "x_ids": ids_in}, tower(looked_up))
+            if table.table not in embeddings:
+                fused = np.arange(table.vocab_size, dtype=np.int64) + table.offset
+                init = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
+                embeddings[table.table] = keras.layers.Embedding(
+                    table.vocab_size,
+                    group.dim,
+                    embeddings_initializer=keras.initializers.Constant(init),
+                    name=f"emb_{table.table}",
+                )
+            embedding = embeddings[table.table]
+            if table.column in list_in:
+                looked_up[table.name] = _pooled(embedding, list_in[table.column], table.pooling)
+            else:
+                looked_up[table.name] = embedding(ids_in[:, index[table.column]])
+    inputs = {"x_dense": dense_in, "x_ids": ids_in} | {f"x_list_{n}": t for n, t in list_in.items()}
+    return keras.Model(inputs, tower(looked_up))
+
+
+def _pooled(embedding: keras.layers.Embedding, ids: Any, pooling: str) -> Any:
+    """Per sample the sum or mean of the rows of its ids (padding: -1), zeros for none."""
+    valid = keras.ops.cast(ids >= 0, "float32")
+    rows = embedding(keras.ops.maximum(ids, 0)) * valid[..., None]
+    summed = keras.ops.sum(rows, axis=1)
+    if pooling != "mean":
+        return summed
+    return summed / keras.ops.maximum(keras.ops.sum(valid, axis=1), 1.0)[:, None]
+
+
+def padded_lists(batch: Batch, names: Sequence[str]) -> dict[str, np.ndarray]:
+    """A batch's list columns as ``x_list_<name>`` (samples, longest list) int64, padded -1."""
+    out = {}
+    for name, ragged in zip(names, batch.lists, strict=True):
+        lengths = np.diff(ragged.row_splits)
+        padded = np.full((lengths.size, max(int(lengths.max(initial=0)), 1)), -1, np.int64)
+        rows = np.repeat(np.arange(lengths.size), lengths)
+        padded[rows, np.arange(ragged.values.size) - ragged.row_splits[rows]] = ragged.values
+        out[f"x_list_{name}"] = padded
+    return out
 
 
 def keras_optimizer(training: TrainingConfig) -> keras.optimizers.Optimizer:
@@ -75,14 +112,18 @@ def train_single_process(spec: JobSpec) -> dict[str, float]:
     train = train_reader.read(0, train_reader.num_samples)
     held_out = eval_reader.read(0, eval_reader.num_samples)
     columns = [c.name for c in train_reader.schema.categorical]
-    model = in_graph_model(features, columns, load_factory(spec.model), spec.training.seed)
+    lists = [c.name for c in train_reader.schema.lists]
+    model = in_graph_model(features, columns, load_factory(spec.model), spec.training.seed, lists)
     model.compile(
         optimizer=keras_optimizer(spec.training),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
     )
     data = (
         tf.data.Dataset.from_tensor_slices(
-            ({"x_dense": train.dense, "x_ids": train.categorical}, train.label)
+            (
+                {"x_dense": train.dense, "x_ids": train.categorical} | padded_lists(train, lists),
+                train.label,
+            )
         )
         .batch(spec.training.batch_size)
         .repeat(spec.training.epochs)
@@ -92,7 +133,9 @@ def train_single_process(spec: JobSpec) -> dict[str, float]:
     model.fit(data, epochs=1, verbose=0)
     seconds = time.perf_counter() - started
     logits = model.predict(
-        {"x_dense": held_out.dense, "x_ids": held_out.categorical}, batch_size=EVAL_BATCH, verbose=0
+        {"x_dense": held_out.dense, "x_ids": held_out.categorical} | padded_lists(held_out, lists),
+        batch_size=EVAL_BATCH,
+        verbose=0,
     )
     p = np.clip(1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64).ravel())), 1e-7, 1 - 1e-7)
     y = held_out.label

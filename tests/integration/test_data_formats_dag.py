@@ -1,13 +1,14 @@
 """The users' own data through real Airflow: the same rows as npy-columns on disk and as
 Parquet files with string ids on S3 (moto's server on loopback, reached through an Airflow
 connection), and as TFRecord files of the same on S3, train to success with held-out AUCs
-within 0.002; a schema naming a column the
-files lack fails the task at once, naming the column."""
+within 0.002; small Parquet and TFRecord datasets with a list column and a shared table train to
+success; a schema naming a column the files lack fails the task at once, naming the column."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ def outcome(
             (held_out, "clicks/eval/"),
             (records, f"clicks/tfrecord/train/dt={DAY}/"),
             (held_out_records, "clicks/tfrecord/eval/"),
+            *_list_files(root),
         )
         for folder, prefix in uploads:
             for path in sorted(folder.iterdir()):
@@ -71,10 +73,27 @@ def outcome(
             "jobs_root": str(root / "jobs"),
             "aws_conn_id": CONN_ID,
         }
+        started = time.monotonic()
         result: dict[str, Any] = run_dag(DAG_ID, DAY, conf, timeout=900)
     aucs = {t: (result["xcom"].get(f"{t}:return_value") or {}).get("auc") for t in result["tasks"]}
     print(f"\ndata formats DAG: tasks {result['tasks']}; held-out AUC {aucs}")
+    took = {t: round(float(v[2] or 0), 1) for t, v in result.get("times", {}).items()}
+    print(f"DAG run {time.monotonic() - started:.1f} s; per task (s): {took}")
     return result
+
+
+def _list_files(root: Path) -> tuple[tuple[Path, str], ...]:
+    """Small Parquet and TFRecord splits with string ids and the list column ``bag``, and
+    where they go on S3."""
+    small = generate_dataset(root / "small", SyntheticConfig(num_train=4_000, num_eval=1_000))
+    out = []
+    for split, source in (("train", small.train_dir), ("eval", small.eval_dir)):
+        for fmt, write in (("parquet", write_parquet), ("tfrecord", write_tfrecord)):
+            folder = write(
+                source, root / "lists" / fmt / split, num_files=2, string_ids=True, list_column=True
+            )
+            out.append((folder, f"clicks/lists/{fmt}/{split}/"))
+    return tuple(out)
 
 
 def _result(outcome: dict[str, Any], task: str) -> dict[str, Any]:
@@ -96,6 +115,20 @@ def test_tfrecord_on_s3_with_string_ids_trains_as_parquet_does(outcome: dict[str
     records, parquet = _result(outcome, "tfrecord_on_s3"), _result(outcome, "parquet_on_s3")
     batches = records["accounting"]["batches"]
     assert batches["trained_once"] == batches["expected"]
+    assert abs(records["auc"] - parquet["auc"]) <= AUC_TOLERANCE, (records["auc"], parquet["auc"])
+
+
+def test_parquet_and_tfrecord_with_a_list_column_and_a_shared_table_train(
+    outcome: dict[str, Any],
+) -> None:
+    """String ids, the list column ``bag`` pooled by its mean and sharing C1's table: both
+    formats train every batch once, to the same model (the same rows, one worker)."""
+    parquet = _result(outcome, "parquet_lists_on_s3")
+    records = _result(outcome, "tfrecord_lists_on_s3")
+    for result in (parquet, records):
+        batches = result["accounting"]["batches"]
+        assert batches["trained_once"] == batches["expected"]
+        assert result["auc"] > 0.65
     assert abs(records["auc"] - parquet["auc"]) <= AUC_TOLERANCE, (records["auc"], parquet["auc"])
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import keras
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_rover.cli import run_job
@@ -19,8 +20,10 @@ from airflow_rover.core.checkpoint_files import read_npz
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.spec import FeatureConfig, JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.batch import Batch
+from airflow_rover.data.reader import open_dataset, open_split
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.data.synthetic_files import parquet_schema, write_parquet
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.worker.export import DENSE_COLUMN, export_saved_model
@@ -52,7 +55,7 @@ np.save(sys.argv[3], np.stack([direct, signature]))
 """
 
 
-def _ps_model_predictions(folder: Path, spec: JobSpec, batch) -> np.ndarray:
+def _ps_model_predictions(folder: Path, spec: JobSpec, batch: Batch) -> np.ndarray:
     """The PS model's scores: the saved partitions served by real PS, read by ``PSModel``."""
     card = json.loads((folder / "model.json").read_text())
     features = FeatureConfig.model_validate(card["features"])
@@ -68,8 +71,10 @@ def _ps_model_predictions(folder: Path, spec: JobSpec, batch) -> np.ndarray:
     client = PSClient(addresses, TOKEN, timeout_s=10)
     try:
         keras.utils.set_random_seed(spec.training.seed)
-        columns = [c.name for c in open_dataset(spec.train_data).schema.categorical]
-        model = PSModel(load_factory(spec.model)(features), features, columns, client)
+        schema = open_split(spec, spec.train_data).schema
+        columns = [c.name for c in schema.categorical]
+        lists = [c.name for c in schema.lists]
+        model = PSModel(load_factory(spec.model)(features), features, columns, client, lists)
         return model.predict(batch)
     finally:
         client.close()
@@ -103,6 +108,18 @@ def test_the_saved_model_scores_as_the_ps_model_without_airflow_rover(tmp_path: 
     expected = _ps_model_predictions(folder, spec, batch)
     names = [c.name for c in eval_set.schema.categorical]
     inputs = {DENSE_COLUMN: batch.dense} | {n: batch.categorical[:, j] for j, n in enumerate(names)}
+    direct, signature = _score_without_airflow_rover(folder, inputs, tmp_path)
+    assert direct.shape == expected.shape == (2_000,)
+    np.testing.assert_allclose(direct, expected, atol=1e-5, rtol=0)
+    np.testing.assert_array_equal(direct, signature)
+    print(f"max |saved model - PS model| = {np.abs(direct - expected).max():.2e}")
+
+
+def _score_without_airflow_rover(
+    folder: Path, inputs: dict[str, np.ndarray], tmp_path: Path
+) -> tuple[np.ndarray, np.ndarray]:
+    """The SavedModel's scores of ``inputs`` through ``serve`` and through its signature, in a
+    ``python -I`` process that cannot import airflow_rover."""
     np.savez(tmp_path / "inputs.npz", **inputs)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     subprocess.run(
@@ -121,7 +138,53 @@ def test_the_saved_model_scores_as_the_ps_model_without_airflow_rover(tmp_path: 
         timeout=300,
     )
     direct, signature = np.load(tmp_path / "scores.npy")
-    assert direct.shape == expected.shape == (2_000,)
+    return direct, signature
+
+
+def test_string_ids_a_list_column_and_a_shared_table_are_served_as_trained(tmp_path: Path) -> None:
+    """Parquet with string ids, a list column (mean) sharing C1's table: the SavedModel takes
+    the raw strings and the list's values and lengths, hashes and pools them in the graph,
+    and scores as the trained model does."""
+    data = generate_dataset(tmp_path / "data", SyntheticConfig(num_train=6_000, num_eval=1_000))
+    files = {
+        split: write_parquet(
+            source,
+            tmp_path / split,
+            num_files=2,
+            string_ids=True,
+            list_column=True,
+            rows_per_group=1024,
+        )
+        for split, source in (("train", data.train_dir), ("eval", data.eval_dir))
+    }
+    schema = parquet_schema(data.train_dir, string_ids=True, list_column=True)
+    spec = JobSpec.model_validate(
+        {
+            "job_id": "export-lists",
+            "train_data": str(files["train"]),
+            "eval_data": str(files["eval"]),
+            "data_schema": schema.model_dump(),
+            "plan": {"num_ps": 2, "num_workers": 1},
+            "training": {"shard_size": 1024, "seed": 5},
+        }
+    )
+    status = run_job(spec, tmp_path / "job", poll_s=0.5, quiet=True)
+    assert status["state"] == "succeeded", status.get("message")
+    folder = (tmp_path / "job" / "model").resolve()
+    info = export_saved_model(folder)
+    assert info["inputs"]["C1"] == ["string", [None]]
+    assert info["inputs"]["bag_lengths"] == ["int64", [None]]
+
+    expected = _ps_model_predictions(folder, spec, open_split(spec, spec.eval_data).read(0, 1_000))
+    table = pq.read_table(sorted(files["eval"].iterdir())[0]).slice(0, 1_000)
+    dense = np.stack([table.column(f"I{i + 1}").to_numpy() for i in range(13)], axis=1)
+    inputs = {DENSE_COLUMN: dense.astype(np.float32)}
+    inputs |= {f"C{j + 1}": np.array(table.column(f"C{j + 1}").to_pylist(), "S") for j in range(26)}
+    bags = table.column("bag").to_pylist()
+    inputs["bag"] = np.array([v for bag in bags for v in bag], "S")
+    inputs["bag_lengths"] = np.array([len(bag) for bag in bags], np.int64)
+    direct, signature = _score_without_airflow_rover(folder, inputs, tmp_path)
+    assert direct.shape == expected.shape == (1_000,)
     np.testing.assert_allclose(direct, expected, atol=1e-5, rtol=0)
     np.testing.assert_array_equal(direct, signature)
-    print(f"max |saved model - PS model| = {np.abs(direct - expected).max():.2e}")
+    print(f"lists: max |saved model - PS model| = {np.abs(direct - expected).max():.2e}")

@@ -63,3 +63,17 @@ def test_headers_must_agree_and_a_schema_is_required(tmp_path: Path) -> None:
         open_dataset(tmp_path / "a.csv")
     (tmp_path / "b.csv").write_text("label,user\n0,4")
     assert open_dataset(tmp_path, schema=schema).read(0, 2).categorical.shape == (2, 1)
+
+
+def test_a_multivalued_column_reads_back_as_the_parquet_lists(split: Path, tmp_path: Path) -> None:
+    """``bag``'s cells (``C1:5|C2:7``, empty for none) split at ``|`` as Parquet's list."""
+    lines = write_csv(split, tmp_path / "csv", num_files=2, string_ids=True, list_column=True)
+    files = write_parquet(split, tmp_path / "pq", num_files=2, string_ids=True, list_column=True)
+    schema = parquet_schema(split, string_ids=True, list_column=True)
+    reader, expected = open_dataset(lines, schema=schema), open_dataset(files, schema=schema)
+    assert reader.schema == expected.schema
+    for start, stop in ((0, reader.num_samples), (0, 0), (3, 9)):
+        got, want = reader.read(start, stop), expected.read(start, stop)
+        np.testing.assert_array_equal(got.lists[0].values, want.lists[0].values)
+        np.testing.assert_array_equal(got.lists[0].row_splits, want.lists[0].row_splits)
+        np.testing.assert_array_equal(got.categorical, want.categorical)

@@ -38,21 +38,43 @@ def test_tables_are_grouped_by_dim_in_config_order_with_stacked_offsets() -> Non
     """Each dim gets one group ``dim<d>``; its tables keep config order, offsets stack vocabs."""
     assert {g.name: g.dim for g in LAYOUT.groups} == {"dim1": 1, "dim8": 8, "dim16": 16}
     assert LAYOUT.group("dim16").tables == (
-        TableSlice("a", "C1", 0, 100),
-        TableSlice("c", "C3", 100, 30),
-        TableSlice("d", "C4", 130, 7),
+        TableSlice("a", "C1", 0, 100, "a"),
+        TableSlice("c", "C3", 100, 30, "c"),
+        TableSlice("d", "C4", 130, 7, "d"),
     )
     assert LAYOUT.group("dim8").tables == (
-        TableSlice("b", "C2", 0, 50),
-        TableSlice("b_again", "C2", 50, 50),
+        TableSlice("b", "C2", 0, 50, "b"),
+        TableSlice("b_again", "C2", 50, 50, "b_again"),
     )
     assert LAYOUT.group("dim1").tables == (
-        TableSlice("C1_wide", "C1", 0, 100),
-        TableSlice("C2_wide", "C2", 100, 50),
+        TableSlice("C1_wide", "C1", 0, 100, "C1_wide"),
+        TableSlice("C2_wide", "C2", 100, 50, "C2_wide"),
     )
     # Every table lands in exactly one group.
     names = [t.name for g in LAYOUT.groups for t in g.tables]
     assert sorted(names) == sorted(t.name for t in FEATURES.tables)
+
+
+def test_entries_sharing_a_table_read_its_offset_and_later_tables_stack_after_it() -> None:
+    """Two columns reading table ``geo`` take one offset; the table after it is not moved by
+    the second reader; ``split`` names the first entry of the shared table."""
+    features = FeatureConfig(
+        num_dense=0,
+        tables=(
+            TableConfig(name="city", column="C1", vocab_size=100, dim=4, table="geo"),
+            TableConfig(name="ad", column="C2", vocab_size=50, dim=4),
+            TableConfig(name="home", column="C3", vocab_size=100, dim=4, table="geo"),
+        ),
+    )
+    group = EmbeddingPlacement.from_features(features).group("dim4")
+    assert [(t.name, t.offset, t.table) for t in group.tables] == [
+        ("city", 0, "geo"),
+        ("ad", 100, "ad"),
+        ("home", 0, "geo"),
+    ]
+    assert group.vocab_size == 150
+    index, ids = group.split(np.array([5, 120, 99]))
+    assert index.tolist() == [0, 1, 0] and ids.tolist() == [5, 20, 99]
 
 
 def test_group_order_is_deterministic_and_sorted_by_dim() -> None:
@@ -75,7 +97,7 @@ def test_single_table_group() -> None:
         )
     )
     (group,) = layout.groups
-    assert group == EmbeddingGroup("dim4", 4, (TableSlice("x", "C1", 0, 9),))
+    assert group == EmbeddingGroup("dim4", 4, (TableSlice("x", "C1", 0, 9, "x"),))
     assert group.vocab_size == 9
     cat = np.array([[3], [8], [0]], np.int64)
     np.testing.assert_array_equal(group.fused_ids(cat, {"C1": 0}), cat)
@@ -164,3 +186,24 @@ def test_out_of_range_id_does_not_alias_another_table() -> None:
     cat[0, COLUMN_INDEX["C3"]] = 30
     with pytest.raises(ValueError, match=r"table 'c': column 'C3' has ids outside \[0, 30\)"):
         group.fused_ids(cat, COLUMN_INDEX)
+
+
+def test_a_model_whose_tables_were_not_shared_is_not_a_layout_for_one_that_shares() -> None:
+    """``init_from``'s layout check: a column moved into a shared table reads other rows."""
+    from airflow_rover.core.model_layout import layout_differences, layout_of
+
+    def features(shared: bool) -> FeatureConfig:
+        table = "geo" if shared else None
+        return FeatureConfig(
+            num_dense=0,
+            tables=(
+                TableConfig(name="city", column="C1", vocab_size=100, dim=4, table=table),
+                TableConfig(name="home", column="C2", vocab_size=100, dim=4, table=table),
+            ),
+        )
+
+    source, job = layout_of("m", features(False)), layout_of("m", features(True))
+    assert layout_differences(source, job) == [
+        "table 'home': rows at dim4+100 in the source, dim4+0 here"
+    ]
+    assert layout_differences(job, layout_of("m", features(True))) == []

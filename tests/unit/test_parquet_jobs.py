@@ -102,12 +102,55 @@ def test_the_fingerprint_follows_the_files_and_the_schema(data: dict[str, Path])
     assert training_fingerprint(spec) != first
 
 
-def test_list_columns_are_refused_until_the_lookup_combines_them(tmp_path: Path) -> None:
-    table = pa.table({"label": [1.0, 0.0], "ad": [1, 2], "tags": [["a"], ["b", "c"]]})
-    pq.write_table(table, tmp_path / "part-0.parquet")
-    schema = {"categorical": [{"name": "ad"}, {"name": "tags"}], "default_buckets": 64}
+def _list_data(path: Path, tags: list[list[object]]) -> None:
+    n = len(tags)
+    table = pa.table(
+        {
+            "label": [float(i % 2) for i in range(n)],
+            "city": [f"c{i % 3}" for i in range(n)],
+            "home": [f"c{i % 5}" for i in range(n)],
+            "tags": tags,
+        }
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path / "part-0.parquet")
+
+
+def test_a_list_column_and_a_shared_table_make_their_features(tmp_path: Path) -> None:
+    """``tags`` (a list, mean) gets an entry pooled by its combiner; ``city`` and ``home`` read
+    one table ``geo`` (their wide entries one ``geo_wide``); the model is called on the rows."""
+    _list_data(tmp_path, [["a"], ["b", "c"], [], ["a", "a", "d"]])
+    schema = {
+        "categorical": [
+            {"name": "city", "table": "geo"},
+            {"name": "home", "table": "geo"},
+            {"name": "tags", "combiner": "mean"},
+        ],
+        "default_buckets": 64,
+    }
     spec = JobSpec.model_validate(
         {"job_id": "lists", "train_data": str(tmp_path), "data_schema": schema}
     )
-    with pytest.raises(PreflightError, match=r"\['tags'\] are list columns"):
+    features = preflight(spec)
+    entries = {t.name: (t.rows_of, t.pooling, t.multivalued, t.values) for t in features.tables}
+    assert entries == {
+        "city": ("geo", "sum", False, "strings"),
+        "home": ("geo", "sum", False, "strings"),
+        "tags": ("tags", "mean", True, "strings"),
+        "city_wide": ("geo_wide", "sum", False, "strings"),
+        "home_wide": ("geo_wide", "sum", False, "strings"),
+        "tags_wide": ("tags_wide", "mean", True, "strings"),
+    }
+
+
+def test_a_list_ids_outside_its_table_is_named_at_preflight(tmp_path: Path) -> None:
+    _list_data(tmp_path, [[1], [2, 70], [], [3]])
+    schema = {
+        "categorical": [{"name": "city"}, {"name": "tags", "hashed": False, "buckets": 64}],
+        "default_buckets": 64,
+    }
+    spec = JobSpec.model_validate(
+        {"job_id": "lists", "train_data": str(tmp_path), "data_schema": schema}
+    )
+    with pytest.raises(PreflightError, match=r"column 'tags' holds id 70 at row 1; table 'tags'"):
         preflight(spec)

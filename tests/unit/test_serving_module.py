@@ -102,3 +102,94 @@ def test_string_and_int_ids_hash_into_buckets_in_the_graph() -> None:
     )
     buckets = serving_module.to_buckets(tf.constant(expected), 1000).numpy()
     np.testing.assert_array_equal(buckets, (expected % np.uint64(1000)).astype(np.int64))
+
+
+LIST_FEATURES = FeatureConfig(
+    num_dense=2,
+    tables=(
+        TableConfig(
+            name="city", column="city", vocab_size=64, dim=4, table="geo", values="strings"
+        ),
+        TableConfig(name="n", column="n", vocab_size=32, dim=4, values="ints"),
+        TableConfig(
+            name="visited",
+            column="visited",
+            vocab_size=64,
+            dim=4,
+            table="geo",
+            pooling="mean",
+            values="strings",
+            multivalued=True,
+        ),
+        TableConfig(name="ids", column="ids", vocab_size=9, dim=4, multivalued=True),
+    ),
+)
+
+
+def _summing(features: FeatureConfig) -> keras.Model:
+    """A tower whose logit is the sum of every input: it shows what the lookup fed it."""
+    from airflow_rover.worker.models import _inputs
+
+    inputs = _inputs(features)
+    both = keras.layers.Concatenate()(list(inputs.values()))
+    return keras.Model(inputs, keras.layers.Lambda(lambda x: keras.ops.sum(x, 1, True))(both))
+
+
+def test_the_inputs_are_raw_columns_and_a_lists_values_and_lengths() -> None:
+    spec = serving_module.column_inputs(LIST_FEATURES)
+    assert {k: v.dtype.name for k, v in spec.items()} == {
+        "city": "string",
+        "n": "int64",
+        "visited": "string",
+        "visited_lengths": "int64",
+        "ids": "int64",
+        "ids_lengths": "int64",
+    }
+
+
+def test_raw_values_are_hashed_shared_and_pooled_as_the_workers_inputs() -> None:
+    """Strings and ints hashed in the graph as the readers hash them, the list pooled (mean,
+    an empty list zeros), city and visited reading table geo: the same model inputs as a
+    worker's (preflight's ``model_inputs`` of the hashed batch, untrained rows)."""
+    from airflow_rover.core.hashing import hash_ints, hash_strings, to_buckets
+    from airflow_rover.data.batch import Batch, RaggedIds
+    from airflow_rover.worker.preflight import model_inputs
+
+    city, n = ["a", "b", "zz"], np.array([5, -3, 2**40], np.int64)
+    visited = [["a", "q"], [], ["b", "b", "c"]]
+    flat = [v for x in visited for v in x]
+    groups = [
+        GroupRows(g, np.zeros(0, np.int64), np.zeros((0, g.dim), np.float32))
+        for g in EmbeddingPlacement.from_features(LIST_FEATURES).groups
+    ]
+    module = serving_module.ServingModule(
+        _summing(LIST_FEATURES), LIST_FEATURES, groups, 7, INIT_SCALE, name_salt
+    )
+    dense = np.ones((3, 2), np.float32)
+    got = module.serve(
+        {
+            "dense_features": dense,
+            "city": tf.constant(city),
+            "n": n,
+            "visited": tf.constant(flat, tf.string),
+            "visited_lengths": np.array([2, 0, 3], np.int64),
+            "ids": np.array([1, 2, 8], np.int64),
+            "ids_lengths": np.array([1, 2, 0], np.int64),
+        }
+    )["logit"].numpy()
+
+    def ragged(values: np.ndarray, lengths: list[int]) -> RaggedIds:
+        return RaggedIds(values.astype(np.int64), np.cumsum([0, *lengths]).astype(np.int64))
+
+    batch = Batch(
+        dense,
+        np.stack([to_buckets(hash_strings(city), 64), to_buckets(hash_ints(n), 32)], axis=1),
+        np.zeros(3, np.float32),
+        (
+            ragged(to_buckets(hash_strings(flat), 64), [2, 0, 3]),
+            ragged(np.array([1, 2, 8]), [1, 2, 0]),
+        ),
+    )
+    expected = model_inputs(LIST_FEATURES, ["city", "n"], batch, 7, ["visited", "ids"])
+    want = sum(np.asarray(v, np.float64).sum(axis=1) for v in expected.values())
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

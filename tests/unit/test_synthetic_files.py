@@ -54,3 +54,18 @@ def test_strings_cannot_be_used_unhashed(split: Path, tmp_path: Path) -> None:
     schema = DataSchema(categorical=(CategoricalColumnConfig(name="C3", hashed=False),))
     with pytest.raises(DataSchemaError, match=r"column 'C3' holds string with hashed=false"):
         open_dataset(out, schema=schema)
+
+
+def test_the_list_column_is_derived_from_the_rows_own_ids(split: Path, tmp_path: Path) -> None:
+    """``bag``: the first C4 mod 4 of C1..C3's strings, so the labels stay as generated; with
+    the schema's shared table its first value reads C1's row."""
+    out = write_parquet(split, tmp_path / "pq", num_files=1, string_ids=True, list_column=True)
+    npy = open_dataset(split).read(0, 200)
+    schema = parquet_schema(split, string_ids=True, list_column=True)
+    batch = open_dataset(out, schema=schema).read(0, 200)
+    bag = batch.lists[0]
+    np.testing.assert_array_equal(np.diff(bag.row_splits), npy.categorical[:, 3] % 4)
+    np.testing.assert_array_equal(batch.label, npy.label)
+    first = bag.row_splits[:-1][np.diff(bag.row_splits) > 0]
+    holders = np.nonzero(np.diff(bag.row_splits) > 0)[0]
+    np.testing.assert_array_equal(bag.values[first], batch.categorical[holders, 0])

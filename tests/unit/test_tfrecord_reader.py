@@ -75,3 +75,55 @@ def test_a_schema_is_required_and_checked(split: Path, tmp_path: Path) -> None:
     schema = DataSchema(categorical=(CategoricalColumnConfig(name="user"),))
     with pytest.raises(DataSchemaError, match=r"categorical column 'user' is missing; the col"):
         open_dataset(records, schema=schema)
+
+
+def test_a_list_feature_reads_back_as_the_parquet_lists(split: Path, tmp_path: Path) -> None:
+    """``bag`` holds zero to three strings per record: a list the schema says is multivalued
+    (its first record may hold one value), read as Parquet's list column is."""
+    records = write_tfrecord(
+        split, tmp_path / "tfr", num_files=2, string_ids=True, list_column=True
+    )
+    files = write_parquet(split, tmp_path / "pq", num_files=2, string_ids=True, list_column=True)
+    schema = parquet_schema(split, string_ids=True, list_column=True)
+    reader, expected = open_dataset(records, schema=schema), open_dataset(files, schema=schema)
+    assert reader.schema == expected.schema
+    assert [c.name for c in reader.schema.lists] == ["bag"]
+    for start, stop in ((0, 1200), (0, 0), (599, 601), (7, 8)):
+        got, want = reader.read(start, stop).lists[0], expected.read(start, stop).lists[0]
+        np.testing.assert_array_equal(got.values, want.values)
+        np.testing.assert_array_equal(got.row_splits, want.row_splits)
+
+
+def test_a_feature_said_multivalued_that_is_a_scalar_in_parquet_is_named(
+    split: Path, tmp_path: Path
+) -> None:
+    files = write_parquet(split, tmp_path / "pq", num_files=1)
+    said = CategoricalColumnConfig(name="C1", multivalued=True)
+    schema = DataSchema(categorical=(said,))
+    with pytest.raises(
+        DataSchemaError, match=r"'C1' holds int, with multivalued=true; accepted: l"
+    ):
+        open_dataset(files, schema=schema)
+
+
+def test_serving_columns_are_the_raw_values_in_every_format(split: Path, tmp_path: Path) -> None:
+    """What a served model takes: the strings as written (not hashed), a list's values one
+    after the other and its lengths; the same from Parquet, TFRecord and CSV."""
+    from airflow_rover.data.synthetic_files import write_csv
+
+    schema = parquet_schema(split, string_ids=True, list_column=True)
+    kw = {"num_files": 2, "string_ids": True, "list_column": True}
+    readers = [
+        open_dataset(write(split, tmp_path / name, **kw), schema=schema)
+        for name, write in (("pq", write_parquet), ("tfr", write_tfrecord), ("csv", write_csv))
+    ]
+    npy = open_dataset(split).read(598, 603)
+    want = readers[0].serving_columns(598, 603)
+    assert want["C2"].tolist() == [f"C2:{i}".encode() for i in npy.categorical[:, 1]]
+    np.testing.assert_array_equal(want["bag_lengths"], npy.categorical[:, 3] % 4)
+    assert want["bag"].size == want["bag_lengths"].sum()
+    for reader in readers[1:]:
+        got = reader.serving_columns(598, 603)
+        assert got.keys() == want.keys()
+        for name, values in want.items():
+            assert got[name].tolist() == values.tolist(), name
