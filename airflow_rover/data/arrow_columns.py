@@ -47,12 +47,13 @@ class ColumnLayout:
     dense: tuple[DenseColumn, ...]
     categorical: tuple[CategoricalField, ...]
     lists: tuple[CategoricalField, ...] = ()
+    weight: str | None = None  # the per-sample loss weight column
 
     @property
     def columns(self) -> list[str]:
         """The file columns to decode, in a stable order."""
         names = [self.label, *(c.name for c in self.dense), *(c.name for c in self.categorical)]
-        return names + [c.name for c in self.lists]
+        return names + [c.name for c in self.lists] + ([self.weight] if self.weight else [])
 
     @property
     def schema(self) -> Schema:
@@ -116,12 +117,13 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
         "label",
         where,
     )
-    unsupported = [schema.weight] if schema.weight else []
-    unsupported += [c.table for c in schema.categorical if c.table]
+    if schema.weight:
+        kind = _field_type(arrow_schema, schema.weight, "weight", where)
+        _expect(kind, ("int", "float"), schema.weight, "weight", where)
+    unsupported = [c.table for c in schema.categorical if c.table]
     if unsupported:
         raise DataSchemaError(
-            f"{where}: data_schema: weight columns and shared tables are not supported yet "
-            f"(found {unsupported})"
+            f"{where}: data_schema: shared tables are not supported yet (found {unsupported})"
         )
     for column in schema.dense:
         kind = _field_type(arrow_schema, column.name, "dense", where)
@@ -131,7 +133,7 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
     for config in schema.categorical:
         field, is_list = _categorical(arrow_schema, schema, config, where)
         (lists if is_list else scalars).append(field)
-    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists))
+    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists), schema.weight)
 
 
 def _categorical(
@@ -202,7 +204,25 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
         else:
             categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
     lists = tuple(_ragged(table.column(field.name), field) for field in layout.lists)
-    return Batch(dense=dense, categorical=categorical, label=_floats(label), lists=lists)
+    weight = None
+    if layout.weight is not None:
+        weight = _weights(table.column(layout.weight), layout.weight, where)
+    return Batch(dense, categorical, _floats(label), lists, weight)
+
+
+def _weights(column: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
+    """The loss weights; a null, negative or not finite weight raises naming the column and
+    the row (a negative weight would train the model away from the label)."""
+    values = _floats(pc.fill_null(column.cast(pa.float64()), -1.0))
+    bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+    if bad.size:
+        row = int(bad[0])
+        found = "null" if column[row].as_py() is None else repr(column[row].as_py())
+        raise DataSchemaError(
+            f"{where}: weight column {name!r} holds {found} at row {row}; a weight is a "
+            "finite number >= 0"
+        )
+    return values
 
 
 def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
