@@ -56,6 +56,12 @@ class ColumnLayout:
         return names + [c.name for c in self.lists] + ([self.weight] if self.weight else [])
 
     @property
+    def string_columns(self) -> list[str]:
+        """The scalar categorical columns of strings (a reader may decode them as dictionaries:
+        each distinct string is then hashed once, none is materialised per row)."""
+        return [c.name for c in self.categorical if c.strings and c.hashed]
+
+    @property
     def schema(self) -> Schema:
         """What a model needs to be built: the dense count, each column's bucket count."""
         return Schema(
@@ -197,9 +203,13 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
     for j, column in enumerate(layout.dense):
         dense[:, j] = _dense_values(table.column(column.name), column)
     categorical = np.empty((n, len(layout.categorical)), dtype=np.int64)
+    strings = [f.name for f in layout.categorical if f.hashed and f.strings]
+    hashed = dict(zip(strings, _string_hashes_of([table.column(c) for c in strings]), strict=True))
     for j, field in enumerate(layout.categorical):
         column = table.column(field.name)
-        if field.hashed:
+        if field.name in hashed:
+            categorical[:, j] = to_buckets(hashed[field.name], field.buckets)
+        elif field.hashed:
             categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
         else:
             categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
@@ -253,15 +263,36 @@ def _dense_values(column: pa.ChunkedArray, config: DenseColumn) -> np.ndarray:
 
 
 def _hashes(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:
-    """uint64 hash of each value: ints by ``hash_ints``, strings by splitmix64(FNV-1a), the
-    distinct strings of each chunk hashed once."""
+    """uint64 hash of each value: ints by ``hash_ints``, strings by splitmix64(FNV-1a)."""
     if not field.strings:
         return hash_ints(pc.fill_null(column, 0).cast(pa.int64()).to_numpy())
-    parts = []
-    for chunk in pc.fill_null(column.cast(pa.large_string()), "").chunks:
-        encoded = chunk.dictionary_encode()
-        parts.append(_string_hashes(encoded.dictionary)[encoded.indices.to_numpy()])
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+    return _string_hashes_of([column])[0]
+
+
+_EMPTY_STRING = pa.array([""], pa.large_string())
+
+
+def _string_hashes_of(columns: list[pa.ChunkedArray]) -> list[np.ndarray]:
+    """uint64 hash of each value of the string ``columns`` (a null as ``""``): the distinct
+    strings of every chunk of every column (a dictionary chunk's as they are) hashed together,
+    in one vectorised pass."""
+    pieces: list[tuple[int, pa.Array, np.ndarray]] = []  # column, distinct strings, indices
+    for i, column in enumerate(columns):
+        for chunk in column.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = chunk.cast(pa.large_string()).dictionary_encode()  # a null: no index
+            distinct = pc.fill_null(chunk.dictionary.cast(pa.large_string()), "")
+            indices = pc.fill_null(chunk.indices, len(distinct)).to_numpy()  # the "" after them
+            pieces.append((i, pa.concat_arrays([distinct, _EMPTY_STRING]), indices))
+    if not pieces:
+        return [np.empty(0, np.uint64) for _ in columns]
+    hashes = _string_hashes(pa.concat_arrays([distinct for _, distinct, _ in pieces]))
+    parts: list[list[np.ndarray]] = [[] for _ in columns]
+    at = 0
+    for i, distinct, indices in pieces:
+        parts[i].append(hashes[at : at + len(distinct)][indices])
+        at += len(distinct)
+    return [np.concatenate(p) if p else np.empty(0, np.uint64) for p in parts]
 
 
 def _string_hashes(strings: pa.Array) -> np.ndarray:
