@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import time
@@ -32,6 +33,7 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import progress_line
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
+from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.data.preflight import PreflightError
 from airflow_rover.launchers.local import LocalBackend, local_job_status
 from airflow_rover.worker.preflight import preflight
@@ -56,6 +58,7 @@ def run_job(
     spec: JobSpec, job_dir: Path, poll_s: float = 1.0, quiet: bool = False
 ) -> dict[str, Any]:
     """Preflight, launch and wait for a local job; returns its final status."""
+    os.environ[ENV_INDEX_DIR] = str(job_index_dir(job_dir.resolve()))  # as the job's processes
     preflight(spec)
     directory = JobDir(job_dir.resolve())
     LocalBackend().launch(directory, spec)

@@ -55,12 +55,19 @@ class ColumnLayout:
     dense: tuple[DenseColumn, ...]
     categorical: tuple[CategoricalField, ...]
     lists: tuple[CategoricalField, ...] = ()
+    weight: str | None = None  # the per-sample loss weight column
 
     @property
     def columns(self) -> list[str]:
         """The file columns to decode, in a stable order."""
         names = [self.label, *(c.name for c in self.dense), *(c.name for c in self.categorical)]
-        return names + [c.name for c in self.lists]
+        return names + [c.name for c in self.lists] + ([self.weight] if self.weight else [])
+
+    @property
+    def string_columns(self) -> list[str]:
+        """The scalar categorical columns of strings (a reader may decode them as dictionaries:
+        each distinct string is then hashed once, none is materialised per row)."""
+        return [c.name for c in self.categorical if c.strings and c.hashed]
 
     @property
     def schema(self) -> Schema:
@@ -129,9 +136,8 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
         where,
     )
     if schema.weight:
-        raise DataSchemaError(
-            f"{where}: data_schema: weight columns are not supported yet (found {schema.weight!r})"
-        )
+        kind = _field_type(arrow_schema, schema.weight, "weight", where)
+        _expect(kind, ("int", "float"), schema.weight, "weight", where)
     for column in schema.dense:
         kind = _field_type(arrow_schema, column.name, "dense", where)
         _expect(kind, ("bool", "int", "float"), column.name, "dense", where)
@@ -140,7 +146,7 @@ def layout_for(arrow_schema: pa.Schema, schema: DataSchema | None, where: str) -
     for config in schema.categorical:
         field, is_list = _categorical(arrow_schema, schema, config, where)
         (lists if is_list else scalars).append(field)
-    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists))
+    return ColumnLayout(schema.label, schema.dense, tuple(scalars), tuple(lists), schema.weight)
 
 
 def _categorical(
@@ -216,14 +222,36 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
     for j, column in enumerate(layout.dense):
         dense[:, j] = _dense_values(table.column(column.name), column)
     categorical = np.empty((n, len(layout.categorical)), dtype=np.int64)
+    strings = [f.name for f in layout.categorical if f.hashed and f.strings]
+    hashed = dict(zip(strings, _string_hashes_of([table.column(c) for c in strings]), strict=True))
     for j, field in enumerate(layout.categorical):
         column = table.column(field.name)
-        if field.hashed:
+        if field.name in hashed:
+            categorical[:, j] = to_buckets(hashed[field.name], field.buckets)
+        elif field.hashed:
             categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
         else:
             categorical[:, j] = pc.fill_null(column, 0).cast(pa.int64()).to_numpy()
     lists = tuple(_ragged(table.column(field.name), field) for field in layout.lists)
-    return Batch(dense=dense, categorical=categorical, label=_floats(label), lists=lists)
+    weight = None
+    if layout.weight is not None:
+        weight = _weights(table.column(layout.weight), layout.weight, where)
+    return Batch(dense, categorical, _floats(label), lists, weight)
+
+
+def _weights(column: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
+    """The loss weights; a null, negative or not finite weight raises naming the column and
+    the row (a negative weight would train the model away from the label)."""
+    values = _floats(pc.fill_null(column.cast(pa.float64()), -1.0))
+    bad = np.flatnonzero(~(np.isfinite(values) & (values >= 0)))
+    if bad.size:
+        row = int(bad[0])
+        found = "null" if column[row].as_py() is None else repr(column[row].as_py())
+        raise DataSchemaError(
+            f"{where}: weight column {name!r} holds {found} at row {row}; a weight is a "
+            "finite number >= 0"
+        )
+    return values
 
 
 def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
@@ -254,15 +282,36 @@ def _dense_values(column: pa.ChunkedArray, config: DenseColumn) -> np.ndarray:
 
 
 def _hashes(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:
-    """uint64 hash of each value: ints by ``hash_ints``, strings by splitmix64(FNV-1a), the
-    distinct strings of each chunk hashed once."""
+    """uint64 hash of each value: ints by ``hash_ints``, strings by splitmix64(FNV-1a)."""
     if not field.strings:
         return hash_ints(pc.fill_null(column, 0).cast(pa.int64()).to_numpy())
-    parts = []
-    for chunk in pc.fill_null(column.cast(pa.large_string()), "").chunks:
-        encoded = chunk.dictionary_encode()
-        parts.append(_string_hashes(encoded.dictionary)[encoded.indices.to_numpy()])
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+    return _string_hashes_of([column])[0]
+
+
+_EMPTY_STRING = pa.array([""], pa.large_string())
+
+
+def _string_hashes_of(columns: list[pa.ChunkedArray]) -> list[np.ndarray]:
+    """uint64 hash of each value of the string ``columns`` (a null as ``""``): the distinct
+    strings of every chunk of every column (a dictionary chunk's as they are) hashed together,
+    in one vectorised pass."""
+    pieces: list[tuple[int, pa.Array, np.ndarray]] = []  # column, distinct strings, indices
+    for i, column in enumerate(columns):
+        for chunk in column.chunks:
+            if not pa.types.is_dictionary(chunk.type):
+                chunk = chunk.cast(pa.large_string()).dictionary_encode()  # a null: no index
+            distinct = pc.fill_null(chunk.dictionary.cast(pa.large_string()), "")
+            indices = pc.fill_null(chunk.indices, len(distinct)).to_numpy()  # the "" after them
+            pieces.append((i, pa.concat_arrays([distinct, _EMPTY_STRING]), indices))
+    if not pieces:
+        return [np.empty(0, np.uint64) for _ in columns]
+    hashes = _string_hashes(pa.concat_arrays([distinct for _, distinct, _ in pieces]))
+    parts: list[list[np.ndarray]] = [[] for _ in columns]
+    at = 0
+    for i, distinct, indices in pieces:
+        parts[i].append(hashes[at : at + len(distinct)][indices])
+        at += len(distinct)
+    return [np.concatenate(p) if p else np.empty(0, np.uint64) for p in parts]
 
 
 def _string_hashes(strings: pa.Array) -> np.ndarray:

@@ -83,6 +83,7 @@ class Batch:
     categorical: np.ndarray  # int64 (n, num_categorical)
     label: np.ndarray  # float32 (n,)
     lists: tuple[RaggedIds, ...] = ()  # one per list column of the Schema
+    weight: np.ndarray | None = None  # float32 (n,), >= 0: each sample's loss weight; None: 1
 
     def __post_init__(self) -> None:
         """Catch mismatched or mistyped columns here, not deep inside a training step."""
@@ -102,6 +103,12 @@ class Batch:
         ):
             if array.dtype != dtype:
                 raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {array.dtype}")
+        if self.weight is not None and (
+            self.weight.dtype != np.float32 or self.weight.shape != (n,)
+        ):
+            raise ValueError(
+                f"weight must be float32 ({n},), got {self.weight.dtype} {self.weight.shape}"
+            )
 
         for j, ragged in enumerate(self.lists):
             splits = ragged.row_splits
@@ -127,6 +134,7 @@ class Batch:
             self.categorical[lo:hi],
             self.label[lo:hi],
             tuple(ragged.rows(lo, hi) for ragged in self.lists),
+            None if self.weight is None else self.weight[lo:hi],
         )
 
 
@@ -139,6 +147,16 @@ def concat_batches(parts: list[Batch]) -> Batch:
         categorical=np.concatenate([p.categorical for p in parts]),
         label=np.concatenate([p.label for p in parts]),
         lists=tuple(concat_ragged([p.lists[j] for p in parts]) for j in range(len(parts[0].lists))),
+        weight=_concat_weights(parts),
+    )
+
+
+def _concat_weights(parts: list[Batch]) -> np.ndarray | None:
+    """The parts' weights in order; None when no part has any (a part without: weight 1)."""
+    if all(p.weight is None for p in parts):
+        return None
+    return np.concatenate(
+        [p.weight if p.weight is not None else np.ones(len(p), np.float32) for p in parts]
     )
 
 

@@ -1,11 +1,11 @@
 """Reader for CSV files with a header line, by global row range (local or S3, uncompressed).
 
-Each file's line offsets are found once, when the dataset is opened (a scan for newlines, no
-parsing), so a range reads exactly its lines' bytes, parsed by pyarrow into Arrow columns and
-converted by ``data.arrow_columns`` as Parquet's are. The columns' types are inferred once,
-from the first lines of the first file, and every range is parsed with them. A field may not
-hold a newline, even quoted. ``data_schema`` is required. A column the schema says is
-``multivalued`` holds strings separated by ``|`` (an empty cell: an empty list).
+Each file's line offsets are found once per file (a scan for newlines, no parsing) and kept
+(``data.offset_index``), so a range reads exactly its lines' bytes, parsed by pyarrow into Arrow
+columns and converted by ``data.arrow_columns`` as Parquet's are. The columns' types are
+inferred once, from the first lines of the first file, and every range is parsed with them. A
+field may not hold a newline, even quoted. ``data_schema`` is required. A column the schema says
+is ``multivalued`` holds strings separated by ``|`` (an empty cell: an empty list).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from airflow_rover.data.arrow_columns import (
     to_batch,
 )
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.offset_index import cached_index
 from airflow_rover.data.sources import open_binary
 
 CHUNK = 16 << 20
@@ -56,6 +57,17 @@ def line_offsets(path: str) -> tuple[bytes, np.ndarray]:
     return header, starts[1:]
 
 
+def _indexed_lines(path: str) -> tuple[bytes, np.ndarray]:
+    """``line_offsets(path)``, found once per file and kept (``data.offset_index``)."""
+
+    def build() -> dict[str, np.ndarray]:
+        header, offsets = line_offsets(path)
+        return {"offsets": offsets, "header": np.frombuffer(header, dtype=np.uint8)}
+
+    index = cached_index(path, "csv", build)
+    return index["header"].tobytes(), index["offsets"]
+
+
 class CsvReader:
     """Random access by global row range over CSV files with one header line each."""
 
@@ -73,7 +85,7 @@ class CsvReader:
             )
         self.files = list(files)
         self.data_schema = schema
-        headers, self._offsets = zip(*(line_offsets(f) for f in self.files), strict=True)
+        headers, self._offsets = zip(*(_indexed_lines(f) for f in self.files), strict=True)
         self._names = _names(headers[0])
         for path, header in zip(self.files, headers, strict=True):
             if _names(header) != self._names:

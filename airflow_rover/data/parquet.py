@@ -53,7 +53,8 @@ class ParquetReader:
                 where.append((f, g))
         self._starts = np.array(starts, dtype=np.int64)
         self._where = where
-        self._open: dict[int, pq.ParquetFile] = {0: first}
+        # Opened again to read with the layout's string columns as dictionaries
+        self._open: dict[int, pq.ParquetFile] = {}
         self._cache: OrderedDict[int, Batch] = OrderedDict()
 
     @property
@@ -111,7 +112,7 @@ class ParquetReader:
         f, g = self._where[group]
         parquet = self._open.get(f)
         if parquet is None:
-            parquet = self._open[f] = _open(self.files[f])
+            parquet = self._open[f] = _open(self.files[f], self.layout.string_columns)
         return parquet.read_row_group(g, columns=self.layout.columns)
 
     def _row_group(self, group: int) -> Batch:
@@ -128,10 +129,11 @@ class ParquetReader:
         return batch
 
 
-def _open(path: str) -> pq.ParquetFile:
-    """The Parquet file ``path`` (local or ``s3://``), its column chunks fetched together."""
+def _open(path: str, dictionaries: list[str] | None = None) -> pq.ParquetFile:
+    """The Parquet file ``path`` (local or ``s3://``), its column chunks fetched together;
+    the columns ``dictionaries`` decoded as dictionary arrays (as Parquet stores them)."""
     try:
-        return pq.ParquetFile(open_source(path), pre_buffer=True)
+        return pq.ParquetFile(open_source(path), pre_buffer=True, read_dictionary=dictionaries)
     except (OSError, pa.ArrowInvalid) as exc:
         raise ValueError(f"{path}: cannot read as Parquet: {exc}") from None
 

@@ -83,7 +83,10 @@ def check_ids(
     field: str, path: str, reader: SampleReader, features: FeatureConfig, shard_size: int
 ) -> None:
     """A sample of the dataset's ids fits each table's vocabulary (``data.vocab_check``)."""
-    found = first_id_outside_vocab(reader, features, shard_size)
+    try:
+        found = first_id_outside_vocab(reader, features, shard_size)
+    except ValueError as exc:  # a sampled row the reader refuses: a negative weight, a null label
+        raise PreflightError(f"{field}={path!r}: {exc}") from None
     if found is None:
         return
     raise PreflightError(

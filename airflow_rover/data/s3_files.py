@@ -96,6 +96,18 @@ def _list(bucket: str, prefix: str, uri: str) -> list[S3Object]:
     return objects
 
 
+def head_object(uri: str) -> S3Object:
+    """The object ``uri``'s size and ETag (one HEAD request); ValueError naming ``uri``."""
+    import botocore.exceptions
+
+    bucket, key = split_uri(uri)
+    try:
+        head = _client().head_object(Bucket=bucket, Key=key)
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        raise ValueError(f"{uri}: cannot read the object's size and ETag: {exc}") from None
+    return S3Object(uri, int(head["ContentLength"]), str(head.get("ETag", "")).strip('"'))
+
+
 @functools.cache
 def _filesystem(endpoint: str | None, region: str, key: str | None) -> pafs.S3FileSystem:
     options: dict[str, Any] = {"region": region}

@@ -1,10 +1,10 @@
 """Reader for TFRecord files of ``tf.train.Example``, by global row range (local or S3).
 
 Each file's record offsets come from its record headers (a length each: no parsing), read once
-when the dataset is opened, so a range reads exactly the bytes of its records. The records of
-a range are parsed together (``tf.io.parse_example``) into Arrow columns and converted by
-``data.arrow_columns`` as Parquet's are. Examples carry no schema: the columns' types are
-those of the first record's features (int64_list: int, float_list: float, bytes_list:
+per file and kept (``data.offset_index``), so a range reads exactly the bytes of its records.
+The records of a range are parsed together (``tf.io.parse_example``) into Arrow columns and
+converted by ``data.arrow_columns`` as Parquet's are. Examples carry no schema: the columns'
+types are those of the first record's features (int64_list: int, float_list: float, bytes_list:
 string), and ``data_schema`` is required.
 """
 
@@ -26,6 +26,7 @@ from airflow_rover.data.arrow_columns import (
     to_batch,
 )
 from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.offset_index import cached_index
 from airflow_rover.data.sources import open_binary
 
 _LENGTH = struct.Struct("<Q")
@@ -60,6 +61,11 @@ def record_offsets(path: str) -> np.ndarray:
             data, base = data[at:] + chunk, position
     offsets.append(position)
     return np.array(offsets, dtype=np.int64)
+
+
+def _indexed_records(path: str) -> np.ndarray:
+    """``record_offsets(path)``, found once per file and kept (``data.offset_index``)."""
+    return cached_index(path, "tfrecord", lambda: {"offsets": record_offsets(path)})["offsets"]
 
 
 def _records(path: str, offsets: np.ndarray, first: int, last: int) -> list[bytes]:
@@ -109,7 +115,7 @@ class TFRecordReader:
             )
         self.files = list(files)
         self.data_schema = schema
-        self._offsets = [record_offsets(path) for path in self.files]
+        self._offsets = [_indexed_records(path) for path in self.files]
         counts = [len(o) - 1 for o in self._offsets]
         self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         first = next((f for f, n in enumerate(counts) if n), None)

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import threading
 from pathlib import Path
 
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.launchers.backends import backend_for
 from airflow_rover.master.node_launcher import NodeLauncher
 from airflow_rover.master.serve import serve
@@ -27,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     job_dir = JobDir(args.job_dir.resolve())
+    # Where the master and its nodes keep the offset indexes of data that cannot hold them
+    os.environ.setdefault(ENV_INDEX_DIR, str(job_index_dir(job_dir.root)))
     backend = backend_for(job_dir)
 
     def launcher_for(address: str, exited: threading.Event) -> NodeLauncher:

@@ -34,6 +34,7 @@ from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
 from airflow_rover.core.warm_start import JobTraits, refinement_for
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
+from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.data.preflight import PreflightError, check_data
 from airflow_rover.data.sources import reads_s3
 from airflow_rover.history.records import record_from_status
@@ -374,6 +375,7 @@ class ElasticTrainingOperator(BaseOperator):
         job_dir = self.job_dir(context)
         spec = self.build_spec(context)
         os.environ.update(self._data_env(spec))  # preflight reads data on S3 as the job does
+        os.environ[ENV_INDEX_DIR] = str(job_index_dir(job_dir))  # its offset indexes: the job's
         self.rendered_cluster_budget()  # a bad budget fails before any process starts
         try:  # what a retry cannot fix fails the task, before any process starts
             features = check_data(spec)

@@ -83,7 +83,7 @@ class PSModel:
         )
         self._grad_fn = tf.function(
             self._loss_and_grads,
-            input_signature=(*signature, tf.TensorSpec([None], tf.float32)),
+            input_signature=(*signature, *[tf.TensorSpec([None], tf.float32)] * 2),
         )
         self._predict_fn = tf.function(self._predict, input_signature=signature)
 
@@ -124,14 +124,16 @@ class PSModel:
         segments: list[tf.Tensor],
         weights: list[tf.Tensor],
         label: tf.Tensor,
+        sample_weight: tf.Tensor,
     ) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+        """The batch's loss is the mean of each sample's log loss times its weight (as Keras's
+        ``sample_weight``); a weight of 1 leaves the loss bit-identical to the unweighted one."""
         with tf.GradientTape() as tape:
             tape.watch(rows)
             tape.watch(weights)
             logits = self._call(dense, rows, inverse, list_ids, segments, weights, training=True)
-            loss = tf.reduce_mean(
-                tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
-            )
+            losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
+            loss = tf.reduce_mean(sample_weight * losses)
         row_grads, var_grads = tape.gradient(loss, (rows, weights))
         # tf.gather's gradient is IndexedSlices; densifying sums the duplicates per unique id.
         row_grads = [tf.convert_to_tensor(g) for g in row_grads]
@@ -189,7 +191,8 @@ class PSModel:
     def ids_element(self, batch: Batch) -> dict[str, np.ndarray]:
         """A batch and its ids: one element of the input pipeline (no PS access)."""
         ids = self.batch_ids(batch.categorical, batch.lists)
-        element = {"dense": batch.dense, "label": batch.label}
+        weight = batch.weight if batch.weight is not None else np.ones(len(batch), np.float32)
+        element = {"dense": batch.dense, "label": batch.label, "weight": weight}
         for g in self.groups:
             element[f"unique/{g.name}"] = ids.unique[g.name]
             element[f"inverse/{g.name}"] = ids.inverse[g.name]
@@ -208,6 +211,7 @@ class PSModel:
         spec = {
             "dense": tf.TensorSpec([None, self.features.num_dense], tf.float32),
             "label": tf.TensorSpec([None], tf.float32),
+            "weight": tf.TensorSpec([None], tf.float32),
             "shard_id": tf.TensorSpec([], tf.int64),
             "key": tf.TensorSpec([], tf.int64),
             "last": tf.TensorSpec([], tf.bool),
@@ -232,6 +236,7 @@ class PSModel:
             *self._list_inputs(element),
             [dense[n] for n in self.var_names],
             element["label"],
+            element["weight"],
         )
         row_out = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
         dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
@@ -248,6 +253,7 @@ class PSModel:
             [np.zeros(0, np.int32) for _ in self._lists],
             [v.numpy() for v in self.variables],
             np.zeros(1, np.float32),
+            np.ones(1, np.float32),
         )
 
     def predict(self, batch: Batch) -> np.ndarray:

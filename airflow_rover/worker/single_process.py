@@ -118,13 +118,11 @@ def train_single_process(spec: JobSpec) -> dict[str, float]:
         optimizer=keras_optimizer(spec.training),
         loss=keras.losses.BinaryCrossentropy(from_logits=True),
     )
+    inputs = {"x_dense": train.dense, "x_ids": train.categorical} | padded_lists(train, lists)
+    # Keras's sample_weight: the loss is the batch's mean of weight * log loss, as on a worker
+    samples = (inputs, train.label) if train.weight is None else (inputs, train.label, train.weight)
     data = (
-        tf.data.Dataset.from_tensor_slices(
-            (
-                {"x_dense": train.dense, "x_ids": train.categorical} | padded_lists(train, lists),
-                train.label,
-            )
-        )
+        tf.data.Dataset.from_tensor_slices(samples)
         .batch(spec.training.batch_size)
         .repeat(spec.training.epochs)
         .prefetch(tf.data.AUTOTUNE)

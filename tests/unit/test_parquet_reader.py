@@ -22,6 +22,7 @@ from airflow_rover.core.hashing import (
     splitmix64,
     to_buckets,
 )
+from airflow_rover.data import arrow_columns, parquet
 from airflow_rover.data.arrow_columns import DataSchemaError
 from airflow_rover.data.parquet import ParquetReader
 from airflow_rover.data.reader import open_dataset
@@ -231,3 +232,45 @@ def test_a_list_column_is_read_as_ragged_ids(tmp_path: Path) -> None:
     part = whole[3:9].lists[0]
     assert part.row_splits.tolist() == [0, 1, 4, 6, 6, 6, 7]
     np.testing.assert_array_equal(part.values, reader.read(3, 9).lists[0].values)
+
+
+def test_a_row_group_hashes_each_distinct_string_once_in_one_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """String columns are decoded as the dictionaries Parquet stores (no string per row is
+    materialised) and every string column's distinct values are hashed in one vectorised pass;
+    the ids are those of each row's string hashed on its own, a null as "", and consecutive
+    shards of one row group decode it once."""
+    rows = 600
+    table = pa.table(
+        {
+            "label": np.arange(rows) % 2 == 0,
+            "user": [f"user-{i % 7}" for i in range(rows)],
+            "city": [None if i % 5 == 0 else f"city-{i % 3}" for i in range(rows)],
+        }
+    )
+    pq.write_table(table, tmp_path / "part-0.parquet", row_group_size=rows)
+    schema = DataSchema.model_validate(
+        {"categorical": [{"name": "user", "buckets": 101}, {"name": "city", "buckets": 13}]}
+    )
+    hashed: list[int] = []  # strings per hashing pass
+    decoded: list[pa.Schema] = []  # the tables of each row group decoded
+    string_hashes, to_batch = arrow_columns._string_hashes, parquet.to_batch
+    monkeypatch.setattr(
+        arrow_columns, "_string_hashes", lambda s: hashed.append(len(s)) or string_hashes(s)
+    )
+    monkeypatch.setattr(
+        parquet, "to_batch", lambda t, *a: decoded.append(t.schema) or to_batch(t, *a)
+    )
+    reader = open_dataset(tmp_path, schema=schema)
+    first, second = reader.read(0, 250), reader.read(250, 600)  # two shards, one row group
+    assert len(decoded) == 1
+    assert all(pa.types.is_dictionary(decoded[0].field(c).type) for c in ("user", "city"))
+    assert hashed == [(7 + 1) + (3 + 1)]  # each column's distinct strings, and "" for nulls
+    ids = np.concatenate([first.categorical, second.categorical])
+    strings = {
+        c: ["" if s is None else s for s in table.column(c).to_pylist()]
+        for c in table.column_names[1:]
+    }
+    np.testing.assert_array_equal(ids[:, 0], to_buckets(hash_strings(strings["user"]), 101))
+    np.testing.assert_array_equal(ids[:, 1], to_buckets(hash_strings(strings["city"]), 13))

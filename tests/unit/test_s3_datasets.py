@@ -15,7 +15,9 @@ from moto_server import ACCESS_KEY, SECRET_KEY, moto_server, new_bucket, s3_clie
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
+from airflow_rover.data import csv_files
 from airflow_rover.data.fingerprint import training_fingerprint
+from airflow_rover.data.offset_index import ENV_INDEX_DIR
 from airflow_rover.data.reader import open_dataset
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.data.synthetic_files import (
@@ -157,3 +159,36 @@ def test_data_on_s3_through_aws_conn_id_is_refused_on_kubernetes() -> None:
     spec = JobSpec(job_id="s3", train_data="s3://bucket/clicks/")
     with pytest.raises(AirflowFailException, match=r"aws_conn_id with data on S3 and launcher="):
         operator._data_env(spec)
+
+
+def test_the_line_index_of_objects_is_kept_in_the_jobs_folder(
+    s3_env: str,
+    local: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second open reads no object from end to end; a rewritten object (a new ETag) is
+    scanned again."""
+    split, _ = local
+    schema = parquet_schema(split, string_ids=True)
+    folder = write_csv(split, tmp_path / "csv", num_files=2, string_ids=True)
+    bucket = _upload(s3_env, folder, "csv/")
+    monkeypatch.setenv(ENV_INDEX_DIR, str(tmp_path / "job" / "data-index"))
+    scanned: list[str] = []
+    scan = csv_files.line_offsets
+    monkeypatch.setattr(csv_files, "line_offsets", lambda path: scanned.append(path) or scan(path))
+    uri = f"s3://{bucket}/csv/"
+    expected = open_dataset(uri, schema=schema).read(0, 2000)
+    assert len(scanned) == 2
+    assert len(list((tmp_path / "job" / "data-index").iterdir())) == 2
+    scanned.clear()
+    again = open_dataset(uri, schema=schema)
+    assert scanned == []
+    np.testing.assert_array_equal(again.read(0, 2000).categorical, expected.categorical)
+    s3_client(s3_env).upload_file(str(folder / "part-00000.csv"), bucket, "csv/part-00001.csv")
+    rewritten = open_dataset(uri, schema=schema)
+    assert scanned == [f"s3://{bucket}/csv/part-00001.csv"]
+    assert rewritten.num_samples == 2 * 1000
+    np.testing.assert_array_equal(
+        rewritten.read(1000, 2000).categorical, expected.categorical[:1000]
+    )
