@@ -3,7 +3,8 @@
 order (``docs/data-formats.md``).
 
 Files are sorted by path, so every process of a job sees the same global row order; names
-starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc``) are skipped.
+starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc``) are skipped, and so is every file below
+such a folder under the named path (a Spark job's ``_temporary/`` while it writes).
 """
 
 from __future__ import annotations
@@ -50,8 +51,16 @@ def format_of(name: str) -> str | None:
     return None
 
 
-def _hidden(path: str) -> bool:
-    return os.path.basename(path).startswith(("_", "."))
+def _hidden(path: str, root: str) -> bool:
+    """Whether ``path``, below ``root``, has a name or a folder starting with ``_`` or ``.``."""
+    below = path[len(root) :] if path.startswith(root) else os.path.basename(path)
+    return any(part.startswith(("_", ".")) for part in below.split("/") if part)
+
+
+def _root(uri: str) -> str:
+    """The part of ``uri`` every file it names lies below: itself, or a glob's fixed folder."""
+    at = min((uri.index(c) for c in _GLOB_CHARS if c in uri), default=-1)
+    return uri if at < 0 else uri[: uri.rfind("/", 0, at) + 1]
 
 
 def list_files(uri: str) -> list[str]:
@@ -60,7 +69,8 @@ def list_files(uri: str) -> list[str]:
     if uri.startswith(S3_SCHEME):
         from airflow_rover.data.s3_files import list_objects
 
-        objects = [o.uri for o in list_objects(uri) if not _hidden(o.uri) and o.size > 0]
+        root = _root(uri)
+        objects = [o.uri for o in list_objects(uri) if not _hidden(o.uri, root) and o.size > 0]
         if not objects:
             raise NoDataFiles(f"{uri}: no data files found")
         return objects
@@ -73,7 +83,8 @@ def list_files(uri: str) -> list[str]:
         return [path]
     else:
         raise NoDataFiles(f"{uri} does not exist")
-    files = sorted(p for p in found if not _hidden(p))
+    root = _root(path)
+    files = sorted(p for p in found if not _hidden(p, root))
     if not files:
         raise NoDataFiles(f"{uri}: no data files found")
     return files

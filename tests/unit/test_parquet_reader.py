@@ -210,6 +210,19 @@ def test_mixed_formats_and_unknown_files_are_refused(tmp_path: Path) -> None:
         open_dataset(tmp_path, schema=SCHEMA)
 
 
+def test_files_below_hidden_folders_are_skipped(tmp_path: Path) -> None:
+    """A Spark write in progress (``_temporary/0/...``) or a hidden folder adds no rows; the
+    named folder itself may start with ``_``."""
+    root = tmp_path / "_staging" / "dt=2026-11-25"
+    root.mkdir(parents=True)
+    _write(root, _table(20), cuts=(), group_rows=20)
+    for hidden in ("_temporary/0/_temporary/attempt_1", ".spark-staging"):
+        (root / hidden).mkdir(parents=True)
+        _write(root / hidden, _table(20), cuts=(), group_rows=20)
+    assert open_dataset(root, schema=SCHEMA).num_samples == 20
+    assert open_dataset(f"{root}/**/*.parquet", schema=SCHEMA).num_samples == 20
+
+
 def test_a_list_column_is_read_as_ragged_ids(tmp_path: Path) -> None:
     """Each sample's ids hashed into the buckets, empty and null lists holding none, across
     files and row groups and in any slice of a Batch."""

@@ -69,6 +69,8 @@ def test_a_partition_on_s3_reads_as_the_local_files(s3_env: str, local: tuple[Pa
     schema = parquet_schema(split, string_ids=True)
     bucket = _upload(s3_env, files, "clicks/dt=2026-11-25/")
     s3_client(s3_env).put_object(Bucket=bucket, Key="clicks/dt=2026-11-250/x.parquet", Body=b"no")
+    in_progress = "clicks/dt=2026-11-25/_temporary/0/part-9.parquet"  # a Spark write going on
+    s3_client(s3_env).put_object(Bucket=bucket, Key=in_progress, Body=b"no")
     expected = open_dataset(files, schema=schema).read(0, 2000)
     for uri in (
         f"s3://{bucket}/clicks/dt=2026-11-25/",
