@@ -33,6 +33,37 @@ class S3Object:
     etag: str
 
 
+class StorageUnavailable(RuntimeError):
+    """S3 did not answer, or answered that it is busy or failing: worth a retry of the task,
+    unlike a missing bucket or refused credentials (``ValueError``)."""
+
+
+_BUSY_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError"}
+
+
+def _failure(uri: str, doing: str, exc: Exception) -> Exception:
+    """What a boto3 error ``exc`` means for ``uri``: StorageUnavailable when a retry may see it
+    pass, else ValueError naming ``uri``."""
+    import botocore.exceptions
+
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        code = str(error.get("Code", "?"))
+        if status >= 500 or code in _BUSY_CODES:
+            return StorageUnavailable(f"{uri}: S3 is unavailable ({code}) to {doing}: {exc}")
+        return ValueError(f"{uri}: cannot {doing} ({code}): {exc}")
+    unreachable = (
+        botocore.exceptions.EndpointConnectionError,
+        botocore.exceptions.ConnectionClosedError,
+        botocore.exceptions.ConnectTimeoutError,
+        botocore.exceptions.ReadTimeoutError,
+    )
+    if isinstance(exc, unreachable):
+        return StorageUnavailable(f"{uri}: cannot reach S3 to {doing}: {exc}")
+    return ValueError(f"{uri}: cannot {doing}: {exc}")  # credentials missing, a bad setting
+
+
 def split_uri(uri: str) -> tuple[str, str]:
     """``(bucket, key)`` of ``s3://bucket/key``; ValueError naming ``uri`` without a bucket."""
     if not uri.startswith(S3_SCHEME):
@@ -58,7 +89,8 @@ def _client() -> Any:
 def list_objects(uri: str) -> list[S3Object]:
     """The objects ``uri`` names: one object's key, every object under a prefix (a
     "directory"), or the keys matching a glob (listing the prefix before its first
-    wildcard); sorted by key. ValueError naming ``uri`` on a missing bucket or no access."""
+    wildcard); sorted by key. ValueError naming ``uri`` on a missing bucket or no access;
+    StorageUnavailable when S3 cannot be reached or is failing."""
     bucket, key = split_uri(uri)
     wildcard = min((key.index(c) for c in _GLOB_CHARS if c in key), default=-1)
     prefix = key if wildcard < 0 else key[:wildcard]
@@ -88,11 +120,8 @@ def _list(bucket: str, prefix: str, uri: str) -> list[S3Object]:
                         str(item.get("ETag", "")).strip('"'),
                     )
                 )
-    except botocore.exceptions.ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "?")
-        raise ValueError(f"{uri}: cannot list the objects ({code}): {exc}") from None
-    except botocore.exceptions.BotoCoreError as exc:
-        raise ValueError(f"{uri}: cannot reach S3: {exc}") from None
+    except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+        raise _failure(uri, "list the objects", exc) from None
     return objects
 
 
@@ -104,7 +133,7 @@ def head_object(uri: str) -> S3Object:
     try:
         head = _client().head_object(Bucket=bucket, Key=key)
     except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-        raise ValueError(f"{uri}: cannot read the object's size and ETag: {exc}") from None
+        raise _failure(uri, "read the object's size and ETag", exc) from None
     return S3Object(uri, int(head["ContentLength"]), str(head.get("ETag", "")).strip('"'))
 
 

@@ -3,6 +3,9 @@ or a glob reads the same rows as the local files; the fingerprint follows the ob
 
 from __future__ import annotations
 
+import http.server
+import socket
+import threading
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -19,6 +22,8 @@ from airflow_rover.data import csv_files
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.offset_index import ENV_INDEX_DIR
 from airflow_rover.data.reader import open_dataset
+from airflow_rover.data.s3_files import StorageUnavailable
+from airflow_rover.data.sources import list_files
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.data.synthetic_files import (
     parquet_schema,
@@ -194,3 +199,56 @@ def test_the_line_index_of_objects_is_kept_in_the_jobs_folder(
     np.testing.assert_array_equal(
         rewritten.read(1000, 2000).categorical, expected.categorical[:1000]
     )
+
+
+class _BusyS3(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint that answers every request 503 SlowDown, as S3 does under load."""
+
+    def do_GET(self) -> None:
+        body = b"<Error><Code>SlowDown</Code><Message>Reduce your request rate.</Message></Error>"
+        self.send_response(503)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def one_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # boto3's own retries would only add time
+
+
+def test_s3_busy_or_unreachable_is_worth_a_retry_a_missing_bucket_is_not(
+    one_attempt: None, endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task fails at once (no retry) on a ValueError, and is retried on any other error:
+    a 503 or no answer is StorageUnavailable, a missing bucket a ValueError naming it."""
+    busy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _BusyS3)
+    threading.Thread(target=busy.serve_forever, daemon=True).start()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = f"http://127.0.0.1:{closed.getsockname()[1]}"  # bound, never listening
+        try:
+            for url, reason in (
+                (f"http://127.0.0.1:{busy.server_port}", "SlowDown"),
+                (nobody, "reach"),
+            ):
+                monkeypatch.setenv("AWS_ENDPOINT_URL_S3", url)
+                with pytest.raises(StorageUnavailable, match=reason) as caught:
+                    list_files("s3://clicks/dt=2026-11-25/")
+                assert not isinstance(caught.value, ValueError)
+                assert "s3://clicks/dt=2026-11-25/" in str(caught.value)
+        finally:
+            busy.shutdown()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    with pytest.raises(
+        ValueError, match=r"s3://no-such-bucket/x/: cannot list the objects \(NoSuchBucket\)"
+    ):
+        list_files("s3://no-such-bucket/x/")
