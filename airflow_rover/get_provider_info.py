@@ -53,6 +53,13 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "rover_history",
             }
         ],
+        "extra-links": ["airflow_rover.operators.job_link.ElasticJobLink"],
+        "plugins": [
+            {
+                "name": "airflow_rover",
+                "plugin-class": "airflow_rover.plugins.rover_plugin.RoverPlugin",
+            }
+        ],
         "triggers": [
             {
                 "integration-name": "airflow-rover",

@@ -37,6 +37,7 @@ from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.data.preflight import PreflightError, check_data
 from airflow_rover.data.sources import reads_s3
+from airflow_rover.history.launches import Launch, LaunchIndex
 from airflow_rover.history.records import record_from_status
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
@@ -54,6 +55,7 @@ from airflow_rover.operators import incremental
 from airflow_rover.operators._validation import describe
 from airflow_rover.operators.job_deadline import deferral_timeout
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
+from airflow_rover.operators.job_link import ElasticJobLink
 from airflow_rover.operators.job_rerun import (
     Rerun,
     clear_job,
@@ -187,6 +189,7 @@ class ElasticTrainingOperator(BaseOperator):
         "cluster_budget": "json",
     }
     ui_color = "#d9f2e6"
+    operator_extra_links = (ElasticJobLink(),)
     external_id_key = "rover_job_dir"
 
     def __init__(
@@ -421,6 +424,30 @@ class ElasticTrainingOperator(BaseOperator):
             self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
         except (KubernetesPermissionError, JobDirInUse) as exc:  # a retry cannot fix them
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+        self._index_launch(context, job_dir, spec)
+
+    def _index_launch(self, context: Context, job_dir: Path, spec: JobSpec) -> None:
+        """Record the launch where the UI lists jobs from; the job runs without it."""
+        ti = context["ti"]
+        launch = Launch(
+            job_id=spec.job_id,
+            dag_id=ti.dag_id,
+            task_id=ti.task_id,
+            run_id=ti.run_id,
+            map_index=ti.map_index if ti.map_index is not None else -1,
+            try_number=ti.try_number,
+            job_dir=str(job_dir),
+            launcher=self.launcher,
+            model=spec.model,
+            checkpoint_policy=spec.checkpoint.policy,
+            plan_approval=bool(getattr(self, "plan_approval", False)),
+            cluster_budget=self.rendered_cluster_budget(),
+        )
+        try:
+            with self.history_hook().get_conn() as store:
+                LaunchIndex(store).record(launch)
+        except Exception as exc:  # the history database is down: the job is not affected
+            self.log.warning("The job is not listed in the UI's index: %s", exc)
 
     def _storage_env(
         self, spec: JobSpec, on_kubernetes: bool, replaced: str | None
