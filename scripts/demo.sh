@@ -21,4 +21,4 @@ python scripts/demo_progress.py --log "$LOG" --job-dir "$ROVER_HOME/models/$DS" 
   --since "$start" || true
 wait "$run" || true
 python scripts/show_run.py --log "$LOG" --metrics "$ROVER_HOME/models/$DS/metrics.json" \
-  --since "$start"
+  --since "$start" --airflow-home "$AIRFLOW_HOME"

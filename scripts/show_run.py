@@ -14,6 +14,7 @@ def main() -> int:
     parser.add_argument("--log", type=Path, required=True)
     parser.add_argument("--metrics", type=Path, required=True)
     parser.add_argument("--since", type=float, required=True, help="epoch seconds of the start")
+    parser.add_argument("--airflow-home", type=Path, help="where the UI's job page is printed from")
     args = parser.parse_args()
     log = args.log.read_text(errors="replace")
     finished = re.findall(r"DagRun Finished: .*?state=(\w+)", log)
@@ -37,7 +38,24 @@ def main() -> int:
     )
     acc = metrics["accounting"]
     print(f"  shards       {acc['done_once']}/{acc['shards']} done exactly once")
+    if args.airflow_home:
+        print_job_page(args.airflow_home, "rover_daily_retrain")
     return 0
+
+
+def print_job_page(airflow_home: Path, dag_id: str) -> None:
+    """Where the newest job of ``dag_id`` is in the Airflow UI, and how to start the UI."""
+    from airflow_rover.history.launches import LaunchIndex
+    from airflow_rover.history.store import HistoryStore
+
+    with HistoryStore(f"sqlite:///{airflow_home / 'rover' / 'history.db'}") as store:
+        launches = LaunchIndex(store).list(dag_id=dag_id, limit=1)
+    if not launches:
+        return
+    home = airflow_home.resolve()
+    print(f"  job page     http://localhost:8080/rover/jobs/{launches[0].job_id}")
+    print(f"    start the UI: AIRFLOW_HOME={home} .venv/bin/airflow api-server --port 8080")
+    print(f"    log in as admin, password in {home}/simple_auth_manager_passwords.json.generated")
 
 
 if __name__ == "__main__":

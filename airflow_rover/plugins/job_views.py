@@ -101,9 +101,10 @@ def plan_text(plan: Mapping[str, Any] | ResourcePlan | None) -> str:
         p = plan if isinstance(plan, ResourcePlan) else ResourcePlan.model_validate(plan)
     except ValueError:
         return ""
+    workers = "worker" if p.num_workers == 1 else "workers"
     return (
         f"{p.num_ps} PS x {p.ps_cpu:g} CPU, {p.ps_memory_mb} MB; "
-        f"{p.num_workers} workers x {p.worker_cpu:g} CPU, {p.worker_memory_mb} MB"
+        f"{p.num_workers} {workers} x {p.worker_cpu:g} CPU, {p.worker_memory_mb} MB"
     )
 
 

@@ -5,7 +5,6 @@ Every route authenticates the caller and checks the job's DAG with the auth mana
 (``access``); the pages use relative links only (the api-server may sit behind a prefix).
 """
 
-from __future__ import annotations
 
 import dataclasses
 import time
