@@ -8,9 +8,13 @@ default: an empty folder). Users and passwords: ``airflow_server.USERS``.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from airflow_server import (
@@ -27,6 +31,8 @@ from airflow_server import (
 )
 from headless_chromium import ensure_chromium, start_browser
 from selenium import webdriver
+
+RUN_DAG = Path(__file__).parents[1] / "integration" / "run_dag.py"
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +76,38 @@ def airflow_ui(
         yield ui
     finally:
         stop_api_server(server)
+
+
+@pytest.fixture(scope="module")
+def ui_run_dag(
+    airflow_ui: AirflowUi, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., dict[str, Any]]:
+    """Run a DAG with ``dag.test()`` (``tests/integration/run_dag.py``) in a subprocess on the
+    api-server's DB, so the UI shows the run; returns its outcome (state, run_id, tasks, xcom)."""
+
+    def run(
+        dag_id: str, logical_date: str, conf: dict[str, Any] | None = None, timeout: int = 600
+    ) -> dict[str, Any]:
+        out = tmp_path_factory.mktemp("ui_run") / "outcome.json"
+        command = [sys.executable, str(RUN_DAG), dag_id, logical_date]
+        started = time.monotonic()
+        done = subprocess.run(
+            [*command, "--conf", json.dumps(conf or {}), "--out", str(out)],
+            env=airflow_ui.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if done.returncode != 0 or not out.exists():
+            raise AssertionError(
+                f"dag.test of {dag_id} failed ({done.returncode}):\n"
+                f"{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
+            )
+        print(f"\nui_run_dag: {dag_id} ran in {time.monotonic() - started:.1f} s")
+        outcome: dict[str, Any] = json.loads(out.read_text())
+        return outcome
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,10 @@ headless Chromium, and 401 without a login."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -16,6 +19,8 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.ui]
+
+RIG_PLUGINS = Path(__file__).with_name("rig_plugins")
 
 
 def test_unauthenticated_api_request_gets_401(airflow_ui: AirflowUi) -> None:
@@ -94,3 +99,38 @@ def test_without_a_browser_and_not_root_the_test_skips_saying_what_to_install(
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(pytest.skip.Exception, match="apt-get install chromium chromium-driver"):
         ensure_chromium()
+
+
+@pytest.fixture(scope="module")
+def ui_plugins_folder() -> Path:
+    """The rig's own plugin: an extra link on every task instance (``rig_link_plugin.py``)."""
+    return RIG_PLUGINS
+
+
+def test_task_instance_page_shows_the_extra_link_and_outsiders_get_403(
+    airflow_ui: AirflowUi, browser: webdriver.Chrome, ui_run_dag: Callable[..., dict[str, Any]]
+) -> None:
+    outcome = ui_run_dag("rig_team_a", "2026-01-01")
+    assert outcome["state"] == "success", outcome
+    run_id = outcome["run_id"]
+    links_api = f"/api/v2/dags/rig_team_a/dagRuns/{run_id}/taskInstances/noop/links"
+    answers = {
+        user: httpx.get(
+            f"{airflow_ui.base_url}{links_api}",
+            headers={"Authorization": f"Bearer {airflow_ui.token(user)}"},
+            timeout=30,
+        )
+        for user in ("viewer", "outsider")
+    }
+    assert answers["outsider"].status_code == 403, answers["outsider"].text
+    expected = f"/rig/rig_team_a/{quote(run_id)}/noop"
+    assert answers["viewer"].json()["extra_links"] == {"Rig link": expected}
+
+    viewer = airflow_ui.users["viewer"]
+    # Extra links are on the task instance's Details tab, under "Extra Links", as <a> buttons.
+    page = f"/dags/rig_team_a/runs/{run_id}/tasks/noop/details"
+    login(browser, airflow_ui.base_url, viewer.name, viewer.password, next_path=page)
+    link = WebDriverWait(browser, 30).until(lambda d: d.find_element(By.LINK_TEXT, "Rig link"))
+    print(f"\ntask instance page {browser.current_url}")
+    assert link.get_attribute("href") == f"{airflow_ui.base_url}{expected}"
+    assert link.get_attribute("target") == "_self"  # same origin: opens in the same tab
