@@ -28,21 +28,6 @@ def _airflow_env(home: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="session")
-def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An empty metadata DB at Airflow's schema, migrated once and copied into each module's
-    home (a migration costs seconds per module)."""
-    home = tmp_path_factory.mktemp("airflow_template")
-    subprocess.run(
-        [sys.executable, "-m", "airflow", "db", "migrate"],
-        env=_airflow_env(home),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    return home / "airflow.db"
-
-
 @pytest.fixture(scope="module")
 def airflow_env(migrated_db: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     home = tmp_path_factory.mktemp("airflow_home")
