@@ -30,3 +30,10 @@ class ElasticJobLink(BaseOperatorLink):
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         index = ti_key.map_index if ti_key.map_index is not None else -1
         return job_page_path(ti_key.dag_id, ti_key.task_id, ti_key.run_id, index)
+
+    @classmethod
+    def persist(cls, ti: Any) -> None:
+        """Push the link now: Airflow pushes an operator's links when its task process ends,
+        and the button is wanted while the task is deferred and its job runs."""
+        link = cls()
+        ti.xcom_push(key=link.xcom_key, value=link.get_link(ti.task, ti_key=ti))

@@ -360,6 +360,7 @@ class ElasticTrainingOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         """Follow the job an earlier try left running (its directory is in the task's
         ``task_state_store``), else submit one; then wait for it and return its result."""
+        ElasticJobLink.persist(context["ti"])
         store = context.get("task_state_store")
         earlier = store.get(self.external_id_key) if store is not None else None
         if earlier and self.is_job_active(self.get_job_status(earlier, context)):
