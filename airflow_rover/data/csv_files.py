@@ -20,14 +20,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import (
-    ColumnLayout,
-    DataSchemaError,
-    layout_for,
-    serving_columns,
-    to_batch,
-)
-from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.arrow_columns import DataSchemaError, layout_for
+from airflow_rover.data.file_rows import FileRowsReader, row_starts
 from airflow_rover.data.offset_index import cached_index
 from airflow_rover.data.sources import open_binary
 
@@ -68,14 +62,14 @@ def _indexed_lines(path: str) -> tuple[bytes, np.ndarray]:
     return index["header"].tobytes(), index["offsets"]
 
 
-class CsvReader:
+class CsvReader(FileRowsReader):
     """Random access by global row range over CSV files with one header line each."""
 
     FORMAT = "csv"
+    TITLE = "CSV"
 
     def __init__(self, files: Sequence[str], schema: DataSchema | None = None) -> None:
-        if not files:
-            raise ValueError("a CSV dataset needs at least one file")
+        super().__init__(files, schema)
         if any(f.endswith(".gz") for f in files):
             raise ValueError(f"{files[0]}: compressed CSV cannot be read by row range; unzip it")
         if schema is None:
@@ -83,8 +77,6 @@ class CsvReader:
                 f"{files[0]}: give data_schema for CSV files (the label, dense and "
                 "categorical columns)"
             )
-        self.files = list(files)
-        self.data_schema = schema
         headers, self._offsets = zip(*(_indexed_lines(f) for f in self.files), strict=True)
         self._names = _names(headers[0])
         for path, header in zip(self.files, headers, strict=True):
@@ -94,57 +86,18 @@ class CsvReader:
                     f"({header.decode().strip()!r} against {','.join(self._names)!r})"
                 )
         counts = [len(o) - 1 for o in self._offsets]
-        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts = row_starts(counts)
         # a list column's cells are strings of values separated by LIST_SEPARATOR
         self._lists = [c.name for c in schema.categorical if c.multivalued]
         first = self._parse(0, 0, min(INFER_LINES, counts[0]), types=None)
         self._types = {name: first.schema.field(name).type for name in self._names}
-        self.layout: ColumnLayout = layout_for(first.schema, schema, self.files[0])
+        self.layout = layout_for(first.schema, schema, self.files[0])
 
-    @property
-    def schema(self) -> Schema:
-        return self.layout.schema
+    def _rows(self, f: int, first: int, last: int) -> pa.Table:
+        return self._parse(f, first, last, self._types)
 
-    @property
-    def num_samples(self) -> int:
-        return int(self._starts[-1])
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __reduce__(self) -> tuple[type[CsvReader], tuple[list[str], DataSchema | None]]:
-        return (CsvReader, (self.files, self.data_schema))
-
-    def __repr__(self) -> str:
-        return f"CsvReader({len(self.files)} files, num_samples={self.num_samples})"
-
-    def read(self, start: int, stop: int) -> Batch:
-        """Samples ``[start, stop)``: the lines of each file the range overlaps."""
-        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
-        return concat_batches(parts)
-
-    def read_table(self, start: int, stop: int) -> pa.Table:
-        """Samples ``[start, stop)`` as the lines hold them (not hashed; lists split)."""
-        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
-
-    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
-        return serving_columns(self.read_table(start, stop), self.layout)
-
-    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
-        """The lines of each file ``[start, stop)`` overlaps, parsed, and where they are."""
-        check_range(start, stop, self.num_samples)
-        parts = []
-        f = int(np.searchsorted(self._starts, start, side="right")) - 1
-        while start < stop:
-            base = int(self._starts[f])
-            end = min(stop, int(self._starts[f + 1]))
-            if end > start:
-                table = self._parse(f, start - base, end - base, self._types)
-                parts.append((table, f"{self.files[f]} (line {start - base + 2})"))
-            start = end
-            f += 1
-        return parts or [(self._parse(0, 0, 0, self._types), self.files[0])]
+    def _location(self, f: int, first: int) -> str:
+        return f"{self.files[f]} (line {first + 2})"
 
     def _parse(
         self, f: int, first: int, last: int, types: dict[str, pa.DataType] | None

@@ -16,64 +16,39 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import (
-    ColumnLayout,
-    DataSchemaError,
-    layout_for,
-    serving_columns,
-    to_batch,
-)
+from airflow_rover.data.arrow_columns import DataSchemaError, layout_for, to_batch
 from airflow_rover.data.batch import Batch, RaggedIds, Schema, check_range, concat_batches
+from airflow_rover.data.file_rows import RowRangeReader, row_starts
 from airflow_rover.data.sources import open_source
 
 CACHED_ROW_GROUPS = 2
 
 
-class ParquetReader:
+class ParquetReader(RowRangeReader):
     """Random access by global row range over Parquet files, as ``schema`` maps their
     columns (inferred from the first file's schema when None)."""
 
     FORMAT = "parquet"
+    TITLE = "Parquet"
 
     def __init__(self, files: Sequence[str], schema: DataSchema | None = None) -> None:
-        if not files:
-            raise ValueError("a Parquet dataset needs at least one file")
-        self.files = list(files)
-        self.data_schema = schema
+        super().__init__(files, schema)
         first = _open(self.files[0])
-        self.layout: ColumnLayout = layout_for(first.schema_arrow, schema, self.files[0])
-        starts, where = [0], []
+        self.layout = layout_for(first.schema_arrow, schema, self.files[0])
+        rows, where = [], []
         for f, path in enumerate(self.files):
             parquet = first if f == 0 else _open(path)
             if f > 0:
                 layout_for(parquet.schema_arrow, schema, path)  # the same columns in each file
             metadata = parquet.metadata
             for g in range(metadata.num_row_groups):
-                starts.append(starts[-1] + metadata.row_group(g).num_rows)
+                rows.append(metadata.row_group(g).num_rows)
                 where.append((f, g))
-        self._starts = np.array(starts, dtype=np.int64)
+        self._starts = row_starts(rows)
         self._where = where
         # Opened again to read with the layout's string columns as dictionaries
         self._open: dict[int, pq.ParquetFile] = {}
         self._cache: OrderedDict[int, Batch] = OrderedDict()
-
-    @property
-    def schema(self) -> Schema:
-        return self.layout.schema
-
-    @property
-    def num_samples(self) -> int:
-        return int(self._starts[-1])
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __reduce__(self) -> tuple[type[ParquetReader], tuple[list[str], DataSchema | None]]:
-        """Pickle as the file list and schema (footers re-read on load)."""
-        return (ParquetReader, (self.files, self.data_schema))
-
-    def __repr__(self) -> str:
-        return f"ParquetReader({len(self.files)} files, num_samples={self.num_samples})"
 
     def read(self, start: int, stop: int) -> Batch:
         """Samples ``[start, stop)`` from the row groups they lie in."""
@@ -103,10 +78,6 @@ class ParquetReader:
             lo, hi = max(start, base) - base, min(stop, int(self._starts[group + 1])) - base
             parts.append(self._raw_group(group).slice(lo, max(hi - lo, 0)))
         return pa.concat_tables(parts)
-
-    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
-        return serving_columns(self.read_table(start, stop), self.layout)
 
     def _raw_group(self, group: int) -> pa.Table:
         f, g = self._where[group]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,42 @@ def write_parquet(
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.parquet`` (the rows
     in order across up to ``num_files`` files, each a whole number of row groups, so shards of
     ``rows_per_group`` rows each decode one); returns ``out_dir``."""
+    files = _file_tables(
+        split_dir, out_dir, "parquet", num_files, string_ids, list_column, rows_per_group
+    )
+    for table, path in files:
+        pq.write_table(table, path, row_group_size=rows_per_group)
+    return Path(out_dir)
+
+
+def _file_tables(
+    split_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    suffix: str,
+    num_files: int,
+    string_ids: bool,
+    list_column: bool,
+    rows_per_group: int | None = None,
+) -> Iterator[tuple[pa.Table, Path]]:
+    """The split's rows in order, cut into ``num_files`` files of about equal size (with
+    ``rows_per_group``: up to ``num_files`` files of whole groups), each as an Arrow table and
+    the path it is written to, ``out_dir/part-NNNNN.<suffix>`` (``out_dir`` created)."""
     reader = NpyColumnsReader(split_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    groups = -(-reader.num_samples // rows_per_group)
-    cuts = np.linspace(0, groups, min(num_files, max(groups, 1)) + 1).astype(int)
-    bounds = np.minimum(cuts * rows_per_group, reader.num_samples)
+    bounds = _file_bounds(reader.num_samples, num_files, rows_per_group)
     for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
         table = _table(reader, int(start), int(stop), string_ids, list_column)
-        pq.write_table(table, out / f"part-{index:05d}.parquet", row_group_size=rows_per_group)
-    return out
+        yield table, out / f"part-{index:05d}.{suffix}"
+
+
+def _file_bounds(num_samples: int, num_files: int, rows_per_group: int | None) -> np.ndarray:
+    """Where each file's rows start, then the end (see ``_file_tables``)."""
+    if rows_per_group is None:
+        return np.linspace(0, num_samples, num_files + 1).astype(int)
+    groups = -(-num_samples // rows_per_group)
+    cuts = np.linspace(0, groups, min(num_files, max(groups, 1)) + 1).astype(int)
+    return np.minimum(cuts * rows_per_group, num_samples)
 
 
 def _table(
@@ -128,16 +155,12 @@ def write_tfrecord(
     ``tf.train.Example`` per row, the features named as in ``write_parquet``."""
     import tensorflow as tf
 
-    reader = NpyColumnsReader(split_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
-    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids, list_column)
-        with tf.io.TFRecordWriter(str(out / f"part-{index:05d}.tfrecord")) as writer:
+    files = _file_tables(split_dir, out_dir, "tfrecord", num_files, string_ids, list_column)
+    for table, path in files:
+        with tf.io.TFRecordWriter(str(path)) as writer:
             for row in table.to_pylist():
                 writer.write(_example(row).SerializeToString())
-    return out
+    return Path(out_dir)
 
 
 def _example(row: dict[str, Any]) -> Any:
@@ -167,14 +190,10 @@ def write_csv(
 ) -> Path:
     """Write the npy-columns split ``split_dir`` to ``out_dir/part-NNNNN.csv``, a header line
     each, the columns named as in ``write_parquet`` (``bag``'s values separated by ``|``)."""
-    reader = NpyColumnsReader(split_dir)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    bounds = np.linspace(0, reader.num_samples, num_files + 1).astype(int)
-    for index, (start, stop) in enumerate(itertools.pairwise(bounds)):
-        table = _table(reader, int(start), int(stop), string_ids, list_column)
+    files = _file_tables(split_dir, out_dir, "csv", num_files, string_ids, list_column)
+    for table, path in files:
         if list_column:
             cells = pa.array(["|".join(bag) for bag in table.column(LIST_COLUMN).to_pylist()])
             table = table.set_column(table.schema.get_field_index(LIST_COLUMN), LIST_COLUMN, cells)
-        pacsv.write_csv(table, out / f"part-{index:05d}.csv")
-    return out
+        pacsv.write_csv(table, path)
+    return Path(out_dir)

@@ -18,14 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from airflow_rover.core.data_schema import DataSchema
-from airflow_rover.data.arrow_columns import (
-    ColumnLayout,
-    DataSchemaError,
-    layout_for,
-    serving_columns,
-    to_batch,
-)
-from airflow_rover.data.batch import Batch, Schema, check_range, concat_batches
+from airflow_rover.data.arrow_columns import DataSchemaError, layout_for
+from airflow_rover.data.file_rows import FileRowsReader, row_starts
 from airflow_rover.data.offset_index import cached_index
 from airflow_rover.data.sources import open_binary
 
@@ -100,77 +94,38 @@ def example_schema(record: bytes, where: str, lists: frozenset[str] = frozenset(
     return pa.schema(fields)
 
 
-class TFRecordReader:
+class TFRecordReader(FileRowsReader):
     """Random access by global row range over TFRecord files of Examples."""
 
     FORMAT = "tfrecord"
+    TITLE = "TFRecord"
 
     def __init__(self, files: Sequence[str], schema: DataSchema | None = None) -> None:
-        if not files:
-            raise ValueError("a TFRecord dataset needs at least one file")
+        super().__init__(files, schema)
         if schema is None:
             raise DataSchemaError(
                 f"{files[0]}: TFRecord Examples carry no schema; give data_schema (the label, "
                 "dense and categorical features)"
             )
-        self.files = list(files)
-        self.data_schema = schema
         self._offsets = [_indexed_records(path) for path in self.files]
         counts = [len(o) - 1 for o in self._offsets]
-        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._starts = row_starts(counts)
         first = next((f for f, n in enumerate(counts) if n), None)
         if first is None:
             raise DataSchemaError(f"{self.files[0]}: the TFRecord files hold no record")
         record = _records(self.files[first], self._offsets[first], 0, 1)[0]
         lists = frozenset(c.name for c in schema.categorical if c.multivalued)
         self._arrow_schema = example_schema(record, self.files[first], lists)
-        self.layout: ColumnLayout = layout_for(self._arrow_schema, schema, self.files[first])
+        self.layout = layout_for(self._arrow_schema, schema, self.files[first])
 
-    @property
-    def schema(self) -> Schema:
-        return self.layout.schema
+    def _rows(self, f: int, first: int, last: int) -> pa.Table:
+        if first == last:
+            return self._table([], self.files[f])
+        records = _records(self.files[f], self._offsets[f], first, last)
+        return self._table(records, self._location(f, first))
 
-    @property
-    def num_samples(self) -> int:
-        return int(self._starts[-1])
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __reduce__(self) -> tuple[type[TFRecordReader], tuple[list[str], DataSchema | None]]:
-        return (TFRecordReader, (self.files, self.data_schema))
-
-    def __repr__(self) -> str:
-        return f"TFRecordReader({len(self.files)} files, num_samples={self.num_samples})"
-
-    def read(self, start: int, stop: int) -> Batch:
-        """Samples ``[start, stop)``: the records of each file the range overlaps."""
-        parts = [to_batch(table, self.layout, where) for table, where in self._tables(start, stop)]
-        return concat_batches(parts)
-
-    def read_table(self, start: int, stop: int) -> pa.Table:
-        """Samples ``[start, stop)`` as the records hold them (not hashed)."""
-        return pa.concat_tables([table for table, _ in self._tables(start, stop)])
-
-    def serving_columns(self, start: int, stop: int) -> dict[str, np.ndarray]:
-        """A served model's categorical inputs for samples ``[start, stop)``: the raw values."""
-        return serving_columns(self.read_table(start, stop), self.layout)
-
-    def _tables(self, start: int, stop: int) -> list[tuple[pa.Table, str]]:
-        """The records of each file ``[start, stop)`` overlaps, parsed, and where they are."""
-        check_range(start, stop, self.num_samples)
-        parts = []
-        f = int(np.searchsorted(self._starts, start, side="right")) - 1
-        while start < stop:
-            base = int(self._starts[f])
-            end = min(stop, int(self._starts[f + 1]))
-            if end > start:
-                records = _records(self.files[f], self._offsets[f], start - base, end - base)
-                where = f"{self.files[f]} (record {start - base})"
-                parts.append((self._table(records, where), where))
-            start = end
-            f += 1
-        return parts or [(self._table([], self.files[0]), self.files[0])]
+    def _location(self, f: int, first: int) -> str:
+        return f"{self.files[f]} (record {first})"
 
     def _table(self, records: list[bytes], where: str) -> pa.Table:
         import tensorflow as tf

@@ -41,7 +41,8 @@ def airflow(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A standalone Airflow whose dags folder holds the training fixture and the scoring DAG."""
     home, dags = tmp_path / "home", tmp_path / "dags"
     dags.mkdir(parents=True)
-    shutil.copy(REPO / "tests" / "fixtures" / "dags" / "rover_asset_train.py", dags)
+    for name in ("rover_asset_train.py", "fixture_common.py"):  # the DAG and what it imports
+        shutil.copy(REPO / "tests" / "fixtures" / "dags" / name, dags)
     shutil.copy(REPO / "dags" / "score_on_new_model.py", dags)
     port = _free_port()
     env = {
