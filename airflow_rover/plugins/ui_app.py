@@ -5,14 +5,13 @@ Every route authenticates the caller and checks the job's DAG with the auth mana
 (``access``); the pages use relative links only (the api-server may sit behind a prefix).
 """
 
-
 import dataclasses
 import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
-from fastapi import Depends, FastAPI, HTTPException, Query, status
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
@@ -31,6 +30,11 @@ from airflow_rover.plugins.job_source import JobSource
 from airflow_rover.plugins.job_views import JobPage, JobRow
 
 REFRESH_S = 5
+PAGE_HEADERS = {
+    "Content-Security-Policy": "frame-ancestors 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
 JobIdPath = Annotated[str, PathParam(pattern=r"^[a-z0-9][a-z0-9.-]{0,199}$")]
 
 _templates = Environment(
@@ -61,6 +65,13 @@ def create_app(source: JobSource | None = None) -> FastAPI:
     history_conn_id`` in Airflow's configuration, else the operator's default)."""
     app = FastAPI(title="airflow-rover elastic jobs", docs_url=None, redoc_url=None)
     jobs = source or JobSource(_configured_history_conn_id())
+
+    @app.middleware("http")
+    async def page_headers(request: Request, call_next: Any) -> Response:
+        """Framed by Airflow's own UI only; never cached (a job's figures change)."""
+        response: Response = await call_next(request)
+        response.headers.update(PAGE_HEADERS)
+        return response
 
     async def readable_page(job_id: JobIdPath, user: UserDep) -> JobPage:
         dag_id = await jobs.dag_of(job_id)

@@ -82,8 +82,13 @@ def daily(ui_run_dag: Callable[..., dict[str, Any]], data: Any) -> dict[str, Any
 
 def test_unauthenticated_requests_get_401(airflow_ui: AirflowUi, daily: dict[str, Any]) -> None:
     job = daily["job_id"]
-    for path in ("/rover/jobs", f"/rover/jobs/{job}", f"/rover/jobs/{job}/panel",
-                 "/rover/api/jobs", f"/rover/api/jobs/{job}"):
+    for path in (
+        "/rover/jobs",
+        f"/rover/jobs/{job}",
+        f"/rover/jobs/{job}/panel",
+        "/rover/api/jobs",
+        f"/rover/api/jobs/{job}",
+    ):
         assert _get(airflow_ui, None, path).status_code == 401, path
     assert _post(airflow_ui, None, f"/rover/api/jobs/{job}/stop").status_code == 401
 
@@ -117,7 +122,8 @@ def test_the_browser_opens_the_jobs_page_and_follows_the_tasks_link(
     result = daily["xcom"]["train:return_value"]
     detail = _get(airflow_ui, "viewer", f"/rover/api/jobs/{job}").json()
     viewer = airflow_ui.users["viewer"]
-    login(browser, airflow_ui.base_url, viewer.name, viewer.password, next_path="/plugin/elastic-jobs")
+    nav_view = "/plugin/elastic-jobs"  # "Elastic jobs" in the navigation: the page in a frame
+    login(browser, airflow_ui.base_url, viewer.name, viewer.password, next_path=nav_view)
     wait = WebDriverWait(browser, 30)
     frame = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "iframe[src*='/rover/jobs']"))
     browser.switch_to.frame(frame)

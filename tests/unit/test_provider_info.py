@@ -67,3 +67,42 @@ def test_airflows_providers_manager_discovers_the_provider() -> None:
     assert "airflow-rover" in providers
     assert providers["airflow-rover"].version == __version__
     assert providers["airflow-rover"].data["triggers"] == get_provider_info()["triggers"]
+
+
+def test_the_ui_plugin_is_registered_and_the_folder_file_is_the_same_plugin() -> None:
+    """The ``airflow.plugins`` entry point, the provider info and ``plugins/`` name one plugin,
+    whose app is mounted at ``/rover`` and whose link is the operator's."""
+    import runpy
+
+    from airflow_rover.operators.training import ElasticTrainingOperator
+    from airflow_rover.plugins.rover_plugin import RoverPlugin
+
+    ours = [
+        ep
+        for ep in entry_points(group="airflow.plugins")
+        if ep.dist is not None and ep.dist.name == "airflow-rover"
+    ]
+    assert [ep.load() for ep in ours] == [RoverPlugin]
+    info = get_provider_info()
+    assert info["plugins"] == [
+        {"name": RoverPlugin.name, "plugin-class": "airflow_rover.plugins.rover_plugin.RoverPlugin"}
+    ]
+    (link_class,) = info["extra-links"]
+    module, _, name = link_class.rpartition(".")
+    link = getattr(importlib.import_module(module), name)
+    assert [type(x) for x in ElasticTrainingOperator.operator_extra_links] == [link]
+    assert [type(x) for x in RoverPlugin.operator_extra_links] == [link]
+    assert [app["url_prefix"] for app in RoverPlugin.fastapi_apps] == ["/rover"]
+    folder_file = Path(__file__).parents[2] / "plugins" / "airflow_rover_ui.py"
+    assert runpy.run_path(str(folder_file))["RoverPlugin"] is RoverPlugin
+
+
+def test_the_link_names_the_task_instances_job_page() -> None:
+    from types import SimpleNamespace
+
+    from airflow_rover.operators.job_identity import job_id_for
+    from airflow_rover.operators.job_link import ElasticJobLink
+
+    key = SimpleNamespace(dag_id="d", task_id="t", run_id="manual__1", map_index=2)
+    link = ElasticJobLink().get_link(None, ti_key=key)
+    assert link.endswith(f"/rover/jobs/{job_id_for('d', 't', 'manual__1', 2)}")
