@@ -37,7 +37,14 @@ from airflow_rover.master.ps_set import PsSet
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.master.resume import starting_point
-from airflow_rover.master.status import StateMirror, Throughput, job_status, recovery_summary
+from airflow_rover.master.status import (
+    TRAINING,
+    StateMirror,
+    Throughput,
+    job_status,
+    recovery_summary,
+)
+from airflow_rover.master.throughput_history import ThroughputHistory
 from airflow_rover.master.wrap_up import WrapUp
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -87,6 +94,7 @@ class JobMaster:
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
         self.autoscaling = Autoscaling(spec.autoscale, self.autoscaler, self.profiler)
         self.throughput, self._mirror = Throughput(), StateMirror(job_dir)
+        self.throughput_history = ThroughputHistory()
 
     # -- the API (request handlers) --------------------------------------------------------------
     def cluster(self, after: int | None = None, wait_s: float = 0.0) -> master_api.ClusterInfo:
@@ -233,6 +241,8 @@ class JobMaster:
                 self._train()
             elif self.state == JobState.EVALUATING and self.wrap_up.evaluation_over():
                 self.wrap_up.complete()
+            if self.state in TRAINING:
+                self.throughput_history.record(time.time(), self.throughput.rate())
             self.mirror_state()
 
     def _stopped_at_deadline(self) -> bool:

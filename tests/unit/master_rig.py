@@ -103,6 +103,7 @@ def new_job(
     num_ps: int = 1,
     checkpoint: CheckpointPolicyConfig | None = None,
     deadline: JobDeadline | None = None,
+    checkpoint_uri: str | None = None,
 ) -> Job:
     """A pending job in ``root/job`` (close its ``api`` when done)."""
     spec = JobSpec(
@@ -117,6 +118,7 @@ def new_job(
         recovery=recovery or RecoveryConfig(),
         checkpoint=checkpoint or CheckpointPolicyConfig(),
         deadline=deadline,
+        checkpoint_uri=checkpoint_uri,
     )
     layout = JobDir(root / "job")
     spec = write_job(layout, spec)

@@ -178,6 +178,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "message",
         "progress",
         "throughput",
+        "throughput_history",
         "plan",
         "nodes",
         "evaluation",
@@ -214,6 +215,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "checkpoint_policy_reason": "as requested",
         "checkpoint_policy_advice": None,
         "checkpoint_interval_s": job.master.spec.recovery.checkpoint_interval_s,
+        "checkpoint_history": [],
         "partial_saves": 0,
         "lost_batches": 0,
         "lost_samples": 0,
@@ -222,7 +224,7 @@ def test_status_shape_through_start_up(make_job) -> None:
     }
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []
-    assert status["throughput"] == 0.0
+    assert status["throughput"] == 0.0 and status["throughput_history"] == []
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
     json.dumps(status)
