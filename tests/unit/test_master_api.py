@@ -111,6 +111,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("GET", "/plans", None),
     ("POST", "/plans", {"num_workers": 9}),
     ("POST", "/plans/1/apply", None),
+    ("POST", "/plans/1/decline", {"reason": "too dear"}),
     ("POST", "/stop", {"reason": "intruder"}),
 ]
 BAD_HEADERS = [
