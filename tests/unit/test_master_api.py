@@ -181,6 +181,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "throughput",
         "throughput_history",
         "plan",
+        "plan_approval",
         "nodes",
         "evaluation",
         "started_at",
@@ -226,6 +227,7 @@ def test_status_shape_through_start_up(make_job) -> None:
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []
     assert status["throughput"] == 0.0 and status["throughput_history"] == []
+    assert status["plan_approval"] is False
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
     json.dumps(status)

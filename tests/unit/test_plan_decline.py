@@ -14,6 +14,7 @@ import pytest
 from master_rig import AUTH, Job, P, start_running
 
 from airflow_rover.core.plans import PlanRecord, PlanState
+from airflow_rover.core.spec import AutoscaleConfig
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
@@ -109,3 +110,13 @@ def test_the_hook_applies_and_declines_plans_through_a_real_master(tmp_path: Pat
         assert applied.id == third.id and applied.note == "the job is pending"
         states = [p["state"] for p in hook.get_status()["plans"]]
         assert states == ["declined", "declined", "declined"]
+
+
+def test_a_job_that_asks_for_approval_says_so_in_its_status(make_job) -> None:
+    """``autoscale.plan_approval`` (the operator's ``plan_approval``) reaches the status and
+    ``state.json``: a reader knows its proposals wait for a person."""
+    job = make_job(autoscale=AutoscaleConfig(plan_approval=True))
+    job.master.step()
+    assert job.status()["plan_approval"] is True
+    job.master.mirror_state(force=True)
+    assert json.loads(job.layout.state_file.read_text())["plan_approval"] is True
