@@ -958,6 +958,8 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     assert result["samples_resumed"] == 0
     assert result["samples_trained_this_run"] == NUM_TRAIN * EPOCHS
     assert result["recovery"]["restarts"] == 0 and result["recovery"]["quarantined"] == []
+    (final,) = status["recovery"]["checkpoint_history"]  # the end of training's checkpoint
+    assert final["samples"] == NUM_TRAIN * EPOCHS and "checkpoint_history" not in result["recovery"]
     assert ps.pushes == NUM_SHARDS * BATCHES_PER_SHARD  # the retried push changed nothing
     assert result["auc"] == (0.75 if with_eval else None)
     assert result["eval_samples"] == (500 if with_eval else 0)
