@@ -201,6 +201,12 @@ class AutoscaleConfig(_Strict):
         description="cores all nodes together may request; default: what the launcher hosts "
         "(the local launcher: this machine's cores)",
     )
+    plan_approval: bool = Field(
+        default=False,
+        description="proposals wait for a person to apply (approve) or decline them; the "
+        "trigger applies none itself. How the job runs, not what it learns: not in the "
+        "training fingerprint",
+    )
 
 
 class ClusterBudget(_Strict):

@@ -1,5 +1,5 @@
-"""The hook: launch a job's master, read its status, apply its plans, stop it. Sync for
-operators, async for triggers, one status policy for both (``resolve_status``).
+"""The hook: launch a job's master, read its status, apply or decline its plans, stop it.
+Sync for operators, async for triggers, one status policy for both (``resolve_status``).
 
 Where the job runs is its backend's to say (``launchers.backends``): the job directory names it,
 so the trigger, the sensor and the CLI need nothing but the directory.
@@ -142,22 +142,42 @@ class ElasticJobHook(BaseHook):
         """Ask the running job for other worker/PS counts: the master proposes the plan and the
         job's trigger applies it (PS counts change by live migration). Returns its record."""
         body = {"num_workers": num_workers, "num_ps": num_ps, "reason": reason}
+        return self._plan_call("/plans", body)
+
+    def apply_plan(self, plan_id: int) -> PlanRecord:
+        """Ask the master to apply its proposed plan ``plan_id`` (a person approved it);
+        returns the plan's record: applied, applying (a PS resize), or declined with the
+        reason the job cannot run it. Applying twice is a no-op."""
+        return self._plan_call(f"/plans/{plan_id}/apply")
+
+    def decline_plan(self, plan_id: int, reason: str) -> PlanRecord:
+        """Decline the proposed plan ``plan_id``: it is never applied, its note says
+        ``declined: <reason>``. ``httpx.HTTPStatusError``: 404 for an unknown plan, 409 for a
+        plan no longer proposed (the message says its state)."""
+        return self._plan_call(f"/plans/{plan_id}/decline", {"reason": reason})
+
+    async def async_apply_plan(self, plan_id: int) -> PlanRecord:
+        """Ask the master to apply its proposed plan ``plan_id``; returns the plan's record."""
+        return await self._async_plan_call(f"/plans/{plan_id}/apply")
+
+    async def async_decline_plan(self, plan_id: int, reason: str) -> PlanRecord:
+        """``decline_plan``, for async callers."""
+        return await self._async_plan_call(f"/plans/{plan_id}/decline", {"reason": reason})
+
+    def _plan_call(self, path: str, body: dict[str, Any] | None = None) -> PlanRecord:
         reply = httpx.post(
-            self._url("/plans"),
+            self._url(path),
             json=body,
             headers=self._headers(),
             timeout=self._timeout,
             verify=self._verify(),
         )
-        reply.raise_for_status()
-        return PlanRecord.model_validate(reply.json())
+        return _plan_record(reply)
 
-    async def async_apply_plan(self, plan_id: int) -> PlanRecord:
-        """Ask the master to apply its proposed plan ``plan_id``; returns the plan's record."""
+    async def _async_plan_call(self, path: str, body: dict[str, Any] | None = None) -> PlanRecord:
         async with self._async_client() as client:
-            reply = await client.post(self._url(f"/plans/{plan_id}/apply"), headers=self._headers())
-            reply.raise_for_status()
-            return PlanRecord.model_validate(reply.json())
+            reply = await client.post(self._url(path), json=body, headers=self._headers())
+            return _plan_record(reply)
 
     # -- status ------------------------------------------------------------------------------
     def get_status(self) -> dict[str, Any]:
@@ -196,3 +216,20 @@ class ElasticJobHook(BaseHook):
                 api_status = None
         alive = api_status is not None or await self.async_master_alive()
         return resolve_status(self.job_dir, api_status, alive)
+
+
+def _plan_record(reply: httpx.Response) -> PlanRecord:
+    """The plan record a plan call answers; ``httpx.HTTPStatusError`` with the master's reason
+    for a refusal (an unknown plan, one no longer proposed, a bad request)."""
+    if reply.is_error:
+        try:
+            answer = reply.json()
+        except ValueError:
+            answer = reply.text
+        detail = answer.get("detail", answer) if isinstance(answer, dict) else answer
+        raise httpx.HTTPStatusError(
+            f"{reply.status_code} from the job master: {detail}",
+            request=reply.request,
+            response=reply,
+        )
+    return PlanRecord.model_validate(reply.json())

@@ -107,7 +107,7 @@ def _node_routes(master: JobMaster) -> APIRouter:
 
 
 def _job_routes(master: JobMaster) -> APIRouter:
-    """What Airflow and people call: the status, plans, stop."""
+    """What Airflow and people call: the status, plans (propose, apply, decline), stop."""
     router = APIRouter()
 
     @router.get("/status")
@@ -129,6 +129,14 @@ def _job_routes(master: JobMaster) -> APIRouter:
     @router.post("/plans/{plan_id}/apply")
     def apply_plan(plan_id: int) -> dict[str, Any]:
         return _known(master.apply_plan, plan_id).to_json()
+
+    @router.post("/plans/{plan_id}/decline")
+    def decline_plan(plan_id: int, body: master_api.DeclineRequest) -> dict[str, Any]:
+        """409 for a plan no longer proposed (applied, declined, superseded)."""
+        try:
+            return _known(master.decline_plan, plan_id, body.reason).to_json()
+        except ValueError as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
 
     @router.post("/stop")
     def stop(body: master_api.StopRequest) -> dict[str, str]:

@@ -21,6 +21,7 @@ from airflow_rover.core.policies import (
     judge_choice,
 )
 from airflow_rover.core.spec import JobSpec
+from airflow_rover.master.checkpoint_history import CheckpointHistory, checkpoint_entry
 from airflow_rover.master.checkpointer import Checkpointer, CheckpointTimes
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.resume import LOST_UPDATES_KEY
@@ -71,6 +72,7 @@ class Checkpoints:
         self.reason = "as requested"
         self.advice: str | None = None  # a cheaper policy, from the measured costs
         self._durable_wait_since: float | None = None
+        self.history = CheckpointHistory.on_disk(job.job_dir.checkpoint_dirs(), number, mirror)
 
     def _queue_state(self) -> dict[str, Any]:
         job = self.job
@@ -86,6 +88,7 @@ class Checkpoints:
         failure rate, re-plan the checkpoint interval (and the policy) from what this
         checkpoint cost."""
         job = self.job
+        self.history.add(checkpoint_entry(directory, self.mirror))
         if self.mirror is not None:
             self.mirror.submit(directory)
         job.policy.on_commit(job.port, directory)
@@ -140,6 +143,7 @@ class Checkpoints:
             "checkpoint_policy_reason": self.reason,
             "checkpoint_policy_advice": self.advice,
             "checkpoint_interval_s": self.checkpointer.interval_s,
+            "checkpoint_history": self.history.to_json(),
             **report,
         }
 

@@ -19,7 +19,7 @@ from typing import Any
 from airflow_rover.core.crashes import Crash
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_tls import JobTLS
-from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.plans import PlanRecord, PlanState
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.spec import JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
@@ -37,7 +37,14 @@ from airflow_rover.master.ps_set import PsSet
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.master.resume import starting_point
-from airflow_rover.master.status import StateMirror, Throughput, job_status, recovery_summary
+from airflow_rover.master.status import (
+    TRAINING,
+    StateMirror,
+    Throughput,
+    job_status,
+    recovery_summary,
+)
+from airflow_rover.master.throughput_history import ThroughputHistory
 from airflow_rover.master.wrap_up import WrapUp
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.ps_client import PSClient
@@ -87,6 +94,7 @@ class JobMaster:
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
         self.autoscaling = Autoscaling(spec.autoscale, self.autoscaler, self.profiler)
         self.throughput, self._mirror = Throughput(), StateMirror(job_dir)
+        self.throughput_history = ThroughputHistory()
 
     # -- the API (request handlers) --------------------------------------------------------------
     def cluster(self, after: int | None = None, wait_s: float = 0.0) -> master_api.ClusterInfo:
@@ -187,10 +195,28 @@ class JobMaster:
     def apply_plan(self, plan_id: int) -> PlanRecord:
         """Apply a proposed plan (``resize.PlanExecutor``); applying twice is a no-op."""
         with self._lock:
-            record = next((p for p in self.autoscaler.plans if p.id == plan_id), None)
-            if record is None:
-                raise KeyError(f"no plan {plan_id}")
-            return self.plans.apply(record)
+            return self.plans.apply(self._plan(plan_id))
+
+    def decline_plan(self, plan_id: int, reason: str) -> PlanRecord:
+        """Decline a proposed plan (a person said no): it is never applied, and the rule that
+        proposed it does not propose it again. Raises KeyError for an unknown plan, ValueError
+        for one no longer proposed."""
+        with self._lock:
+            record = self._plan(plan_id)
+            if record.state != PlanState.PROPOSED:
+                raise ValueError(
+                    f"plan {plan_id} is {record.state.value}: only a proposed plan can be declined"
+                )
+            record.decline(f"declined: {reason}")
+            log.info("plan %s declined: %s", plan_id, reason)
+            self.mirror_state(force=True)
+            return record
+
+    def _plan(self, plan_id: int) -> PlanRecord:
+        record = next((p for p in self.autoscaler.plans if p.id == plan_id), None)
+        if record is None:
+            raise KeyError(f"no plan {plan_id}")
+        return record
 
     def request_stop(self, reason: str) -> None:
         with self._lock:
@@ -233,6 +259,8 @@ class JobMaster:
                 self._train()
             elif self.state == JobState.EVALUATING and self.wrap_up.evaluation_over():
                 self.wrap_up.complete()
+            if self.state in TRAINING:
+                self.throughput_history.record(time.time(), self.throughput.rate())
             self.mirror_state()
 
     def _stopped_at_deadline(self) -> bool:

@@ -16,6 +16,7 @@ from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.recovery import NodeRecovery
+from airflow_rover.master.throughput_history import ThroughputHistory
 from airflow_rover.master.wrap_up import WrapUp
 
 THROUGHPUT_WINDOW_S = 10.0
@@ -86,6 +87,7 @@ class ReportingJob(JobCore, Protocol):
     """What the status reads of the job beyond its core."""
 
     throughput: Throughput
+    throughput_history: ThroughputHistory
     wrap_up: WrapUp
     started_at: float
     finished_at: float | None
@@ -117,6 +119,7 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
             "shards": job.queue.counts(),
         },
         "throughput": round(job.throughput.rate(), 1) if job.state in TRAINING else 0.0,
+        "throughput_history": job.throughput_history.to_json(),  # since this master started
         "plan": job.spec.plan.model_dump(),
         "nodes": job.nodes.to_dicts(),
         "evaluation": job.wrap_up.evaluation,
@@ -125,6 +128,7 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
         "duration_s": round((job.finished_at or time.time()) - job.started_at, 3),
         "recovery": recovery_summary(job),
         "plans": [p.to_json() for p in job.autoscaler.plans],
+        "plan_approval": job.spec.autoscale.plan_approval,  # proposals wait for a person
         "profile": job.autoscaler.report(job.profiler),
         "result": job.wrap_up.result,
         # set when the job failed in a way no retry can fix (``master.crash_watch``)

@@ -137,7 +137,10 @@ class WrapUp:
                 **job.queue.accounting(),
                 "batches": batch_accounting(job.queue.expected_keys(), ledgers),
             },
-            "recovery": job.recovery_summary(),
+            # the checkpoint list stays in the status: the result goes to XCom
+            "recovery": {
+                k: v for k, v in job.recovery_summary().items() if k != "checkpoint_history"
+            },
         }
         mirror = job.checkpointing.mirror
         if mirror is not None and mirror.last is not None:

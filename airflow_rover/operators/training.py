@@ -73,6 +73,7 @@ from airflow_rover.operators.training_params import (
     check_job_location,
     check_launcher,
     check_output_dir,
+    check_plan_approval,
     check_polling,
     check_static_checkpoint,
     check_static_model,
@@ -156,6 +157,10 @@ class ElasticTrainingOperator(BaseOperator):
         ``file://<output_dir>/model`` for a literal ``output_dir``.
     :param export_saved_model: after the job succeeds, write the model's TensorFlow SavedModel
         into its folder (``model/saved_model``) before the task succeeds.
+    :param plan_approval: the plans the job's optimizer proposes wait for a person to approve
+        (apply) or decline them, from the Airflow UI or the hook (``apply_plan``,
+        ``decline_plan``); default ``False``: the trigger applies them (within
+        ``cluster_budget``). The job's status says ``plan_approval``.
 
     .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget),
         ``docs/serving.md`` (the SavedModel and the Asset)
@@ -222,11 +227,13 @@ class ElasticTrainingOperator(BaseOperator):
         evict_after_days: int | str | None = None,
         model_asset: Asset | str | None = None,
         export_saved_model: bool = True,
+        plan_approval: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         owner = self._owner
         check_job_args(owner, warm_start, train_data)
+        check_plan_approval(owner, plan_approval)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
@@ -267,6 +274,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.model_asset = outlet_of(owner, model_asset, default_asset)
         self.add_outlets([self.model_asset])
         self.export_saved_model = bool(export_saved_model)
+        self.plan_approval = plan_approval
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_specs(owner, self.plan, self.training, self.recovery)
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
@@ -298,6 +306,7 @@ class ElasticTrainingOperator(BaseOperator):
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
                     "checkpoint_uri": self.checkpoint_uri or None,
+                    "autoscale": {"plan_approval": self.plan_approval},
                 }
             )
             checkpoint.check_cluster(spec.plan.num_ps)
@@ -550,6 +559,7 @@ class ElasticTrainingOperator(BaseOperator):
                 job_dir=str(external_id),
                 poll_interval=self.poll_interval,
                 stop_on_kill=True,
+                apply_plans=not self.plan_approval,  # else a person applies or declines them
                 cluster_budget=budget,
                 history_conn_id=(self.history_conn_id or None) if budget else None,
             ),

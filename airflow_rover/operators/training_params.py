@@ -36,6 +36,12 @@ def check_job_args(owner: str, warm_start: Any, train_data: Any) -> None:
         raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
 
 
+def check_plan_approval(owner: str, plan_approval: Any) -> None:
+    """``plan_approval`` is a bool (a string such as ``"false"`` would read as true)."""
+    if not isinstance(plan_approval, bool):
+        raise ValueError(f"{owner}: plan_approval must be True or False, got {plan_approval!r}")
+
+
 def check_launcher(owner: str, launcher: Any, kubernetes: Any, kubernetes_conn_id: Any) -> None:
     """A known launcher, with the Kubernetes settings it needs; those settings are checked
     even when unused, so that ``launcher`` alone switches a DAG's backend."""

@@ -96,6 +96,12 @@ class PlanRequest(_Body):
     reason: str = Field(default="requested", max_length=500)
 
 
+class DeclineRequest(_Body):
+    """Why a person declined a proposed plan (kept in the plan's note)."""
+
+    reason: str = Field(min_length=1, max_length=500)
+
+
 class StopRequest(_Body):
     reason: str = Field(default="stop requested", max_length=500)
 

@@ -15,7 +15,13 @@ from fastapi.testclient import TestClient
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import CheckpointPolicyConfig
-from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import (
+    AutoscaleConfig,
+    JobSpec,
+    RecoveryConfig,
+    ResourcePlan,
+    TrainingConfig,
+)
 from airflow_rover.data.synthetic import GeneratedDataset, SyntheticConfig, generate_dataset
 from airflow_rover.launchers.base import write_job
 from airflow_rover.master.app import create_app
@@ -103,6 +109,8 @@ def new_job(
     num_ps: int = 1,
     checkpoint: CheckpointPolicyConfig | None = None,
     deadline: JobDeadline | None = None,
+    checkpoint_uri: str | None = None,
+    autoscale: AutoscaleConfig | None = None,
 ) -> Job:
     """A pending job in ``root/job`` (close its ``api`` when done)."""
     spec = JobSpec(
@@ -117,6 +125,8 @@ def new_job(
         recovery=recovery or RecoveryConfig(),
         checkpoint=checkpoint or CheckpointPolicyConfig(),
         deadline=deadline,
+        checkpoint_uri=checkpoint_uri,
+        autoscale=autoscale or AutoscaleConfig(),
     )
     layout = JobDir(root / "job")
     spec = write_job(layout, spec)

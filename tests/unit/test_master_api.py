@@ -111,6 +111,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("GET", "/plans", None),
     ("POST", "/plans", {"num_workers": 9}),
     ("POST", "/plans/1/apply", None),
+    ("POST", "/plans/1/decline", {"reason": "too dear"}),
     ("POST", "/stop", {"reason": "intruder"}),
 ]
 BAD_HEADERS = [
@@ -178,7 +179,9 @@ def test_status_shape_through_start_up(make_job) -> None:
         "message",
         "progress",
         "throughput",
+        "throughput_history",
         "plan",
+        "plan_approval",
         "nodes",
         "evaluation",
         "started_at",
@@ -214,6 +217,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "checkpoint_policy_reason": "as requested",
         "checkpoint_policy_advice": None,
         "checkpoint_interval_s": job.master.spec.recovery.checkpoint_interval_s,
+        "checkpoint_history": [],
         "partial_saves": 0,
         "lost_batches": 0,
         "lost_samples": 0,
@@ -222,7 +226,8 @@ def test_status_shape_through_start_up(make_job) -> None:
     }
     assert status["plan"] == job.master.spec.plan.model_dump()
     assert status["nodes"] == []
-    assert status["throughput"] == 0.0
+    assert status["throughput"] == 0.0 and status["throughput_history"] == []
+    assert status["plan_approval"] is False
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
     json.dumps(status)
@@ -953,6 +958,8 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
     assert result["samples_resumed"] == 0
     assert result["samples_trained_this_run"] == NUM_TRAIN * EPOCHS
     assert result["recovery"]["restarts"] == 0 and result["recovery"]["quarantined"] == []
+    (final,) = status["recovery"]["checkpoint_history"]  # the end of training's checkpoint
+    assert final["samples"] == NUM_TRAIN * EPOCHS and "checkpoint_history" not in result["recovery"]
     assert ps.pushes == NUM_SHARDS * BATCHES_PER_SHARD  # the retried push changed nothing
     assert result["auc"] == (0.75 if with_eval else None)
     assert result["eval_samples"] == (500 if with_eval else 0)

@@ -17,10 +17,12 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
+from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 REPO = Path(__file__).resolve().parents[2]
 DNS_SAFE = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
@@ -74,6 +76,7 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ({"max_runtime": timedelta(minutes=-5)}, ["max_runtime", "positive timedelta"]),
     ({"max_runtime": 3600}, ["max_runtime", "positive timedelta"]),
     ({"warm_start": "yes"}, ["warm_start", "True or False"]),
+    ({"plan_approval": "false"}, ["plan_approval", "True or False", "'false'"]),
     (
         {"features": {"num_dense": 13, "tables": [TABLE, {**TABLE, "column": "C2"}]}},
         ["features", "duplicate table names ['site']"],
@@ -474,3 +477,34 @@ def test_every_dag_file_imports_without_errors(
         etl_model,
         "x-rover-model://rover_daily_retrain/train",
     }
+
+
+@pytest.mark.parametrize("plan_approval", [False, True], ids=["applied", "approved"])
+def test_with_plan_approval_the_trigger_leaves_the_proposals_to_a_person(
+    monkeypatch: pytest.MonkeyPatch, plan_approval: bool
+) -> None:
+    """``plan_approval=True``: the trigger applies no proposal (``apply_plans`` False, and so
+    after a triggerer restart: it is serialized); by default it applies them."""
+    operator = build(plan_approval=plan_approval)
+    monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook())
+    with pytest.raises(TaskDeferred) as info:
+        operator.poll_until_complete("/jobs/x", task_context())
+    trigger = info.value.trigger
+    assert isinstance(trigger, ElasticJobTrigger)
+    assert trigger.apply_plans is not plan_approval
+    assert trigger.serialize()[1]["apply_plans"] is not plan_approval
+
+
+def test_plan_approval_is_in_the_spec_but_not_in_the_training_fingerprint(tmp_path: Path) -> None:
+    """The flag reaches the job (its master reports it) without changing what counts as the
+    same training; a job.json written before the flag existed loads without it."""
+    data = generate_dataset(tmp_path / "data", SyntheticConfig(num_train=200, num_eval=100))
+    specs = [
+        build(train_data=str(data.train_dir), plan_approval=approval).build_spec(task_context())
+        for approval in (False, True)
+    ]
+    assert [s.autoscale.plan_approval for s in specs] == [False, True]
+    assert training_fingerprint(specs[0]) == training_fingerprint(specs[1])
+    older = json.loads(specs[1].model_dump_json())
+    del older["autoscale"]["plan_approval"]
+    assert JobSpec.model_validate(older).autoscale.plan_approval is False

@@ -195,6 +195,22 @@ def test_success_event_for_a_succeeded_job(tmp_path: Path) -> None:
     assert event["job"]["progress"]["samples_done"] == 10_000
 
 
+def test_an_event_leaves_the_status_lists_over_time_in_state_json(tmp_path: Path) -> None:
+    """A long job's throughput and checkpoint histories stay out of the event (and so out of
+    Airflow's database); everything else of the status is there, and ``state.json`` keeps all."""
+    points = [{"at": 1e9 + 2 * i, "samples_per_second": 100.0} for i in range(600)]
+    checkpoints = [{"id": 1, "at": 1e9, "samples": 5, "bytes": 10, "uri": "file:///c/ckpt-1"}]
+    recovery = {"restarts": 0, "checkpoint_history": checkpoints}
+    state = job_state("succeeded", 10_000, throughput_history=points, recovery=recovery)
+    layout = make_job(tmp_path, state=state)
+    payload = first_event(ElasticJobTrigger(str(tmp_path), poll_interval=0.1))
+    assert "throughput_history" not in payload["job"]
+    assert payload["job"]["recovery"] == {"restarts": 0}
+    assert payload["job"]["progress"] == state["progress"]
+    print(f"event: {len(json.dumps(payload))} bytes; status: {len(json.dumps(state))} bytes")
+    assert json.loads(layout.state_file.read_text())["throughput_history"] == points
+
+
 def test_failed_event_carries_the_masters_message(tmp_path: Path) -> None:
     """A failed job gives a 'failed' event whose message holds the master's reason."""
     reason = "worker-0 exited with code 1; 1 shard(s) returned to TODO"
