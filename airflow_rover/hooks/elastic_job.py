@@ -98,13 +98,13 @@ class ElasticJobHook(BaseHook):
         """Make sure the master is gone, and with it everything it runs."""
         self.backend.stop_master(self.job_dir)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, final: bool = False) -> None:
         """Ask the master to stop the job, then make sure its process is gone."""
         if self._address() and self.master_alive():
             try:
                 httpx.post(
                     self._url("/stop"),
-                    json={"reason": reason},
+                    json={"reason": reason, "final": final},
                     headers=self._headers(),
                     timeout=self._timeout,
                     verify=self._verify(),
@@ -113,12 +113,14 @@ class ElasticJobHook(BaseHook):
                 self.log.warning("Stop request failed (%s); terminating the master", exc)
         self.stop_master_process()
 
-    async def async_stop(self, reason: str) -> None:
+    async def async_stop(self, reason: str, final: bool = False) -> None:
         if self._address() and await self.async_master_alive():
             try:
                 async with self._async_client() as client:
                     await client.post(
-                        self._url("/stop"), json={"reason": reason}, headers=self._headers()
+                        self._url("/stop"),
+                        json={"reason": reason, "final": final},
+                        headers=self._headers(),
                     )
             except httpx.HTTPError as exc:
                 self.log.warning("Stop request failed (%s); terminating the master", exc)

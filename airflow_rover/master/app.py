@@ -140,7 +140,7 @@ def _job_routes(master: JobMaster) -> APIRouter:
 
     @router.post("/stop")
     def stop(body: master_api.StopRequest) -> dict[str, str]:
-        master.request_stop(body.reason)
+        master.request_stop(body.reason, body.final)
         return {"state": master.status()["state"]}
 
     return router

@@ -218,9 +218,17 @@ class JobMaster:
             raise KeyError(f"no plan {plan_id}")
         return record
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, final: bool = False) -> None:
+        """Stop the job; ``final``: a person decided it, so the task fails without a retry
+        (its status's ``failure`` says so)."""
         with self._lock:
             if self.state not in TERMINAL_STATES:
+                if final:
+                    self.recovery.crashes.failure = {
+                        "kind": "stopped",
+                        "retryable": False,
+                        "reason": reason,
+                    }
                 self.finish(JobState.STOPPED, reason)
 
     def fail(self, message: str) -> None:

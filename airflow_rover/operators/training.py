@@ -233,7 +233,7 @@ class ElasticTrainingOperator(BaseOperator):
         super().__init__(**kwargs)
         owner = self._owner
         check_job_args(owner, warm_start, train_data)
-        check_plan_approval(owner, plan_approval)
+        check_plan_approval(owner, plan_approval, cluster_budget)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
@@ -450,7 +450,7 @@ class ElasticTrainingOperator(BaseOperator):
             launcher=self.launcher,
             model=spec.model,
             checkpoint_policy=spec.checkpoint.policy,
-            plan_approval=bool(getattr(self, "plan_approval", False)),
+            plan_approval=self.plan_approval,
             cluster_budget=self.rendered_cluster_budget(),
         )
         try:

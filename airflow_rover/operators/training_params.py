@@ -36,10 +36,16 @@ def check_job_args(owner: str, warm_start: Any, train_data: Any) -> None:
         raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
 
 
-def check_plan_approval(owner: str, plan_approval: Any) -> None:
-    """``plan_approval`` is a bool (a string such as ``"false"`` would read as true)."""
+def check_plan_approval(owner: str, plan_approval: Any, cluster_budget: Any) -> None:
+    """``plan_approval`` is a bool (a string such as ``"false"`` would read as true), and not
+    with a cluster budget, whose arbiter a person's approval would bypass."""
     if not isinstance(plan_approval, bool):
         raise ValueError(f"{owner}: plan_approval must be True or False, got {plan_approval!r}")
+    if plan_approval and cluster_budget is not None:
+        raise ValueError(
+            f"{owner}: plan_approval=True with cluster_budget: the cluster arbiter applies a "
+            "shared budget's plans, a person approves the others; give one of them"
+        )
 
 
 def check_launcher(owner: str, launcher: Any, kubernetes: Any, kubernetes_conn_id: Any) -> None:

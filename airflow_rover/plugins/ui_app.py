@@ -17,8 +17,9 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from pydantic import BaseModel, Field
 
-from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.plans import PlanRecord, plan_records
 from airflow_rover.history.launches import Launch
+from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.plugins.access import (
     UserDep,
     readable_dag_ids,
@@ -139,12 +140,14 @@ def create_app(source: JobSource | None = None) -> FastAPI:
             f": {body.reason}" if body.reason else ""
         )
         hook = jobs.hook(launch)
-        await hook.async_stop(reason)
+        await hook.async_stop(reason, final=True)  # a person decided: no retry resumes it
         return {"state": str((await hook.async_get_status()).get("state"))}
 
     @app.post("/api/jobs/{job_id}/plans/{plan_id}/approve", dependencies=[Json])
     async def approve(launch: Editable, plan_id: int) -> dict[str, Any]:
-        record: PlanRecord = await _plan_call(jobs.hook(launch).async_apply_plan(plan_id))
+        hook = jobs.hook(launch)
+        await _still_proposed(hook, plan_id)
+        record: PlanRecord = await _plan_call(hook.async_apply_plan(plan_id))
         return record.to_json()
 
     @app.post("/api/jobs/{job_id}/plans/{plan_id}/decline", dependencies=[Json])
@@ -175,6 +178,20 @@ async def _plan_call(call: Any) -> PlanRecord:
             status.HTTP_503_SERVICE_UNAVAILABLE, f"the job's master did not answer: {exc}"
         ) from None
     return record
+
+
+async def _still_proposed(hook: ElasticJobHook, plan_id: int) -> None:
+    """409 unless plan ``plan_id`` waits to be applied (the master answers an apply of an
+    ended plan with the plan as it is)."""
+    job = await hook.async_get_status()
+    record = next((r for r in plan_records(job.get("plans")) if r.id == plan_id), None)
+    if record is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"the job has no plan {plan_id}")
+    if not record.pending:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"plan {plan_id} is {record.state}: only a proposed plan can be approved",
+        )
 
 
 def _detail(response: httpx.Response) -> str:

@@ -104,6 +104,8 @@ class DeclineRequest(_Body):
 
 class StopRequest(_Body):
     reason: str = Field(default="stop requested", max_length=500)
+    # a person's decision: the job's failure says no retry should resume it
+    final: bool = False
 
 
 class ClusterInfo(_Body):
