@@ -26,10 +26,11 @@ def throughput_chart(samples: Sequence[tuple[float, float]]) -> Chart | None:
         return None
     t0, t1 = samples[0][0], samples[-1][0]
     span = max(t1 - t0, 1e-9)
-    peak = max(rate for _, rate in samples) or 1.0
+    peak = max(rate for _, rate in samples)
+    scale = peak or 1.0  # all zero: a flat line at the bottom
     inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
     coords = [
-        f"{PAD + (t - t0) / span * inner_w:.1f},{HEIGHT - PAD - rate / peak * inner_h:.1f}"
+        f"{PAD + (t - t0) / span * inner_w:.1f},{HEIGHT - PAD - rate / scale * inner_h:.1f}"
         for t, rate in samples
     ]
     return Chart(

@@ -130,7 +130,7 @@ def job_row(
         samples_per_second=_first(
             ended.get("samples_per_second"),
             result.get("samples_per_second"),
-            status.get("throughput") or None,
+            status.get("throughput"),
         ),
         auc=_first(ended.get("auc"), result.get("auc"), evaluation.get("auc")),
         duration_s=_first(ended.get("duration_s"), status.get("duration_s")),

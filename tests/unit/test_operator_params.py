@@ -293,6 +293,8 @@ def task_context(store: TaskStateStore | None = None) -> Any:
         task_id="train",
         run_id="manual__1",
         map_index=-1,
+        try_number=1,
+        task=None,
         stats_tags={},
         xcom_push=lambda **_: None,
     )

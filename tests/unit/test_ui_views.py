@@ -169,3 +169,9 @@ def test_the_launch_index_keeps_one_row_per_job(tmp_path: Path) -> None:
         got = index.get("rover-daily.train-0123456789")
         assert got is not None and got.cluster_budget == {"name": "b"}
         assert index.get("nope") is None
+
+
+def test_a_chart_of_zeros_reads_zero_and_lies_flat() -> None:
+    chart = throughput_chart([(0.0, 0.0), (2.0, 0.0)])
+    assert chart is not None and chart.peak == 0.0
+    assert {p.split(",")[1] for p in chart.points.split()} == {f"{HEIGHT - PAD:.1f}"}

@@ -24,7 +24,7 @@ with DAG(dag_id="rover_ui_daily", schedule=None, start_date=START, params=PARAMS
         train_data="{{ params.train_data }}",
         eval_data="{{ params.eval_data }}",
         plan={"num_ps": 1, "num_workers": 1},
-        training={"shard_size": 1024, "batch_size": 128, "epochs": 2},
+        training={"shard_size": 2048, "batch_size": 128, "epochs": 5},
         checkpoint_policy="cpr",
         recovery={"checkpoint_interval_s": 2},
         cluster_budget={"name": "ui-test", "cpu": 8},
