@@ -38,7 +38,14 @@ def build(**kwargs: Any) -> ElasticTrainingOperator:
 
 
 def run_context(**params: Any) -> Any:
-    ti = SimpleNamespace(dag_id="k8s_params", task_id="train", run_id="manual__1", map_index=-1)
+    ti = SimpleNamespace(
+        dag_id="k8s_params",
+        task_id="train",
+        run_id="manual__1",
+        map_index=-1,
+        try_number=1,
+        task=None,
+    )
     return {"ti": ti, "params": params}
 
 
