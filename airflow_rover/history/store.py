@@ -1,6 +1,7 @@
 """The job history store (the paper's "config DB"): every ended job, its plans and its profile.
 
-SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``hooks.history_store``). The schema
+SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``hooks.history_store``; a bare
+``postgresql://`` uses psycopg2, see ``engine_url``). The schema
 is created on first use (``CREATE TABLE IF NOT EXISTS``; safe to repeat and to race). Tables:
 
 - ``rover_jobs``: one row per job id: dag/task/run/try, model, feature config (tables and a
@@ -67,6 +68,8 @@ from airflow_rover.history.schema import create_tables
 log = logging.getLogger(__name__)
 
 MAX_CANDIDATES = 1000  # most recent successful jobs that warm start scores
+# The PostgreSQL driver this project installs (psycopg2-binary, as Airflow's postgres extra).
+POSTGRES_DRIVER = "postgresql+psycopg2"
 metadata = MetaData()
 
 jobs = Table(
@@ -154,11 +157,21 @@ def safe_url(url: str | URL) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
+def engine_url(url: str | URL) -> URL:
+    """``url`` as the engine opens it: a PostgreSQL URL that names no driver (``postgresql://``,
+    ``postgres://``) gets psycopg2, the driver installed with this project; SQLAlchemy 2.1's
+    own default for it is psycopg 3, which is not. A URL naming its driver is kept."""
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        return parsed.set(drivername=POSTGRES_DRIVER)
+    return parsed
+
+
 class HistoryStore:
     """Read and write the job history at ``url`` (any SQLAlchemy URL)."""
 
     def __init__(self, url: str | URL) -> None:
-        self.url = make_url(url)
+        self.url = engine_url(url)
         connect_args: dict[str, Any] = {}
         if self.url.get_backend_name() == "sqlite":
             connect_args["timeout"] = 30  # concurrent writers wait for the file lock

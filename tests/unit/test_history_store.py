@@ -379,6 +379,21 @@ def test_connections_become_sqlalchemy_urls(connection: Connection, url: str) ->
     assert url_from_connection(connection) == url
 
 
+@pytest.mark.parametrize(
+    ("url", "driver"),
+    [
+        ("postgresql://u:pw@db:5432/hist", "psycopg2"),  # SQLAlchemy 2.1 alone: psycopg 3
+        ("postgres://u@db/hist", "psycopg2"),
+        ("postgresql+psycopg2://u@db/hist", "psycopg2"),
+    ],
+)
+def test_a_postgres_url_without_a_driver_opens_with_psycopg2(url: str, driver: str) -> None:
+    """The driver installed with the project; no connection is opened here."""
+    with HistoryStore(url) as store:
+        assert store.engine.dialect.driver == driver
+        assert store.url.get_backend_name() == "postgresql"
+
+
 def test_a_history_connection_without_a_url_is_refused() -> None:
     with pytest.raises(ValueError, match="sqlalchemy_url"):
         url_from_connection(Connection(conn_id="c", conn_type="rover_history"))
