@@ -113,7 +113,7 @@ def test_the_hook_applies_and_declines_plans_through_a_real_master(tmp_path: Pat
 
 
 def test_a_job_that_asks_for_approval_says_so_in_its_status(make_job) -> None:
-    """``autoscale.plan_approval`` (the operator's ``plan_approval``) reaches the status and
+    """``autoscale.plan_approval`` (the operator's ``autoscale``) reaches the status and
     ``state.json``: a reader knows its proposals wait for a person."""
     job = make_job(autoscale=AutoscaleConfig(plan_approval=True))
     job.master.step()
