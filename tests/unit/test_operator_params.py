@@ -487,7 +487,9 @@ def test_every_dag_file_imports_without_errors(
     assert bag.import_errors == {}
     assert "rover_daily_retrain" in bag.dag_ids
     dag = bag.dags["rover_daily_retrain"]
-    assert isinstance(dag.get_task("train"), ElasticTrainingOperator)
+    daily_train = dag.get_task("train")
+    assert isinstance(daily_train, ElasticTrainingOperator)
+    assert daily_train.autoscale == {"max_ps_cpu": 4, "max_ps_memory_mb": 8192}
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
     # The ETL example: Parquet on S3, continued daily, published only past its gate.
     etl = bag.dags["rover_etl_to_model"]
