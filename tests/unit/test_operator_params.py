@@ -25,6 +25,7 @@ from airflow_rover.core.spec import (
 )
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.history.launches import LaunchIndex
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
@@ -590,3 +591,20 @@ def test_a_whole_autoscale_template_is_rendered_from_its_text() -> None:
     operator.autoscale = json.dumps({"plan_approval": True, "max_ps": 2})  # as rendered
     spec = operator.build_spec(run_context())
     assert spec.autoscale == AutoscaleConfig(plan_approval=True, max_ps=2)
+
+
+def test_the_launch_index_records_approval_from_the_rendered_autoscale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The UI lists a job as waiting for approval from its launch row: ``plan_approval`` comes
+    from the rendered ``autoscale`` (a template here)."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    for rendered in (True, False):
+        operator = build(autoscale={"plan_approval": "{{ params.approve }}"})
+        context = {**task_context(), "params": {"approve": rendered}}
+        operator.render_template_fields(context)
+        spec = operator.build_spec(context)
+        operator._index_launch(context, tmp_path / "job", spec)
+        with operator.history_hook().get_conn() as store:
+            launch = LaunchIndex(store).get(spec.job_id)
+        assert launch is not None and launch.plan_approval is rendered
