@@ -74,10 +74,10 @@ class PlanLimits:
 
 def plan_limits(config: AutoscaleConfig, start: ResourcePlan) -> PlanLimits:
     """``config``'s bounds for a job that starts with ``start`` (see the module docstring)."""
-    defaults_high = {
-        "max_workers": max(DEFAULT_MAX_COUNT, start.num_workers),
-        "max_ps": max(DEFAULT_MAX_COUNT, start.num_ps),
-        "max_ps_cpu": max(DEFAULT_MAX_PS_CPU, start.ps_cpu),
+    defaults_high = {  # never below the minimum given, whatever the start
+        "max_workers": max(DEFAULT_MAX_COUNT, start.num_workers, config.min_workers),
+        "max_ps": max(DEFAULT_MAX_COUNT, start.num_ps, config.min_ps),
+        "max_ps_cpu": max(DEFAULT_MAX_PS_CPU, start.ps_cpu, config.min_ps_cpu or 0.0),
     }
     ranges: dict[str, tuple[float, float]] = {}
     for name, (low_name, high_name) in BOUNDED_FIELDS.items():

@@ -31,6 +31,8 @@ def test_maxima_left_out_stretch_to_a_larger_starting_plan() -> None:
     )
     assert given.ranges["num_workers"] == (2, 6)
     assert given.ranges["ps_memory_mb"] == (0.0, 4096)
+    above = plan_limits(AutoscaleConfig(min_workers=6, min_ps_cpu=12), ResourcePlan())
+    assert above.ranges["num_workers"] == (6, 6) and above.ranges["ps_cpu"] == (12.0, 12.0)
 
 
 def test_clamp_moves_each_field_into_its_bounds() -> None:
