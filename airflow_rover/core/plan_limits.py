@@ -62,6 +62,19 @@ class PlanLimits:
                 update[name] = type(value)(clamped)
         return plan.model_copy(update=update) if update else plan
 
+    def toward(self, current: ResourcePlan, proposed: ResourcePlan) -> ResourcePlan:
+        """``proposed`` with each field it changes from ``current`` moved into the bounds, as
+        far as it goes in the same direction (a change the bounds would reverse, from a
+        ``current`` outside them, is dropped); fields it leaves alone stay as they are."""
+        update = {}
+        for name in self.ranges:
+            old, new = getattr(current, name), getattr(proposed, name)
+            if new == old:
+                continue
+            bounded = getattr(self.clamp(proposed), name)
+            update[name] = bounded if (bounded - old) * (new - old) > 0 else old
+        return proposed.model_copy(update=update) if update else proposed
+
     def as_dict(self) -> dict[str, float | None]:
         """The bounds by their ``AutoscaleConfig`` names (None: no maximum), for the status."""
         out: dict[str, float | None] = {}

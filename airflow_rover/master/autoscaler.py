@@ -233,7 +233,7 @@ class Autoscaler:
         for proposal in post_scaling(profile):
             if proposal.rule in declined or (only is not None and proposal.rule not in only):
                 continue
-            bounded = self.limits.clamp(proposal.plan)
+            bounded = self.limits.toward(profile.plan, proposal.plan)
             plan = self._within_budget(bounded, profile.plan)
             if plan is not None:
                 reason = proposal.reason + _clamped(proposal.plan, bounded)

@@ -48,6 +48,20 @@ def test_clamp_moves_each_field_into_its_bounds() -> None:
     assert limits.clamp(tamed) is tamed
 
 
+def test_toward_keeps_a_rules_change_in_its_direction() -> None:
+    """A rule's plan: only the fields it changes are bounded, and never past where they were:
+    from 8 workers under a maximum of 4 (an older job), "more workers" is no change at all."""
+    limits = plan_limits(AutoscaleConfig(max_workers=4, max_ps_memory_mb=3072), ResourcePlan())
+    now = ResourcePlan(num_workers=2, ps_memory_mb=2048)
+    asked = now.model_copy(update={"num_workers": 6, "ps_memory_mb": 4096})
+    assert limits.toward(now, asked) == now.model_copy(
+        update={"num_workers": 4, "ps_memory_mb": 3072}
+    )
+    big = ResourcePlan(num_workers=8, num_ps=6)
+    more = big.model_copy(update={"num_workers": 10})
+    assert limits.toward(big, more) == big  # not 4: that would shrink what asked to grow
+
+
 def test_a_starting_plan_outside_the_bounds_is_named_with_the_bound() -> None:
     config = AutoscaleConfig(min_workers=2, max_ps=1, max_worker_cpu=2)
     with pytest.raises(ValueError) as info:
