@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import progress_line
+from airflow_rover.core.plan_limits import check_start_plan
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
@@ -49,9 +50,14 @@ def load_spec(path: Path) -> JobSpec:
         raise SystemExit(f"--config {path}: expected a mapping of JobSpec fields")
     raw.setdefault("job_id", re.sub(r"[^a-z0-9.-]+", "-", path.stem.lower()).strip("-.") or "job")
     try:
-        return JobSpec.model_validate(raw)
+        spec = JobSpec.model_validate(raw)
     except ValidationError as exc:
         raise SystemExit(f"--config {path}: {describe_errors(exc, JobSpec)}") from None
+    try:
+        check_start_plan(spec.autoscale, spec.plan)
+    except ValueError as exc:
+        raise SystemExit(f"--config {path}: {exc}") from None
+    return spec
 
 
 def run_job(

@@ -109,6 +109,8 @@ def rover_daily_retrain() -> None:
         model="wide_deep",
         plan="{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}",
         training={"epochs": "{{ params.epochs }}", "batch_size": 512, "optimizer": "adam"},
+        # the optimizer may grow a PS to 4 cores and 8 GB at most (docs/operators.md)
+        autoscale={"max_ps_cpu": 4, "max_ps_memory_mb": 8192},
         poll_interval=2.0,
         model_asset=CTR_MODEL,  # the default for this dag and task, named for readers
     )

@@ -9,8 +9,9 @@ proposal asks ``arbitrate`` whether the proposal is selected:
 - a proposal that grows nothing the budget limits (a scale-down) is always allowed;
 - when every pending scale-up fits the budget left by the running plans, all are allowed;
 - otherwise the scale-ups are contested, and ``core.optimizer.weighted_greedy`` (DLRover-RM
-  4.3) selects them by RE * WG, largest first, while they fit: RE = gain / cost of the proposed
-  plan (``Prices``), WG = 1 / (remaining samples / samples/s after the change + 1).
+  4.3) selects them by RE * WG * weight, largest first, while they fit: RE = gain / cost of the
+  proposed plan (``Prices``), WG = 1 / (remaining samples / samples/s after the change + 1),
+  weight the job's ``autoscale.weight`` (default 1).
 
 The gain of a proposal (samples/s) is the master's ``expected_gain`` when the proposal carries
 one; otherwise it is estimated as linear scaling in the worker count: ``samples/s * (new workers
@@ -64,6 +65,7 @@ class RunningJob:
     updated_at: float
     ttl_s: float = DEFAULT_TTL_S
     proposal: PlanRecord | None = None  # the plan its master proposed and nobody applied yet
+    weight: float = 1.0  # the job's ``autoscale.weight``: multiplies its priority
 
     def fresh(self, now: float) -> bool:
         return now - self.updated_at <= self.ttl_s
@@ -115,6 +117,7 @@ def running_job(
     )
     proposal = pending_plan(plans) if status.get("state") == JobState.RUNNING else None
     return RunningJob(
+        weight=weight_of(status),
         job_id=str(job_id),
         budget=budget,
         plan=current,
@@ -124,6 +127,12 @@ def running_job(
         ttl_s=ttl_s,
         proposal=proposal,
     )
+
+
+def weight_of(status: Mapping[str, Any]) -> float:
+    """The job's ``autoscale.weight`` from its status; 1 when the status has none."""
+    value = (status.get("autoscale") or {}).get("weight")
+    return float(value) if isinstance(value, int | float) and value > 0 else 1.0
 
 
 def proposal_gain(job: RunningJob) -> float:
@@ -156,7 +165,7 @@ class Verdict:
     allowed: bool
     reason: str
     gain: float
-    score: float | None = None  # RE * WG, when the proposal was contested
+    score: float | None = None  # RE * WG * weight, when the proposal was contested
 
 
 @dataclass(frozen=True)
@@ -268,12 +277,19 @@ def _contested(
         if gain < 0:
             continue  # it costs more and promises less: never worth contested resources
         candidate = Candidate(job.proposal.plan, prices.cost(job.proposal.plan), gain)
-        scores[job.job_id] = candidate.efficiency * weight(
-            job.remaining_samples, job.samples_per_second + gain, rho
+        scores[job.job_id] = (
+            candidate.efficiency
+            * weight(job.remaining_samples, job.samples_per_second + gain, rho)
+            * job.weight
         )
         options.append(
             JobCandidates(
-                job.job_id, job.plan, job.samples_per_second, job.remaining_samples, (candidate,)
+                job.job_id,
+                job.plan,
+                job.samples_per_second,
+                job.remaining_samples,
+                (candidate,),
+                job_weight=job.weight,
             )
         )
     chosen = weighted_greedy(options, room, min_gain=-math.inf, rho=rho)
@@ -303,7 +319,8 @@ def _contested_reason(
     score = scores.get(job.job_id)
     if selected:
         return (
-            f"selected for budget {budget.name!r} by weighted greedy: RE*WG {score:.4g}, "
+            f"selected for budget {budget.name!r} by weighted greedy: RE*WG {score:.4g}"
+            f"{_weighted(job)}, "
             f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
         )
     if score is None:
@@ -317,9 +334,13 @@ def _contested_reason(
     left = _describe(max(limit.cpu - cpu, 0.0), max(limit.memory_mb - mem, 0.0))
     return (
         f"budget {budget.name!r} is contested: this plan needs +{needs}, {left} left "
-        f"after the selected plans; RE*WG {score:.4g}, "
+        f"after the selected plans; RE*WG {score:.4g}{_weighted(job)}, "
         f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
     )
+
+
+def _weighted(job: RunningJob) -> str:
+    return f" (weight {job.weight:g} included)" if job.weight != 1.0 else ""
 
 
 def _verdict(job: RunningJob, allowed: bool, reason: str, score: float | None = None) -> Verdict:

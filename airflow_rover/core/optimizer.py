@@ -33,6 +33,24 @@ class PlanBounds:
     max_workers: int = 32
     max_ps: int = 16
     cpu_choices: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    min_workers: int = 1
+    min_ps: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_workers <= self.max_workers or not 1 <= self.min_ps <= self.max_ps:
+            raise ValueError(
+                f"PlanBounds: workers {self.min_workers}..{self.max_workers}, "
+                f"PS {self.min_ps}..{self.max_ps}: each needs 1 <= min <= max"
+            )
+
+    @property
+    def lower(self) -> np.ndarray:
+        return np.array([self.min_workers, self.min_ps, 0, 0])
+
+    @property
+    def upper(self) -> np.ndarray:
+        top = len(self.cpu_choices) - 1
+        return np.array([self.max_workers, self.max_ps, top, top])
 
     def plan(self, w: int, p: int, wc: int, pc: int, like: ResourcePlan) -> ResourcePlan:
         return like.model_copy(
@@ -126,14 +144,7 @@ class _PlanProblem(ElementwiseProblem):
         remaining: float,
         costs: ScalingCosts,
     ) -> None:
-        top = len(bounds.cpu_choices) - 1
-        super().__init__(
-            n_var=4,
-            n_obj=2,
-            xl=np.array([1, 1, 0, 0]),
-            xu=np.array([bounds.max_workers, bounds.max_ps, top, top]),
-            vtype=int,
-        )
+        super().__init__(n_var=4, n_obj=2, xl=bounds.lower, xu=bounds.upper, vtype=int)
         self.args = (model, current, bounds, prices, remaining, costs)
 
     def _evaluate(self, x: np.ndarray, out: dict, *args: object, **kwargs: object) -> None:
@@ -165,7 +176,10 @@ def pareto_plans(
     if _space_size(bounds) <= population * generations:
         sizes = range(len(bounds.cpu_choices))
         every = itertools.product(
-            range(1, bounds.max_workers + 1), range(1, bounds.max_ps + 1), sizes, sizes
+            range(bounds.min_workers, bounds.max_workers + 1),
+            range(bounds.min_ps, bounds.max_ps + 1),
+            sizes,
+            sizes,
         )
         genomes = np.array(list(every))
     else:
@@ -177,7 +191,7 @@ def pareto_plans(
             eliminate_duplicates=True,
         )
         result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
-        genomes = np.atleast_2d(result.X)
+        genomes = np.clip(np.atleast_2d(result.X), bounds.lower, bounds.upper)
     seen: dict[ResourcePlan, Candidate] = {}
     for x in genomes:
         w, p, wc, pc = (int(v) for v in x)
@@ -188,7 +202,8 @@ def pareto_plans(
 
 
 def _space_size(bounds: PlanBounds) -> int:
-    return bounds.max_workers * bounds.max_ps * len(bounds.cpu_choices) ** 2
+    workers = bounds.max_workers - bounds.min_workers + 1
+    return workers * (bounds.max_ps - bounds.min_ps + 1) * len(bounds.cpu_choices) ** 2
 
 
 def non_dominated(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -212,6 +227,7 @@ class JobCandidates:
     current_throughput: float
     remaining_samples: float
     candidates: tuple[Candidate, ...]
+    job_weight: float = 1.0  # the job's weight (``autoscale.weight``): multiplies its priority
 
 
 @dataclass(frozen=True)
@@ -237,12 +253,19 @@ def weight(
 def weighted_greedy(
     jobs: Sequence[JobCandidates], budget: Budget, min_gain: float = 0.0, rho: float = 1.0
 ) -> dict[str, ResourcePlan]:
-    """New plans for some of ``jobs``, largest RE * WG first, while the sum of every job's plan
-    stays within ``budget`` (jobs without a new plan keep their current one)."""
+    """New plans for some of ``jobs``, largest RE * WG (times the job's weight) first, while the
+    sum of every job's plan stays within ``budget`` (jobs without a new plan keep their current
+    one)."""
     cpu = sum(Budget.used(j.current)[0] for j in jobs)
     mem = sum(Budget.used(j.current)[1] for j in jobs)
     options = [
-        (c.efficiency * weight(j.remaining_samples, j.current_throughput + c.gain, rho), j, c)
+        (
+            c.efficiency
+            * weight(j.remaining_samples, j.current_throughput + c.gain, rho)
+            * j.job_weight,
+            j,
+            c,
+        )
         for j in jobs
         for c in j.candidates
         if c.gain > min_gain and c.plan != j.current

@@ -182,8 +182,10 @@ class RecoveryConfig(_Strict):
 
 
 class AutoscaleConfig(_Strict):
-    """The job's resource optimizer: it profiles the nodes and proposes plans, which the trigger
-    applies (``docs/optimizer.md``)."""
+    """The job's resource optimizer: it profiles the nodes and proposes plans within these
+    bounds, which the trigger applies (``docs/optimizer.md``). A bound left out: the counts'
+    maxima are 4, or the starting plan's count if larger; the PS cores' maximum is 8 (DLRover's
+    largest node), or the starting plan's if larger; the other sizes are not bounded."""
 
     enabled: bool = True
     interval_s: float = Field(default=10.0, gt=0, description="seconds between optimizer runs")
@@ -191,10 +193,33 @@ class AutoscaleConfig(_Strict):
         default=10.0, ge=0, description="profile this long under a plan before judging it"
     )
     min_plan_interval_s: float = Field(
-        default=30.0, ge=0, description="never propose two plans closer than this"
+        default=30.0,
+        ge=0,
+        description="the cooldown after an applied plan: no proposal sooner than this after it",
     )
-    max_workers: int = Field(default=4, ge=1, le=1024)
-    max_ps: int = Field(default=4, ge=1, le=256)
+    decline_cooldown_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="no proposal sooner than this after a person declined one",
+    )
+    min_workers: int = Field(default=1, ge=1, le=1024)
+    max_workers: int | None = Field(
+        default=None, ge=1, le=1024, description="default: 4, or the starting plan's if more"
+    )
+    min_ps: int = Field(default=1, ge=1, le=256)
+    max_ps: int | None = Field(
+        default=None, ge=1, le=256, description="default: 4, or the starting plan's if more"
+    )
+    min_worker_cpu: float | None = Field(default=None, gt=0, le=256)
+    max_worker_cpu: float | None = Field(default=None, gt=0, le=256)
+    min_ps_cpu: float | None = Field(default=None, gt=0, le=256)
+    max_ps_cpu: float | None = Field(
+        default=None, gt=0, le=256, description="default: 8, or the starting plan's if more"
+    )
+    min_ps_memory_mb: int | None = Field(default=None, ge=256)
+    max_ps_memory_mb: int | None = Field(
+        default=None, ge=256, description="the most a predicted OOM may raise PS memory to"
+    )
     cpu_budget: float | None = Field(
         default=None,
         gt=0,
@@ -207,6 +232,28 @@ class AutoscaleConfig(_Strict):
         "trigger applies none itself. How the job runs, not what it learns: not in the "
         "training fingerprint",
     )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        le=1000,
+        description="the job's weight in a shared cluster budget: the arbiter multiplies its "
+        "priority by it",
+    )
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> AutoscaleConfig:
+        pairs = (
+            ("min_workers", "max_workers"),
+            ("min_ps", "max_ps"),
+            ("min_worker_cpu", "max_worker_cpu"),
+            ("min_ps_cpu", "max_ps_cpu"),
+            ("min_ps_memory_mb", "max_ps_memory_mb"),
+        )
+        for low, high in pairs:
+            lo, hi = getattr(self, low), getattr(self, high)
+            if lo is not None and hi is not None and lo > hi:
+                raise ValueError(f"autoscale.{low}={lo} is above autoscale.{high}={hi}")
+        return self
 
 
 class ClusterBudget(_Strict):

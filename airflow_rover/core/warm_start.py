@@ -46,7 +46,8 @@ from typing import Any, Literal
 import annotated_types
 
 from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, best_plan, pareto_plans
-from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan
+from airflow_rover.core.plan_limits import plan_limits
+from airflow_rover.core.spec import AutoscaleConfig, FeatureConfig, JobSpec, ResourcePlan
 from airflow_rover.core.throughput import JobShape, ThroughputModel
 
 WEIGHTS: Mapping[str, float] = {"model": 0.4, "features": 0.3, "dataset": 0.2, "owner": 0.1}
@@ -327,10 +328,13 @@ def refinement_for(spec: JobSpec, capacity_cpu: float | None) -> Refinement:
     sizes, all nodes within ``autoscale.cpu_budget`` (else ``capacity_cpu``, the launcher's)."""
     scale = spec.autoscale
     budget = scale.cpu_budget if scale.cpu_budget is not None else capacity_cpu
+    limits = plan_limits(scale, spec.plan)
     bounds = PlanBounds(
-        max_workers=scale.max_workers,
-        max_ps=scale.max_ps,
+        max_workers=int(limits.high("num_workers")),
+        max_ps=int(limits.high("num_ps")),
         cpu_choices=tuple(sorted({spec.plan.worker_cpu, spec.plan.ps_cpu})),
+        min_workers=int(limits.low("num_workers")),
+        min_ps=int(limits.low("num_ps")),
     )
 
     def fits(plan: ResourcePlan) -> bool:
@@ -338,6 +342,20 @@ def refinement_for(spec: JobSpec, capacity_cpu: float | None) -> Refinement:
         return budget is None or cores <= budget + 1e-9
 
     return Refinement(JobShape.of(spec), bounds, fits)
+
+
+def within_bounds(decision: WarmStart, autoscale: AutoscaleConfig) -> WarmStart:
+    """``decision`` with its plan moved into the ``autoscale`` bounds the user gave (a bound
+    left out stretches to the plan, as for any starting plan), saying so in its message."""
+    plan = plan_limits(autoscale, decision.plan).clamp(decision.plan)
+    if plan == decision.plan:
+        return decision
+    moved = ", ".join(
+        f"{name} {getattr(decision.plan, name):g} -> {getattr(plan, name):g}"
+        for name in ResourcePlan.model_fields
+        if getattr(plan, name) != getattr(decision.plan, name)
+    )
+    return replace(decision, plan=plan, message=f"{decision.message}; within autoscale: {moved}")
 
 
 def refine(

@@ -37,11 +37,13 @@ from sqlalchemy import (
     Table,
     delete,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
-from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from airflow_rover.core.cluster_budget import (
     DEFAULT_TTL_S,
@@ -70,6 +72,7 @@ running_jobs = Table(
     Column("samples_per_second", Float, nullable=False),
     Column("ttl_s", Float, nullable=False),
     Column("updated_at", Float, nullable=False),  # seconds since the epoch
+    Column("weight", Float),  # the job's autoscale.weight; NULL (older rows): 1
     Index("ix_rover_running_jobs_budget", "budget"),
 )
 
@@ -124,6 +127,7 @@ class RunningJobRegistry:
         if self._schema_ready:
             return
         create_tables(self.engine, metadata)
+        _add_missing_columns(self.engine)
         self._schema_ready = True
 
     # -- rows --------------------------------------------------------------------------------
@@ -210,6 +214,7 @@ def _upsert(conn: Connection, job: RunningJob) -> None:
         "samples_per_second": job.samples_per_second,
         "ttl_s": job.ttl_s,
         "updated_at": job.updated_at,
+        "weight": job.weight,
     }
     where = running_jobs.c.job_id == job.job_id
     if conn.execute(select(running_jobs.c.job_id).where(where)).first():
@@ -250,4 +255,24 @@ def _job(row: Any) -> RunningJob:
         updated_at=float(row["updated_at"]),
         ttl_s=float(row["ttl_s"] if row["ttl_s"] is not None else DEFAULT_TTL_S),
         proposal=proposal,
+        weight=float(row["weight"]) if row["weight"] is not None else 1.0,
     )
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Add the columns a registry created by an older version lacks (its rows are
+    short-lived, so a NULL in them is read as the default)."""
+    present = {c["name"] for c in inspect(engine).get_columns(running_jobs.name)}
+    for column in running_jobs.columns:
+        if column.name not in present and column.nullable:
+            kind = column.type.compile(dialect=engine.dialect)
+            try:
+                with engine.begin() as conn:
+                    conn.execute(
+                        text(f"ALTER TABLE {running_jobs.name} ADD COLUMN {column.name} {kind}")
+                    )
+            except DBAPIError:  # another process added it meanwhile
+                if column.name not in {
+                    c["name"] for c in inspect(engine).get_columns(running_jobs.name)
+                }:
+                    raise

@@ -6,12 +6,15 @@ the launcher's pids) and the job's throughput and step times. Once a plan has ru
 ``core.post_scaling``) and, when the job has run under at least two plans, the fitted
 throughput model and its Pareto candidates (``core.optimizer``) for a better plan. A proposal is
 only proposed: the trigger applies it (``POST /plans/{id}/apply``), so Airflow stays in charge.
+Every plan it proposes, and every plan asked for, lies within the job's autoscale bounds
+(``core.plan_limits``): a rule's plan is moved into them, the Pareto search spans only them.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -27,6 +30,7 @@ from airflow_rover.core.optimizer import (
     pareto_plans,
     throughput_gain,
 )
+from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.plans import PlanRecord, PlanState, pending_plan
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
@@ -88,16 +92,23 @@ class Autoscaler:
     """Proposals for one job, each with the rule or Pareto point behind it."""
 
     def __init__(
-        self, config: AutoscaleConfig, shape: JobShape, capacity_cpu: float | None = None
+        self,
+        config: AutoscaleConfig,
+        shape: JobShape,
+        capacity_cpu: float | None = None,
+        start: ResourcePlan | None = None,
     ) -> None:
         self.config = config
         self.shape = shape
+        # the bounds, resolved against the plan the job started with (``start``)
+        self.limits = plan_limits(config, start or ResourcePlan())
         # the budget: the job's own, else what the launcher can host (a machine's cores)
         self.cpu_budget = config.cpu_budget if config.cpu_budget is not None else capacity_cpu
         self.plans: list[PlanRecord] = []
         self.throughput: list[dict[str, Any]] = []
         self._plan_since = time.time()
         self._last_change = 0.0
+        self._last_decline = -math.inf
         self.profiler_nodes: dict[str, NodeSample] = {}
 
     def plan_changed(self, now: float) -> None:
@@ -107,6 +118,10 @@ class Autoscaler:
     def applied(self, now: float) -> None:
         self._last_change = now
         self.plan_changed(now)
+
+    def declined(self, now: float) -> None:
+        """A person declined a proposal: ``decline_cooldown_s`` before the next one."""
+        self._last_decline = now
 
     def record(
         self, now: float, plan: ResourcePlan, samples_per_second: float, step_times: list[float]
@@ -141,6 +156,8 @@ class Autoscaler:
             return None
         if waiting is None and now - self._last_change < cfg.min_plan_interval_s:
             return None
+        if waiting is None and now - self._last_decline < cfg.decline_cooldown_s:
+            return None
         if waiting is not None and waiting.rule in URGENT_RULES:
             return None  # an urgent proposal waits for the trigger: nothing replaces it
         profile = JobProfile(
@@ -157,7 +174,8 @@ class Autoscaler:
                 for node_id, sample in profiler.nodes.items()
                 if sample.role in ("ps", "worker")
             ),
-            max_workers=cfg.max_workers,
+            max_workers=int(self.limits.high("num_workers")),
+            max_cpu=self.limits.high("ps_cpu"),
         )
         self.profiler_nodes = profiler.nodes
         if waiting is not None:  # only an urgent rule may replace a proposal still waiting
@@ -186,7 +204,10 @@ class Autoscaler:
 
     def request(self, now: float, plan: ResourcePlan, new: ResourcePlan, reason: str) -> PlanRecord:
         """A plan asked for from outside: proposed at once (the trigger applies it like any
-        other), replacing a proposal still waiting."""
+        other), replacing a proposal still waiting. ValueError for a plan outside the bounds."""
+        outside = self.limits.outside(new)
+        if outside:
+            raise ValueError(f"the requested plan lies outside the bounds: {'; '.join(outside)}")
         waiting = self.pending()
         if waiting is not None:
             waiting.supersede("replaced by a requested plan")
@@ -196,13 +217,8 @@ class Autoscaler:
         return record
 
     def _fits(self, plan: ResourcePlan) -> bool:
-        cfg = self.config
         cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        return (
-            plan.num_workers <= cfg.max_workers
-            and plan.num_ps <= cfg.max_ps
-            and (self.cpu_budget is None or cores <= self.cpu_budget)
-        )
+        return self.limits.admits(plan) and (self.cpu_budget is None or cores <= self.cpu_budget)
 
     def _declined(self, plan: ResourcePlan) -> set[str]:
         """Rules whose proposal for this very plan was declined: not proposed again."""
@@ -217,10 +233,11 @@ class Autoscaler:
         for proposal in post_scaling(profile):
             if proposal.rule in declined or (only is not None and proposal.rule not in only):
                 continue
-            plan = self._within_budget(proposal.plan, profile.plan)
+            bounded = self.limits.toward(profile.plan, proposal.plan)
+            plan = self._within_budget(bounded, profile.plan)
             if plan is not None:
-                reason = proposal.reason
-                if plan != proposal.plan:
+                reason = proposal.reason + _clamped(proposal.plan, bounded)
+                if plan != bounded:
                     reason += f"; {plan.num_workers} workers fit autoscale.cpu_budget"
                 return Proposal(plan, proposal.rule, reason, proposal.nodes)
         return None
@@ -260,10 +277,14 @@ class Autoscaler:
             return None
         if plan.worker_cpu != plan.ps_cpu:
             return None  # node sizes are not resized here: counts only, at today's size
+        if not self.limits.admits(plan):
+            return None  # sizes outside the bounds: the Pareto search keeps today's sizes
         bounds = PlanBounds(
-            max_workers=self.config.max_workers,
-            max_ps=self.config.max_ps,
+            max_workers=int(self.limits.high("num_workers")),
+            max_ps=int(self.limits.high("num_ps")),
             cpu_choices=(plan.worker_cpu,),
+            min_workers=int(self.limits.low("num_workers")),
+            min_ps=int(self.limits.low("num_ps")),
         )
         candidates = [
             c for c in pareto_plans(model, plan, remaining_samples, bounds) if self._fits(c.plan)
@@ -284,9 +305,27 @@ class Autoscaler:
         loads = [s.cpu_used for s in self.profiler_nodes.values() if s.role == "ps"]
         self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
 
+    def settings(self) -> dict[str, Any]:
+        """On or off, the resolved bounds and the job's weight in a shared budget."""
+        return {
+            "enabled": self.config.enabled,
+            "weight": self.config.weight,
+            **self.limits.as_dict(),
+        }
+
     def report(self, profiler: Profiler) -> dict[str, Any]:
         return {
             "throughput": self.throughput[-200:],
             "peak_memory_mb": {n: round(s.peak_memory_mb, 1) for n, s in profiler.nodes.items()},
             "cpu_used": {n: round(s.cpu_used, 3) for n, s in profiler.nodes.items()},
         }
+
+
+def _clamped(asked: ResourcePlan, bounded: ResourcePlan) -> str:
+    """What moving a rule's plan into the autoscale bounds changed, for the plan's reason."""
+    changed = [
+        f"{name} {getattr(asked, name):g} -> {getattr(bounded, name):g}"
+        for name in ResourcePlan.model_fields
+        if getattr(asked, name) != getattr(bounded, name)
+    ]
+    return f"; within the autoscale bounds: {', '.join(changed)}" if changed else ""

@@ -89,7 +89,9 @@ class JobMaster:
         self.recovery = NodeRecovery(self, master_restarts)
         self.plans = PlanExecutor(self)
         self.wrap_up = WrapUp(self)
-        self.autoscaler = Autoscaler(spec.autoscale, JobShape.of(spec), launcher.capacity_cpu)
+        self.autoscaler = Autoscaler(
+            spec.autoscale, JobShape.of(spec), launcher.capacity_cpu, start=spec.plan
+        )
         profiles = launcher.can(Capability.PROFILE)
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)
         self.autoscaling = Autoscaling(spec.autoscale, self.autoscaler, self.profiler)
@@ -208,6 +210,7 @@ class JobMaster:
                     f"plan {plan_id} is {record.state.value}: only a proposed plan can be declined"
                 )
             record.decline(f"declined: {reason}")
+            self.autoscaler.declined(time.time())
             log.info("plan %s declined: %s", plan_id, reason)
             self.mirror_state(force=True)
             return record

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.deadline import JobDeadline
@@ -23,6 +23,7 @@ from airflow_rover.core.incremental import check_init_option
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import FailureEvidence, describe_floor
 from airflow_rover.core.spec import (
+    AutoscaleConfig,
     ClusterBudget,
     FeatureConfig,
     JobSpec,
@@ -31,7 +32,7 @@ from airflow_rover.core.spec import (
     TrainingConfig,
 )
 from airflow_rover.core.states import ACTIVE_STATES, TERMINAL_STATES, JobState
-from airflow_rover.core.warm_start import JobTraits, refinement_for
+from airflow_rover.core.warm_start import JobTraits, refinement_for, within_bounds
 from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
@@ -68,6 +69,7 @@ from airflow_rover.operators.model_asset import model_asset as default_model_ass
 from airflow_rover.operators.serving_export import ensure_saved_model
 from airflow_rover.operators.training_params import (
     as_param_dict,
+    check_autoscale,
     check_checkpoint_uri,
     check_job_args,
     check_job_location,
@@ -75,6 +77,7 @@ from airflow_rover.operators.training_params import (
     check_output_dir,
     check_plan_approval,
     check_polling,
+    check_static_autoscale,
     check_static_checkpoint,
     check_static_model,
     check_static_specs,
@@ -90,6 +93,12 @@ from airflow_rover.operators.warm_start import decide, rendered_dict, spec_trait
 from airflow_rover.storage import StorageError, latest_remote_checkpoint
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 from airflow_rover.worker.preflight import check_model
+
+
+class _AutoscaleParam(BaseModel):
+    """``autoscale`` alone, so that its errors name ``autoscale.<field>``."""
+
+    autoscale: AutoscaleConfig
 
 
 class ElasticTrainingOperator(BaseOperator):
@@ -157,10 +166,14 @@ class ElasticTrainingOperator(BaseOperator):
         ``file://<output_dir>/model`` for a literal ``output_dir``.
     :param export_saved_model: after the job succeeds, write the model's TensorFlow SavedModel
         into its folder (``model/saved_model``) before the task succeeds.
-    :param plan_approval: the plans the job's optimizer proposes wait for a person to approve
-        (apply) or decline them, from the Airflow UI or the hook (``apply_plan``,
-        ``decline_plan``); default ``False``: the trigger applies them (within
-        ``cluster_budget``). The job's status says ``plan_approval``.
+    :param autoscale: the job's optimizer (``AutoscaleConfig``): ``enabled``, bounds
+        (``min_workers``, ``max_workers``, ``min_ps``, ``max_ps``, ``min_worker_cpu``,
+        ``max_worker_cpu``, ``min_ps_cpu``, ``max_ps_cpu``, ``min_ps_memory_mb``,
+        ``max_ps_memory_mb``; ``plan`` must lie within them), cooldowns
+        (``min_plan_interval_s`` after an applied plan, ``decline_cooldown_s`` after a declined
+        one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
+        the Airflow UI or the hook; not with ``cluster_budget``) and ``weight`` (the job's
+        weight in a shared cluster budget). (templated)
 
     .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget),
         ``docs/serving.md`` (the SavedModel and the Asset)
@@ -174,6 +187,7 @@ class ElasticTrainingOperator(BaseOperator):
         "plan",
         "training",
         "recovery",
+        "autoscale",
         "checkpoint_policy",
         "checkpoint_options",
         "checkpoint_uri",
@@ -190,6 +204,7 @@ class ElasticTrainingOperator(BaseOperator):
         "plan": "json",
         "training": "json",
         "recovery": "json",
+        "autoscale": "json",
         "checkpoint_options": "json",
         "cluster_budget": "json",
     }
@@ -209,6 +224,7 @@ class ElasticTrainingOperator(BaseOperator):
         plan: dict[str, Any] | ResourcePlan | str | None = None,
         training: dict[str, Any] | TrainingConfig | None = None,
         recovery: dict[str, Any] | RecoveryConfig | None = None,
+        autoscale: dict[str, Any] | AutoscaleConfig | str | None = None,
         checkpoint_policy: str = "full",
         checkpoint_options: dict[str, Any] | None = None,
         checkpoint_uri: str | None = None,
@@ -227,13 +243,11 @@ class ElasticTrainingOperator(BaseOperator):
         evict_after_days: int | str | None = None,
         model_asset: Asset | str | None = None,
         export_saved_model: bool = True,
-        plan_approval: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         owner = self._owner
         check_job_args(owner, warm_start, train_data)
-        check_plan_approval(owner, plan_approval, cluster_budget)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
@@ -255,6 +269,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.plan: dict[str, Any] | str = as_param_dict(plan, ResourcePlan)
         self.training: dict[str, Any] = as_param_dict(training, TrainingConfig)
         self.recovery: dict[str, Any] = as_param_dict(recovery, RecoveryConfig)
+        self.autoscale: dict[str, Any] | str = as_param_dict(autoscale, AutoscaleConfig)
         self.checkpoint_policy = checkpoint_policy
         self.checkpoint_options = checkpoint_options or {}
         self.checkpoint_uri = checkpoint_uri
@@ -274,9 +289,9 @@ class ElasticTrainingOperator(BaseOperator):
         self.model_asset = outlet_of(owner, model_asset, default_asset)
         self.add_outlets([self.model_asset])
         self.export_saved_model = bool(export_saved_model)
-        self.plan_approval = plan_approval
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_specs(owner, self.plan, self.training, self.recovery)
+        check_static_autoscale(owner, self.autoscale, self.plan, cluster_budget)
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
         check_static_model(owner, model)
 
@@ -306,10 +321,12 @@ class ElasticTrainingOperator(BaseOperator):
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
                     "checkpoint_uri": self.checkpoint_uri or None,
-                    "autoscale": {"plan_approval": self.plan_approval},
+                    "autoscale": dict_or_as_is(self.autoscale, "autoscale"),
                 }
             )
             checkpoint.check_cluster(spec.plan.num_ps)
+            check_autoscale(self._owner, spec.autoscale, spec.plan)
+            check_plan_approval(self._owner, spec.autoscale, self.cluster_budget)
             return spec
         except ValidationError as exc:
             raise ValueError(f"{self._owner}: {describe(exc)}") from None
@@ -349,6 +366,16 @@ class ElasticTrainingOperator(BaseOperator):
             message = str(exc) if owner in str(exc) else f"{owner}: {exc}"
             raise AirflowFailException(message) from None
         return budget.model_dump(mode="json")
+
+    def rendered_autoscale(self) -> AutoscaleConfig:
+        """The rendered ``autoscale``; a bad one fails the task without retries, naming
+        ``autoscale.<field>``."""
+        try:
+            value = {"autoscale": dict_or_as_is(self.autoscale, "autoscale")}
+            return _AutoscaleParam.model_validate(value).autoscale
+        except ValidationError as exc:
+            message = describe(exc, AutoscaleConfig)  # autoscale.<field>: ...
+            raise AirflowFailException(f"{self._owner}: {message}") from None
 
     def kubernetes_job(self) -> KubernetesJob | None:
         """The rendered Kubernetes settings (None with the local launcher); a bad rendered
@@ -450,7 +477,7 @@ class ElasticTrainingOperator(BaseOperator):
             launcher=self.launcher,
             model=spec.model,
             checkpoint_policy=spec.checkpoint.policy,
-            plan_approval=self.plan_approval,
+            plan_approval=spec.autoscale.plan_approval,
             cluster_budget=self.rendered_cluster_budget(),
         )
         try:
@@ -559,7 +586,7 @@ class ElasticTrainingOperator(BaseOperator):
                 job_dir=str(external_id),
                 poll_interval=self.poll_interval,
                 stop_on_kill=True,
-                apply_plans=not self.plan_approval,  # else a person applies or declines them
+                apply_plans=not self.rendered_autoscale().plan_approval,  # else a person does
                 cluster_budget=budget,
                 history_conn_id=(self.history_conn_id or None) if budget else None,
             ),
@@ -614,6 +641,7 @@ class ElasticTrainingOperator(BaseOperator):
         capacity = float(os.cpu_count() or 1) if self.launcher == "local" else None
         refinement = refinement_for(spec, capacity)
         decision = decide(self.history_hook(), traits, spec.plan, refinement=refinement)
+        decision = within_bounds(decision, spec.autoscale)
         self.log.info("Warm start (%s): %s", decision.source, decision.message)
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())

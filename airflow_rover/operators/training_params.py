@@ -11,8 +11,10 @@ from typing import Any
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from airflow_rover.core.data_schema import DataSchema
+from airflow_rover.core.plan_limits import check_start_plan
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import (
+    AutoscaleConfig,
     ClusterBudget,
     EmbeddingDim,
     FeatureConfig,
@@ -36,16 +38,36 @@ def check_job_args(owner: str, warm_start: Any, train_data: Any) -> None:
         raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
 
 
-def check_plan_approval(owner: str, plan_approval: Any, cluster_budget: Any) -> None:
-    """``plan_approval`` is a bool (a string such as ``"false"`` would read as true), and not
-    with a cluster budget, whose arbiter a person's approval would bypass."""
-    if not isinstance(plan_approval, bool):
-        raise ValueError(f"{owner}: plan_approval must be True or False, got {plan_approval!r}")
-    if plan_approval and cluster_budget is not None:
+def check_plan_approval(owner: str, autoscale: AutoscaleConfig, cluster_budget: Any) -> None:
+    """No ``autoscale.plan_approval`` with a cluster budget, whose arbiter a person's approval
+    would bypass."""
+    if autoscale.plan_approval and cluster_budget is not None:
         raise ValueError(
-            f"{owner}: plan_approval=True with cluster_budget: the cluster arbiter applies a "
-            "shared budget's plans, a person approves the others; give one of them"
+            f"{owner}: autoscale.plan_approval=True with cluster_budget: the cluster arbiter "
+            "applies a shared budget's plans, a person approves the others; give one of them"
         )
+
+
+def check_autoscale(owner: str, autoscale: AutoscaleConfig, plan: ResourcePlan) -> None:
+    """The starting plan lies within the autoscale bounds; the error names both."""
+    try:
+        check_start_plan(autoscale, plan)
+    except ValueError as exc:
+        raise ValueError(f"{owner}: {exc}") from None
+
+
+def check_static_autoscale(owner: str, autoscale: Any, plan: Any, cluster_budget: Any) -> None:
+    """``autoscale``'s literal entries; with no template in it (nor in ``plan``), the
+    starting plan within its bounds and no approval with a cluster budget."""
+    if isinstance(autoscale, str) and has_template(autoscale):  # judged once rendered
+        return
+    check_static_entries(owner, "autoscale", AutoscaleConfig, autoscale)
+    if has_template(autoscale):
+        return
+    config = parse_param(owner, "autoscale", AutoscaleConfig, autoscale)
+    check_plan_approval(owner, config, cluster_budget)
+    if not has_template(plan):
+        check_autoscale(owner, config, parse_param(owner, "plan", ResourcePlan, plan))
 
 
 def check_launcher(owner: str, launcher: Any, kubernetes: Any, kubernetes_conn_id: Any) -> None:

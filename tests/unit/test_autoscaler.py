@@ -86,3 +86,129 @@ def test_proposals_carry_the_fitted_models_expected_gain() -> None:
     unfitted = fresh()
     first = unfitted.propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e7)
     assert first is not None and "expected_gain" not in first.to_json()
+
+
+# -- the autoscale bounds ----------------------------------------------------------------------
+SHAPE = JobShape(512, 1.0, 1000.0, 16)
+
+
+def bounded(**bounds: float) -> Autoscaler:
+    """An autoscaler like ``fresh()``'s, with the given bounds, for a job that started at
+    ``plan(2)``."""
+    config = AutoscaleConfig(sampling_s=0, min_plan_interval_s=0, cpu_budget=64, **bounds)
+    autoscaler = Autoscaler(config, SHAPE, start=plan(2))
+    autoscaler.plan_changed(NOW - 1000)
+    return autoscaler
+
+
+def three_ps(hot_cpu: float) -> Profiler:
+    """``profiler()`` with two more PS that idle while ps-0 uses ``hot_cpu`` cores."""
+    prof = profiler(ps_cpu=hot_cpu)
+    for node in ("ps-1", "ps-2"):
+        prof.nodes[node] = NodeSample("ps", cpu_used=0.05, memory_mb=600)
+    return prof
+
+
+def test_the_oom_rule_raises_ps_memory_only_up_to_its_maximum() -> None:
+    """Unbounded, the OOM rule asks for what the PS needs in 10 min; ``max_ps_memory_mb``
+    caps it (the reason says so), and at the cap there is nothing left to propose."""
+    growing = profiler(ps_memory_growth_mb_s=2.0)
+    free = bounded().propose(NOW, plan(2), growing, STEPS, 1e6)
+    assert free is not None and free.rule == "predicted_oom" and free.plan.ps_memory_mb > 1536
+    capped = bounded(max_ps_memory_mb=1536).propose(NOW, plan(2), growing, STEPS, 1e6)
+    assert capped is not None and capped.rule == "predicted_oom"
+    assert capped.plan.ps_memory_mb == 1536
+    assert "within the autoscale bounds: ps_memory_mb" in capped.reason
+    at_cap = bounded(max_ps_memory_mb=1024).propose(NOW, plan(2), growing, STEPS, 1e6)
+    assert at_cap is None or at_cap.rule != "predicted_oom"
+
+
+def test_the_hot_ps_rule_stays_within_the_ps_cores_maximum() -> None:
+    """A hot PS doubles the PS cores unbounded; ``max_ps_cpu`` 1.5 caps it; 1.0 (today's)
+    leaves nothing to propose."""
+    two = plan(2, ps=3)
+    free = bounded().propose(NOW, two, three_ps(0.95), STEPS, 1e6)
+    assert free is not None and free.rule == "hot_ps" and free.plan.ps_cpu == 2.0
+    capped = bounded(max_ps_cpu=1.5).propose(NOW, two, three_ps(0.95), STEPS, 1e6)
+    assert capped is not None and capped.rule == "hot_ps" and capped.plan.ps_cpu == 1.5
+    assert bounded(max_ps_cpu=1.0).propose(NOW, two, three_ps(0.95), STEPS, 1e6) is None
+
+
+def test_the_idle_ps_rule_adds_workers_only_up_to_the_maximum() -> None:
+    """Idle PS would carry many workers: the rule stops at ``max_workers`` (default: 4 for a
+    job that started with 2)."""
+    assert bounded().propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6).plan.num_workers == 4  # type: ignore[union-attr]
+    three = bounded(max_workers=3).propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6)
+    assert three is not None and three.rule == "idle_ps" and three.plan.num_workers == 3
+    assert bounded(max_workers=2).propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6) is None
+
+
+def test_pareto_plans_lie_between_the_minimum_and_the_maximum() -> None:
+    """The fitted model likes more workers; the Pareto search spans only the bounds, so its
+    plan keeps at least ``min_workers`` and at most ``max_workers`` and ``max_ps``."""
+    for bounds in ({"min_workers": 2, "max_workers": 3, "max_ps": 1}, {"max_workers": 6}):
+        autoscaler = bounded(**bounds)
+        for workers, ms in ((1, 20.0), (2, 22.0)):
+            autoscaler._plan_since = NOW - 100
+            autoscaler.record(NOW, plan(workers), workers * 512 / (ms / 1000), [ms])
+        busy = profiler(ps_cpu=0.9)  # no rule fires: the model decides
+        proposal = autoscaler.propose(NOW, plan(2), busy, STEPS, 1e7)
+        assert proposal is not None and proposal.rule == "pareto", bounds
+        assert autoscaler.limits.admits(proposal.plan), (bounds, proposal.plan)
+        assert proposal.plan.num_workers == bounds["max_workers"]
+
+
+def test_no_proposal_ever_leaves_the_bounds() -> None:
+    """Every rule over a grid of profiles and bounds: each proposal is within the bounds."""
+    grid = [
+        {},
+        {"max_workers": 3, "max_ps": 2, "max_ps_cpu": 1.5, "max_ps_memory_mb": 1280},
+        {"min_workers": 2, "max_workers": 2, "min_ps": 1, "max_ps": 2, "max_ps_cpu": 1.0},
+        {"max_ps_memory_mb": 1024, "max_workers": 5},
+    ]
+    profiles = [
+        profiler(ps_cpu=0.1),
+        profiler(ps_cpu=0.9, ps_memory_growth_mb_s=3.0),
+        three_ps(0.95),
+        three_ps(0.3),
+    ]
+    seen = 0
+    for bounds in grid:
+        for prof in profiles:
+            for current in (plan(2), plan(2, ps=3)):
+                autoscaler = bounded(**bounds)
+                proposal = autoscaler.propose(NOW, current, prof, STEPS, 1e6)
+                if proposal is not None:
+                    seen += 1
+                    assert autoscaler.limits.admits(proposal.plan), (bounds, proposal)
+    assert seen >= 8  # the grid does make the rules fire
+
+
+def test_a_requested_plan_outside_the_bounds_is_refused() -> None:
+    """``request`` (the hook's ``request_plan``) names the bound a plan would break."""
+    autoscaler = bounded(max_workers=3, min_ps=1)
+    assert autoscaler.request(NOW, plan(2), plan(3), "more").plan.num_workers == 3
+    try:
+        autoscaler.request(NOW, plan(2), plan(5), "many more")
+    except ValueError as exc:
+        assert "plan.num_workers=5 is above autoscale.max_workers=3" in str(exc)
+    else:
+        raise AssertionError("a plan above max_workers was accepted")
+
+
+def test_a_declined_proposal_starts_the_decline_cooldown() -> None:
+    """After a person declines, nothing is proposed for ``decline_cooldown_s``; by default
+    (0) the next tick may propose again."""
+    for cooldown, expected in ((0.0, True), (600.0, False)):
+        autoscaler = bounded(decline_cooldown_s=cooldown)
+        first = autoscaler.propose(NOW - 60, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6)
+        assert first is not None and first.rule == "idle_ps"
+        first.decline("declined: not now")
+        autoscaler.declined(NOW - 60)
+        # the declined rule is not proposed again for this plan; the OOM rule may be
+        again = autoscaler.propose(NOW, plan(2), profiler(ps_memory_growth_mb_s=2.0), STEPS, 1e6)
+        assert (again is not None) is expected, cooldown
+        later = autoscaler.propose(
+            NOW + 600, plan(2), profiler(ps_memory_growth_mb_s=2.0), STEPS, 1e6
+        )
+        assert later is not None or expected

@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncGenerator
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -160,6 +161,19 @@ def test_the_memory_limit_is_contested_too() -> None:
     assert "needs +2048 MB" in decision.verdicts["j1"].reason
 
 
+def test_a_jobs_weight_multiplies_its_priority() -> None:
+    """10 cores, 2 free (as in the test above): by RE*WG alone j2 grows. j1 with
+    ``autoscale.weight`` 10 scores 10 x 0.03629 = 0.3629 > j2's 0.3359: j1 grows instead, and
+    its verdict says its weight is in the score."""
+    heavy = replace(J1, weight=10.0)
+    decision = arbitrate([heavy, J2, J3], ClusterBudget(cpu=10), NOW)
+    assert decision.selected == {"j1"}
+    assert decision.verdicts["j1"].score == pytest.approx(10 * SCORES["j1"])
+    assert decision.verdicts["j2"].score == pytest.approx(SCORES["j2"])
+    assert "weight 10 included" in decision.verdicts["j1"].reason
+    assert "rank 1 of 3" in decision.verdicts["j1"].reason
+
+
 def status(
     job_id: str,
     workers: int,
@@ -218,6 +232,9 @@ def test_a_registry_row_from_a_masters_status() -> None:
     assert recovering is not None and recovering.proposal is None
     assert running_job({"state": "absent"}, [], "default", NOW) is None
     assert ttl_for(30.0) == 90.0
+    assert row.weight == 1.0  # a status without autoscale settings
+    weighted = {**st, "autoscale": {"weight": 2.5, "enabled": True}}
+    assert running_job(weighted, [], "default", NOW).weight == 2.5  # type: ignore[union-attr]
 
 
 def test_the_master_keeps_one_proposal_pending_and_proposes_nothing_else() -> None:
@@ -250,6 +267,28 @@ def test_register_upserts_and_remove_deletes(registry: RunningJobRegistry) -> No
     assert registry.remove("j1") is True
     assert registry.remove("j1") is False
     assert [r.job_id for r in registry.jobs(now=NOW)] == ["j2"]
+
+
+def test_the_weight_round_trips_and_an_older_table_gains_its_column(tmp_path: Path) -> None:
+    """A row keeps the job's weight; a registry table made before the weight existed gets the
+    column on first use, and its rows read as weight 1."""
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    store = HistoryStore(url)
+    with store.engine.begin() as conn:  # the table as the previous version created it
+        conn.exec_driver_sql(
+            "CREATE TABLE rover_running_jobs (job_id VARCHAR(200) PRIMARY KEY, budget VARCHAR(100)"
+            " NOT NULL, plan JSON NOT NULL, proposal_id INTEGER, proposal_plan JSON, "
+            "proposal_gain FLOAT, proposal_rule VARCHAR(50), remaining_samples FLOAT NOT NULL, "
+            "samples_per_second FLOAT NOT NULL, ttl_s FLOAT NOT NULL, updated_at FLOAT NOT NULL)"
+        )
+        conn.exec_driver_sql(
+            "INSERT INTO rover_running_jobs VALUES ('old', 'default', '{}', NULL, NULL, NULL, "
+            f"NULL, 10, 1, 60, {NOW})".replace("'{}'", f"'{json.dumps(plan(1).model_dump())}'")
+        )
+    with RunningJobRegistry(store) as registry:
+        registry.register(replace(J1, weight=4.0))
+        rows = {r.job_id: r for r in registry.jobs("default", now=NOW)}
+    assert rows["j1"].weight == 4.0 and rows["old"].weight == 1.0
 
 
 def test_rows_past_their_ttl_are_ignored_then_purged(registry: RunningJobRegistry) -> None:

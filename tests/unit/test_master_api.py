@@ -182,6 +182,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "throughput_history",
         "plan",
         "plan_approval",
+        "autoscale",
         "nodes",
         "evaluation",
         "started_at",
@@ -228,6 +229,20 @@ def test_status_shape_through_start_up(make_job) -> None:
     assert status["nodes"] == []
     assert status["throughput"] == 0.0 and status["throughput_history"] == []
     assert status["plan_approval"] is False
+    assert status["autoscale"] == {
+        "enabled": True,
+        "weight": 1.0,
+        "min_workers": 1,
+        "max_workers": 4,
+        "min_ps": 1,
+        "max_ps": 4,
+        "min_worker_cpu": None,
+        "max_worker_cpu": None,
+        "min_ps_cpu": None,
+        "max_ps_cpu": 8.0,
+        "min_ps_memory_mb": None,
+        "max_ps_memory_mb": None,
+    }
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
     json.dumps(status)

@@ -16,9 +16,16 @@ from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.spec import JobSpec, RecoveryConfig, ResourcePlan, TrainingConfig
+from airflow_rover.core.spec import (
+    AutoscaleConfig,
+    JobSpec,
+    RecoveryConfig,
+    ResourcePlan,
+    TrainingConfig,
+)
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
+from airflow_rover.history.launches import LaunchIndex
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.sensors.elastic_job import ElasticJobSensor
@@ -76,7 +83,26 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ({"max_runtime": timedelta(minutes=-5)}, ["max_runtime", "positive timedelta"]),
     ({"max_runtime": 3600}, ["max_runtime", "positive timedelta"]),
     ({"warm_start": "yes"}, ["warm_start", "True or False"]),
-    ({"plan_approval": "false"}, ["plan_approval", "True or False", "'false'"]),
+    ({"autoscale": {"max_workers": 0}}, ["autoscale", "max_workers", "greater than or equal"]),
+    ({"autoscale": {"weight": 0}}, ["autoscale", "weight", "greater than 0"]),
+    ({"autoscale": {"max_replicas": 3}}, ["autoscale", "max_replicas", "accepted: enabled"]),
+    ({"autoscale": "off"}, ["autoscale", "dict or AutoscaleConfig"]),
+    (
+        {"autoscale": {"min_workers": 3, "max_workers": 2}},
+        ["autoscale.min_workers=3 is above autoscale.max_workers=2"],
+    ),
+    (
+        {"autoscale": {"max_ps_cpu": 2.0}, "plan": {"ps_cpu": 4.0}},
+        ["starting plan", "plan.ps_cpu=4 is above autoscale.max_ps_cpu=2"],
+    ),
+    (
+        {"autoscale": {"min_workers": 2}},
+        ["plan.num_workers=1 is below autoscale.min_workers=2"],
+    ),
+    (
+        {"autoscale": {"plan_approval": True}, "cluster_budget": {"cpu": 8}},
+        ["autoscale.plan_approval=True with cluster_budget", "give one of them"],
+    ),
     (
         {"features": {"num_dense": 13, "tables": [TABLE, {**TABLE, "column": "C2"}]}},
         ["features", "duplicate table names ['site']"],
@@ -462,7 +488,9 @@ def test_every_dag_file_imports_without_errors(
     assert bag.import_errors == {}
     assert "rover_daily_retrain" in bag.dag_ids
     dag = bag.dags["rover_daily_retrain"]
-    assert isinstance(dag.get_task("train"), ElasticTrainingOperator)
+    daily_train = dag.get_task("train")
+    assert isinstance(daily_train, ElasticTrainingOperator)
+    assert daily_train.autoscale == {"max_ps_cpu": 4, "max_ps_memory_mb": 8192}
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
     # The ETL example: Parquet on S3, continued daily, published only past its gate.
     etl = bag.dags["rover_etl_to_model"]
@@ -485,9 +513,9 @@ def test_every_dag_file_imports_without_errors(
 def test_with_plan_approval_the_trigger_leaves_the_proposals_to_a_person(
     monkeypatch: pytest.MonkeyPatch, plan_approval: bool
 ) -> None:
-    """``plan_approval=True``: the trigger applies no proposal (``apply_plans`` False, and so
-    after a triggerer restart: it is serialized); by default it applies them."""
-    operator = build(plan_approval=plan_approval)
+    """``autoscale={"plan_approval": True}``: the trigger applies no proposal (``apply_plans``
+    False, and so after a triggerer restart: it is serialized); by default it applies them."""
+    operator = build(autoscale={"plan_approval": plan_approval})
     monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook())
     with pytest.raises(TaskDeferred) as info:
         operator.poll_until_complete("/jobs/x", task_context())
@@ -497,16 +525,86 @@ def test_with_plan_approval_the_trigger_leaves_the_proposals_to_a_person(
     assert trigger.serialize()[1]["apply_plans"] is not plan_approval
 
 
-def test_plan_approval_is_in_the_spec_but_not_in_the_training_fingerprint(tmp_path: Path) -> None:
-    """The flag reaches the job (its master reports it) without changing what counts as the
-    same training; a job.json written before the flag existed loads without it."""
+AUTOSCALE_SETTINGS = [
+    {},
+    {"plan_approval": True},
+    {"enabled": False},
+    {"min_workers": 1, "max_workers": 2, "max_ps": 1, "max_ps_memory_mb": 4096, "weight": 3.0},
+    {"min_plan_interval_s": 300, "decline_cooldown_s": 600, "sampling_s": 60},
+]
+
+
+def test_autoscale_is_in_the_spec_but_not_in_the_training_fingerprint(tmp_path: Path) -> None:
+    """Every autoscale setting reaches the job without changing what counts as the same
+    training (how the job runs, not what it learns); a job.json written before the newer
+    fields existed loads with their defaults."""
     data = generate_dataset(tmp_path / "data", SyntheticConfig(num_train=200, num_eval=100))
     specs = [
-        build(train_data=str(data.train_dir), plan_approval=approval).build_spec(task_context())
-        for approval in (False, True)
+        build(train_data=str(data.train_dir), autoscale=settings).build_spec(task_context())
+        for settings in AUTOSCALE_SETTINGS
     ]
-    assert [s.autoscale.plan_approval for s in specs] == [False, True]
-    assert training_fingerprint(specs[0]) == training_fingerprint(specs[1])
+    for spec, settings in zip(specs, AUTOSCALE_SETTINGS, strict=True):
+        assert spec.autoscale == AutoscaleConfig(**settings)
+    assert len({training_fingerprint(s) for s in specs}) == 1
     older = json.loads(specs[1].model_dump_json())
-    del older["autoscale"]["plan_approval"]
-    assert JobSpec.model_validate(older).autoscale.plan_approval is False
+    for name in ("plan_approval", "weight", "min_workers", "max_ps_memory_mb"):
+        del older["autoscale"][name]
+    assert JobSpec.model_validate(older).autoscale == AutoscaleConfig()
+
+
+def test_autoscale_is_templated_and_an_autoscale_config_is_accepted() -> None:
+    """``autoscale`` is a templated JSON field; an ``AutoscaleConfig`` builds like its dict."""
+    assert "autoscale" in ElasticTrainingOperator.template_fields
+    assert ElasticTrainingOperator.template_fields_renderers["autoscale"] == "json"
+    config = AutoscaleConfig(max_workers=2, weight=2.0)
+    assert build(autoscale=config).autoscale == config.model_dump()
+    assert build(autoscale=config).build_spec(run_context()).autoscale == config
+    assert build().build_spec(run_context()).autoscale == AutoscaleConfig()
+
+
+def test_a_rendered_autoscale_template_is_validated_at_run_time() -> None:
+    """A template passes at parse time; rendered, a good value reaches the spec, and a bad one
+    (or a starting plan outside the rendered bounds) fails the task without retries, naming
+    ``autoscale.<field>``."""
+    operator = build(autoscale={"max_workers": "{{ params.n }}"}, plan={"num_workers": 2})
+    operator.render_template_fields(run_context(n=3))
+    assert operator.build_spec(run_context()).autoscale.max_workers == 3
+    assert operator.rendered_autoscale().max_workers == 3
+
+    for n, expected in ((-1, "autoscale.max_workers"), (1, "autoscale.max_workers=1")):
+        operator = build(autoscale={"max_workers": "{{ params.n }}"}, plan={"num_workers": 2})
+        operator.render_template_fields(run_context(n=n))
+        with pytest.raises(AirflowFailException) as info:
+            operator.build_spec(run_context())
+        assert "ElasticTrainingOperator(task_id='train')" in str(info.value)
+        assert expected in str(info.value), str(info.value)
+    operator = build(autoscale={"weight": "{{ params.w }}"})
+    operator.render_template_fields(run_context(w=-2))
+    with pytest.raises(AirflowFailException, match=r"autoscale\.weight"):
+        operator.rendered_autoscale()
+
+
+def test_a_whole_autoscale_template_is_rendered_from_its_text() -> None:
+    """``autoscale`` may be one template (rendered to a dict, or to JSON text)."""
+    operator = build(autoscale="{{ params.autoscale }}")
+    assert operator.autoscale == "{{ params.autoscale }}"
+    operator.autoscale = json.dumps({"plan_approval": True, "max_ps": 2})  # as rendered
+    spec = operator.build_spec(run_context())
+    assert spec.autoscale == AutoscaleConfig(plan_approval=True, max_ps=2)
+
+
+def test_the_launch_index_records_approval_from_the_rendered_autoscale(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The UI lists a job as waiting for approval from its launch row: ``plan_approval`` comes
+    from the rendered ``autoscale`` (a template here)."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    for rendered in (True, False):
+        operator = build(autoscale={"plan_approval": "{{ params.approve }}"})
+        context = {**task_context(), "params": {"approve": rendered}}
+        operator.render_template_fields(context)
+        spec = operator.build_spec(context)
+        operator._index_launch(context, tmp_path / "job", spec)
+        with operator.history_hook().get_conn() as store:
+            launch = LaunchIndex(store).get(spec.job_id)
+        assert launch is not None and launch.plan_approval is rendered

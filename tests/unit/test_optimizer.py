@@ -4,6 +4,8 @@ keeps the shared budget and favours jobs about to finish."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from airflow_rover.core.optimizer import (
@@ -174,3 +176,30 @@ def test_weighted_greedy_favours_the_job_closer_to_the_end() -> None:
 def test_weight_decreases_with_remaining_time() -> None:
     assert weight(1e3, 10.0) > weight(1e5, 10.0) > weight(1e5, 1.0)
     assert weight(1e5, 10.0, rho=0.0) == 1.0
+
+
+def test_a_jobs_weight_can_outrank_the_job_closer_to_the_end() -> None:
+    """The same two jobs, room for one upgrade: the long one's weight (1000x, its
+    ``autoscale.weight``) multiplies its priority past the short one's."""
+    short = _job("short", 1e4, 10.0, [(8, 40.0)])
+    heavy = replace(_job("long", 1e7, 10.0, [(8, 40.0)]), job_weight=1000.0)
+    chosen = weighted_greedy([heavy, short], Budget(cpu=4.0 + 9.0, memory_mb=1e9))
+    assert set(chosen) == {"long"}
+
+
+@pytest.mark.parametrize(("generations", "population"), [(60, 60), (4, 10)], ids=["exact", "nsga2"])
+def test_candidates_keep_the_minimum_counts(generations: int, population: int) -> None:
+    """With ``min_workers``/``min_ps`` no candidate has fewer, whether every plan is scored
+    (a small space) or NSGA-II searches (forced with a tiny search)."""
+    bounds = PlanBounds(max_workers=12, max_ps=6, cpu_choices=(1.0, 4.0), min_workers=3, min_ps=2)
+    front = pareto_plans(
+        MODEL, CURRENT, REMAINING, bounds, seed=1, generations=generations, population=population
+    )
+    assert front
+    for c in front:
+        assert 3 <= c.plan.num_workers <= 12 and 2 <= c.plan.num_ps <= 6, c.plan
+
+
+def test_bounds_with_a_minimum_above_the_maximum_are_refused() -> None:
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        PlanBounds(max_workers=2, min_workers=3)

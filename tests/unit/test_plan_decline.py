@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +18,7 @@ from master_rig import AUTH, Job, P, start_running
 from airflow_rover.core.plans import PlanRecord, PlanState
 from airflow_rover.core.spec import AutoscaleConfig
 from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.master.autoscaler import NodeSample, Profiler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from lone_master import lone_master, small_job
@@ -113,10 +116,37 @@ def test_the_hook_applies_and_declines_plans_through_a_real_master(tmp_path: Pat
 
 
 def test_a_job_that_asks_for_approval_says_so_in_its_status(make_job) -> None:
-    """``autoscale.plan_approval`` (the operator's ``plan_approval``) reaches the status and
+    """``autoscale.plan_approval`` (the operator's ``autoscale``) reaches the status and
     ``state.json``: a reader knows its proposals wait for a person."""
     job = make_job(autoscale=AutoscaleConfig(plan_approval=True))
     job.master.step()
     assert job.status()["plan_approval"] is True
     job.master.mirror_state(force=True)
     assert json.loads(job.layout.state_file.read_text())["plan_approval"] is True
+
+
+def test_a_decline_starts_the_masters_decline_cooldown(make_job) -> None:
+    """The master tells its autoscaler when a person declines: with ``decline_cooldown_s``
+    nothing is proposed for that long, even a predicted OOM; after it, proposals resume
+    (``test_autoscaler`` covers the rules)."""
+    config = AutoscaleConfig(decline_cooldown_s=3600, min_plan_interval_s=0, sampling_s=0)
+    job = make_job(autoscale=config)
+    start_running(job)
+    plan_id = _propose(job, num_workers=3)
+    job.post(f"/plans/{plan_id}/decline", {"reason": "not tonight"})
+    now = time.time()
+    growing = Profiler(lambda _node: None)
+    trend = collections.deque((now - 10 * i, 600.0 + 50 * (12 - i)) for i in reversed(range(12)))
+    growing.nodes = {"ps-0": NodeSample("ps", cpu_used=0.9, memory_mb=840, trend=trend)}
+    autoscaler, plan = job.master.autoscaler, job.master.spec.plan
+    assert autoscaler.propose(now + 60, plan, growing, {}, 1e6) is None
+    later = autoscaler.propose(now + 3660, plan, growing, {}, 1e6)
+    assert later is not None and later.rule == "predicted_oom"
+
+
+def test_a_requested_plan_outside_the_bounds_is_refused_with_422(make_job) -> None:
+    job = make_job(autoscale=AutoscaleConfig(max_workers=2))
+    start_running(job)
+    response = job.api.post(P + "/plans", json={"num_workers": 3}, headers=AUTH)
+    assert response.status_code == 422
+    assert "plan.num_workers=3 is above autoscale.max_workers=2" in response.json()["detail"]

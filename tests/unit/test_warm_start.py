@@ -416,6 +416,7 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
         task_id="train",
         run_id="manual__2",
         map_index=-1,
+        try_number=1,
         xcom_push=lambda key, value: pushed.__setitem__(key, value),
     )
     ctx: Any = {"ti": ti}

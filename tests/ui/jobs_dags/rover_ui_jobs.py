@@ -2,8 +2,8 @@
 conf, job directories where the operator puts them by default (under ``$AIRFLOW_HOME``).
 
 - ``rover_ui_daily``: a short CPR job that shares a cluster budget; it succeeds.
-- ``rover_ui_approval``: a long job whose proposals wait for a person (``plan_approval``);
-  the test acts on it from the UI and stops it.
+- ``rover_ui_approval``: a long job whose proposals wait for a person
+  (``autoscale={"plan_approval": True}``); the test acts on it from the UI and stops it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ with DAG(dag_id="rover_ui_approval", schedule=None, start_date=START, params=PAR
         eval_data="{{ params.eval_data }}",
         plan={"num_ps": 1, "num_workers": 1},
         training={"shard_size": 512, "batch_size": 64, "epochs": 200},
-        plan_approval=True,
+        autoscale={"plan_approval": True},
         retries=1,  # a person's stop must not be retried
         retry_delay=timedelta(seconds=1),
         poll_interval=1,
