@@ -11,7 +11,6 @@ apt, under the lock the UI tests' Chromium install takes, or the test is skipped
 
 from __future__ import annotations
 
-import fcntl
 import os
 import pwd
 import secrets
@@ -25,11 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from debian_packages import ensure_installed
 
 PACKAGES = ("postgresql",)
-# The same file as tests/ui/headless_chromium.py: one apt run on the machine at a time.
-INSTALL_LOCK = Path("/tmp/airflow-rover-chromium-install.lock")
 DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"  # Debian keeps initdb and pg_ctl off PATH
 BINARIES = ("initdb", "pg_ctl", "postgres")
 SUPERUSER = "rover"
@@ -90,35 +87,9 @@ def _version(bindir: Path) -> int:
     return int(name) if name.isdigit() else 0
 
 
-def _apt_install() -> None:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (
-        ["apt-get", "update"],
-        ["apt-get", "install", "-y", "--no-install-recommends", *PACKAGES],
-    ):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr}")
-
-
 def ensure_binaries() -> Path:
-    """The folder of ``initdb``, ``pg_ctl`` and ``postgres``; as root, installs Debian's
-    ``postgresql`` when they are missing; otherwise skips the test, saying what to install."""
-    if found := _bindir():
-        return found
-    if os.geteuid() != 0:
-        pytest.skip(
-            "needs Debian's postgresql package (its server binaries are not installed, and not "
-            "root to install them): apt-get install postgresql"
-        )
-    with INSTALL_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _bindir():
-            _apt_install()
-    found = _bindir()
-    if found is None:
-        raise RuntimeError(f"apt-get installed {PACKAGES} but found no initdb in {DEBIAN_BINDIRS}")
-    return found
+    """The folder of ``initdb``, ``pg_ctl`` and ``postgres`` (installed as root when missing)."""
+    return ensure_installed(PACKAGES, _bindir, f"initdb in {DEBIAN_BINDIRS}")
 
 
 def _server_account() -> str | None:

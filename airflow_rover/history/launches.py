@@ -29,8 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 
-from airflow_rover.history.schema import create_tables
-from airflow_rover.history.store import HistoryStore
+from airflow_rover.history.store_tables import StoreTables
 
 metadata = MetaData()  # apart from the history's: ``HistoryStore.ensure_schema`` is unchanged
 
@@ -73,22 +72,10 @@ class Launch:
     launched_at: float = field(default_factory=time.time)
 
 
-class LaunchIndex:
+class LaunchIndex(StoreTables):
     """Read and write the launched-jobs index in ``store``'s database."""
 
-    def __init__(self, store: HistoryStore) -> None:
-        self.store = store
-        self.engine = store.engine
-        self._schema_ready = False
-
-    def __repr__(self) -> str:
-        return f"LaunchIndex({self.store!r})"
-
-    def ensure_schema(self) -> None:
-        """Create the table if it does not exist yet (idempotent, race-safe)."""
-        if not self._schema_ready:
-            create_tables(self.engine, metadata)
-            self._schema_ready = True
+    metadata = metadata
 
     def record(self, launch: Launch) -> None:
         """Insert or replace the row of ``launch.job_id``."""

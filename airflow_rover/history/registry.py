@@ -23,7 +23,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
-from types import TracebackType
 from typing import Any
 
 from sqlalchemy import (
@@ -53,8 +52,7 @@ from airflow_rover.core.cluster_budget import (
 )
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
-from airflow_rover.history.schema import create_tables
-from airflow_rover.history.store import HistoryStore
+from airflow_rover.history.store_tables import StoreTables
 
 metadata = MetaData()  # apart from the history's: ``HistoryStore.ensure_schema`` is unchanged
 
@@ -96,39 +94,13 @@ def _local_lock(url: URL, budget: str) -> threading.Lock:
         return _local_locks.setdefault(key, threading.Lock())
 
 
-class RunningJobRegistry:
+class RunningJobRegistry(StoreTables):
     """Read and write the running-jobs registry in ``store``'s database."""
 
-    def __init__(self, store: HistoryStore) -> None:
-        self.store = store
-        self.engine = store.engine
-        self._schema_ready = False
+    metadata = metadata
 
-    def __repr__(self) -> str:
-        return f"RunningJobRegistry({self.store!r})"
-
-    def __enter__(self) -> RunningJobRegistry:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self.store.close()
-
-    # -- schema ------------------------------------------------------------------------------
-    def ensure_schema(self) -> None:
-        """Create the registry's tables that do not exist yet (idempotent, race-safe)."""
-        if self._schema_ready:
-            return
-        create_tables(self.engine, metadata)
+    def upgrade(self) -> None:
         _add_missing_columns(self.engine)
-        self._schema_ready = True
 
     # -- rows --------------------------------------------------------------------------------
     def register(self, job: RunningJob) -> None:
