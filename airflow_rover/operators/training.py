@@ -69,6 +69,7 @@ from airflow_rover.operators.serving_export import ensure_saved_model
 from airflow_rover.operators.training_params import (
     as_param_dict,
     check_checkpoint_uri,
+    check_flag,
     check_job_args,
     check_job_location,
     check_launcher,
@@ -161,6 +162,9 @@ class ElasticTrainingOperator(BaseOperator):
         (apply) or decline them, from the Airflow UI or the hook (``apply_plan``,
         ``decline_plan``); default ``False``: the trigger applies them (within
         ``cluster_budget``). The job's status says ``plan_approval``.
+    :param stream_logs: while the task is deferred, its log shows the new lines of the job's
+        master and nodes, prefixed by node (``[worker-1] ...``), at a bounded rate (the HTTP
+        client's request lines left out); the whole logs stay in ``<output_dir>/logs``.
 
     .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget),
         ``docs/serving.md`` (the SavedModel and the Asset)
@@ -228,12 +232,14 @@ class ElasticTrainingOperator(BaseOperator):
         model_asset: Asset | str | None = None,
         export_saved_model: bool = True,
         plan_approval: bool = False,
+        stream_logs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         owner = self._owner
         check_job_args(owner, warm_start, train_data)
         check_plan_approval(owner, plan_approval, cluster_budget)
+        check_flag(owner, "stream_logs", stream_logs)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
@@ -275,6 +281,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.add_outlets([self.model_asset])
         self.export_saved_model = bool(export_saved_model)
         self.plan_approval = plan_approval
+        self.stream_logs = stream_logs
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_specs(owner, self.plan, self.training, self.recovery)
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
@@ -562,6 +569,7 @@ class ElasticTrainingOperator(BaseOperator):
                 apply_plans=not self.plan_approval,  # else a person applies or declines them
                 cluster_budget=budget,
                 history_conn_id=(self.history_conn_id or None) if budget else None,
+                stream_logs=self.stream_logs,
             ),
             method_name="execute_complete",
             timeout=deferral_timeout(hook.get_deadline(), self.max_runtime, self.poll_interval),

@@ -77,6 +77,7 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
     ({"max_runtime": 3600}, ["max_runtime", "positive timedelta"]),
     ({"warm_start": "yes"}, ["warm_start", "True or False"]),
     ({"plan_approval": "false"}, ["plan_approval", "True or False", "'false'"]),
+    ({"stream_logs": "no"}, ["stream_logs", "True or False", "'no'"]),
     (
         {"features": {"num_dense": 13, "tables": [TABLE, {**TABLE, "column": "C2"}]}},
         ["features", "duplicate table names ['site']"],
@@ -495,6 +496,22 @@ def test_with_plan_approval_the_trigger_leaves_the_proposals_to_a_person(
     assert isinstance(trigger, ElasticJobTrigger)
     assert trigger.apply_plans is not plan_approval
     assert trigger.serialize()[1]["apply_plans"] is not plan_approval
+
+
+@pytest.mark.parametrize("stream_logs", [True, False], ids=["default", "off"])
+def test_stream_logs_reaches_the_trigger(
+    monkeypatch: pytest.MonkeyPatch, stream_logs: bool
+) -> None:
+    """The job's log lines are streamed into the task's log by default (and so after a
+    triggerer restart: it is serialized); ``stream_logs=False`` turns that off."""
+    operator = build() if stream_logs else build(stream_logs=False)
+    monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook())
+    with pytest.raises(TaskDeferred) as info:
+        operator.poll_until_complete("/jobs/x", task_context())
+    trigger = info.value.trigger
+    assert isinstance(trigger, ElasticJobTrigger)
+    assert trigger.stream_logs is stream_logs
+    assert trigger.serialize()[1].get("stream_logs", False) is stream_logs
 
 
 def test_plan_approval_is_in_the_spec_but_not_in_the_training_fingerprint(tmp_path: Path) -> None:
