@@ -12,7 +12,7 @@ from airflow_rover.core.crashes import Crash, Death, RepeatedFailures, Verdict
 from airflow_rover.core.shards import ShardQueue
 
 TAIL_LINES = 15
-_HTTP_REQUEST_LINE = " httpx HTTP Request: "  # how httpx logs each request at INFO
+HTTP_REQUEST_LINE = " httpx HTTP Request: "  # how httpx logs each request at INFO
 
 
 class CrashWatch:
@@ -97,7 +97,7 @@ def last_words(node_id: str, crash: Crash | None, log_file: Path) -> str:
         return f"Its traceback:\n{_last_lines(crash.tail)}"
     try:
         with open(log_file, errors="replace") as fh:
-            own = (line for line in fh if _HTTP_REQUEST_LINE not in line)
+            own = (line for line in fh if HTTP_REQUEST_LINE not in line)
             return f"Last lines of {node_id}'s log:\n" + "".join(
                 collections.deque(own, maxlen=TAIL_LINES)
             )

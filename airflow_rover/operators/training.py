@@ -71,6 +71,7 @@ from airflow_rover.operators.training_params import (
     as_param_dict,
     check_autoscale,
     check_checkpoint_uri,
+    check_flag,
     check_job_args,
     check_job_location,
     check_launcher,
@@ -174,6 +175,9 @@ class ElasticTrainingOperator(BaseOperator):
         one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
         the Airflow UI or the hook; not with ``cluster_budget``) and ``weight`` (the job's
         weight in a shared cluster budget). (templated)
+    :param stream_logs: while the task is deferred, its log shows the new lines of the job's
+        master and nodes, prefixed by node (``[worker-1] ...``), at a bounded rate (the HTTP
+        client's request lines left out); the whole logs stay in ``<output_dir>/logs``.
 
     .. seealso:: ``docs/warm-start.md``, ``docs/operators.md`` (Sharing a cluster budget),
         ``docs/serving.md`` (the SavedModel and the Asset)
@@ -243,11 +247,13 @@ class ElasticTrainingOperator(BaseOperator):
         evict_after_days: int | str | None = None,
         model_asset: Asset | str | None = None,
         export_saved_model: bool = True,
+        stream_logs: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         owner = self._owner
         check_job_args(owner, warm_start, train_data)
+        check_flag(owner, "stream_logs", stream_logs)
         check_launcher(owner, launcher, kubernetes, kubernetes_conn_id)
         check_polling(owner, poll_interval, max_runtime)
         check_checkpoint_uri(owner, checkpoint_uri)
@@ -289,6 +295,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.model_asset = outlet_of(owner, model_asset, default_asset)
         self.add_outlets([self.model_asset])
         self.export_saved_model = bool(export_saved_model)
+        self.stream_logs = stream_logs
         # Validate now (DAG parse time) whatever is not a template; the rest after rendering.
         check_static_specs(owner, self.plan, self.training, self.recovery)
         check_static_autoscale(owner, self.autoscale, self.plan, cluster_budget)
@@ -589,6 +596,7 @@ class ElasticTrainingOperator(BaseOperator):
                 apply_plans=not self.rendered_autoscale().plan_approval,  # else a person does
                 cluster_budget=budget,
                 history_conn_id=(self.history_conn_id or None) if budget else None,
+                stream_logs=self.stream_logs,
             ),
             method_name="execute_complete",
             timeout=deferral_timeout(hook.get_deadline(), self.max_runtime, self.poll_interval),

@@ -38,6 +38,12 @@ def check_job_args(owner: str, warm_start: Any, train_data: Any) -> None:
         raise ValueError(f"{owner}: train_data must be a non-empty path, got {train_data!r}")
 
 
+def check_flag(owner: str, name: str, value: Any) -> None:
+    """``value`` is a bool: a string such as ``"false"`` would read as true."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner}: {name} must be True or False, got {value!r}")
+
+
 def check_plan_approval(owner: str, autoscale: AutoscaleConfig, cluster_budget: Any) -> None:
     """No ``autoscale.plan_approval`` with a cluster budget, whose arbiter a person's approval
     would bypass."""

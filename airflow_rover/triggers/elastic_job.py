@@ -14,6 +14,10 @@ With a ``cluster_budget`` the trigger shares that budget with the jobs of other 
 on each poll it registers its job in the registry (``history.registry``, in the history store's
 database) and applies its master's proposal only when the cluster arbiter
 (``core.cluster_budget``) selects it; otherwise the proposal stays proposed, waiting.
+
+With ``stream_logs`` it passes the new lines of the master's and the nodes' logs into the task's
+log on each poll, prefixed by node and bounded (``hooks.node_logs``), and once more after the
+job ended (so its last words are there).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
+from airflow_rover.hooks.node_logs import NodeLogStream
 
 _EVENT_STATUS = {JobState.FAILED: "failed", JobState.STOPPED: "stopped"}
 
@@ -69,7 +74,8 @@ class ElasticJobTrigger(BaseTrigger):
     """Wait until the job in ``job_dir`` reaches ``milestone`` (default: it succeeded), applying
     the resource plans the job's optimizer proposes on the way (``apply_plans``), within
     ``cluster_budget`` when one is given (shared through the history store of
-    ``history_conn_id``)."""
+    ``history_conn_id``), passing the job's new log lines into this log with
+    ``stream_logs``."""
 
     def __init__(
         self,
@@ -80,6 +86,7 @@ class ElasticJobTrigger(BaseTrigger):
         apply_plans: bool = True,
         cluster_budget: dict[str, Any] | None = None,
         history_conn_id: str | None = None,
+        stream_logs: bool = False,
     ) -> None:
         super().__init__()
         self.job_dir = job_dir
@@ -91,6 +98,8 @@ class ElasticJobTrigger(BaseTrigger):
             ClusterBudget.model_validate(cluster_budget) if cluster_budget is not None else None
         )
         self.history_conn_id = history_conn_id
+        self.stream_logs = stream_logs
+        self._logs: NodeLogStream | None = None  # while the job's logs are streamed
         self._registry: RunningJobRegistry | None = None
         self._registered: str | None = None  # the job id this trigger registered
         self._announced: int | None = None  # the proposal registered on an earlier poll
@@ -107,6 +116,8 @@ class ElasticJobTrigger(BaseTrigger):
         if self.cluster_budget is not None:  # only then: older triggers re-create unchanged
             kwargs["cluster_budget"] = self.cluster_budget.model_dump(mode="json")
             kwargs["history_conn_id"] = self.history_conn_id
+        if self.stream_logs:  # likewise
+            kwargs["stream_logs"] = True
         return f"{type(self).__module__}.{type(self).__qualname__}", kwargs
 
     def _hook(self) -> ElasticJobHook:
@@ -114,6 +125,7 @@ class ElasticJobTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
+        self._start_streaming(hook)
         try:
             if self.stop_on_kill:  # the job's owner: its Kubernetes objects are all there
                 await self._ensure(hook)
@@ -122,12 +134,14 @@ class ElasticJobTrigger(BaseTrigger):
                 if self.milestone.reached(job):
                     await self._unregister(job.get("job_id"))
                     await self._clean_up(hook, job)
+                    await self._pass_on_logs()
                     yield TriggerEvent(job_event("success", job))
                     return
                 missed = self.milestone.missed(job)
                 if missed is not None:
                     await self._unregister(job.get("job_id"))
                     await self._clean_up(hook, job)
+                    await self._pass_on_logs()
                     status = _EVENT_STATUS.get(JobState(job["state"]), "failed")
                     yield TriggerEvent(job_event(status, job, f"{missed}: {job.get('message')}"))
                     return
@@ -136,6 +150,7 @@ class ElasticJobTrigger(BaseTrigger):
                     await self._apply_within_budget(hook, job, plans, self.cluster_budget)
                 elif self.apply_plans:
                     await self._apply_proposed(hook, plans)
+                await self._pass_on_logs()
                 self.log.info("Job %s: %s", job.get("job_id", self.job_dir), progress_line(job))
                 await asyncio.sleep(self.poll_interval)
         except Exception as exc:  # report, never crash the triggerer
@@ -145,6 +160,37 @@ class ElasticJobTrigger(BaseTrigger):
             if self._registry is not None:
                 self._registry.close()
                 self._registry = None
+
+    # -- the job's logs ----------------------------------------------------------------------
+    def _start_streaming(self, hook: ElasticJobHook) -> None:
+        if not self.stream_logs:
+            return
+        self._logs = NodeLogStream(hook.job_dir)
+        limits = self._logs.limits
+        self.log.info(
+            "Passing the new lines of the job's logs into this log, prefixed by node (at most "
+            "%d lines per node and %d in all per poll); the whole logs are in %s",
+            limits.lines_per_node,
+            limits.lines_per_poll,
+            hook.job_dir.logs,
+        )
+
+    async def _pass_on_logs(self) -> None:
+        """Log the new lines of the job's logs; a failure ends the streaming, never the wait."""
+        if self._logs is None:
+            return
+        try:
+            lines = await asyncio.to_thread(self._logs.poll)
+        except Exception as exc:
+            self.log.warning(
+                "Could not read the job's logs (%s: %s); they are no longer passed on here",
+                type(exc).__name__,
+                exc,
+            )
+            self._logs = None
+            return
+        for line in lines:
+            self.log.info("%s", line)
 
     async def _ensure(self, hook: ElasticJobHook) -> None:
         """Recreate what the running job misses; an unanswered check only delays that (the

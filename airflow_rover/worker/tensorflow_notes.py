@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 # absl's "I0000 00:00:1795697615.859026    2548 port.cc:153] ...", its preamble, and the line
 # that continues TensorFlow's CPU-instructions note.
-_TENSORFLOW_NOTE = re.compile(
+TENSORFLOW_NOTE = re.compile(
     r"[IWEF]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w./-]+:\d+\]"
     r"|WARNING: All log messages before absl::InitializeLog"
     r"|To enable the following instructions: .* rebuild TensorFlow"
@@ -46,7 +46,7 @@ def tensorflow_stderr_to_debug() -> Iterator[None]:
 def _pass_on(text: str) -> None:
     others = []
     for line in text.splitlines(keepends=True):
-        if _TENSORFLOW_NOTE.match(line):
+        if TENSORFLOW_NOTE.match(line):
             log.debug("tensorflow: %s", line.rstrip())
         elif line.strip():
             others.append(line)

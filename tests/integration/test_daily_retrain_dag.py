@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,21 @@ def test_the_model_beats_chance_clearly_and_the_metrics_reach_xcom(outcome) -> N
 def test_no_secret_reaches_xcom(outcome) -> None:
     token = (Path(outcome["xcom"]["train:job_dir"]) / "token").read_text().strip()
     assert token and token not in json.dumps(outcome["xcom"])
+    assert token not in outcome["log"]
+
+
+def test_the_task_log_shows_the_nodes_log_lines(outcome) -> None:
+    """While the task was deferred, its trigger passed the master's and the workers' log lines
+    into the task's log, prefixed by node, without the HTTP client's request lines."""
+    log = outcome["log"]
+    streamed = [
+        line for line in log.splitlines() if re.search(r"\] \[(master|ps-\d|worker-\d)\] ", line)
+    ]
+    print(f"{len(streamed)} streamed lines, e.g.:", *streamed[:3], *streamed[-3:], sep="\n")
+    for worker in ("worker-0", "worker-1"):
+        assert re.search(rf"\[{worker}\] .* {worker} done: \d+ steps", log), worker
+    assert re.search(r"\[master\] .* started worker-0 ", log)
+    assert not [line for line in streamed if "HTTP Request:" in line]
 
 
 def test_a_backfill_of_three_dates_trains_three_independent_models(run_dags, outcome) -> None:

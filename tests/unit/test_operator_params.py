@@ -103,6 +103,7 @@ BAD_OPERATOR_PARAMS: list[tuple[dict[str, Any], list[str]]] = [
         {"autoscale": {"plan_approval": True}, "cluster_budget": {"cpu": 8}},
         ["autoscale.plan_approval=True with cluster_budget", "give one of them"],
     ),
+    ({"stream_logs": "no"}, ["stream_logs", "True or False", "'no'"]),
     (
         {"features": {"num_dense": 13, "tables": [TABLE, {**TABLE, "column": "C2"}]}},
         ["features", "duplicate table names ['site']"],
@@ -523,6 +524,22 @@ def test_with_plan_approval_the_trigger_leaves_the_proposals_to_a_person(
     assert isinstance(trigger, ElasticJobTrigger)
     assert trigger.apply_plans is not plan_approval
     assert trigger.serialize()[1]["apply_plans"] is not plan_approval
+
+
+@pytest.mark.parametrize("stream_logs", [True, False], ids=["default", "off"])
+def test_stream_logs_reaches_the_trigger(
+    monkeypatch: pytest.MonkeyPatch, stream_logs: bool
+) -> None:
+    """The job's log lines are streamed into the task's log by default (and so after a
+    triggerer restart: it is serialized); ``stream_logs=False`` turns that off."""
+    operator = build() if stream_logs else build(stream_logs=False)
+    monkeypatch.setattr(operator, "hook_for", lambda *_: FakeJobHook())
+    with pytest.raises(TaskDeferred) as info:
+        operator.poll_until_complete("/jobs/x", task_context())
+    trigger = info.value.trigger
+    assert isinstance(trigger, ElasticJobTrigger)
+    assert trigger.stream_logs is stream_logs
+    assert trigger.serialize()[1].get("stream_logs", False) is stream_logs
 
 
 AUTOSCALE_SETTINGS = [

@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import importlib
 import json
+import re
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -102,17 +104,20 @@ async def first_event(trigger: BaseTrigger, timeout: float) -> TriggerEvent:
 
 
 def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_once(
-    hook: ElasticJobHook,
+    hook: ElasticJobHook, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Cancelled mid-job (plus ``cleanup()``) and re-created from ``serialize()``, the trigger
-    neither stops nor relaunches the job, and its successor reports one clean success."""
+    neither stops nor relaunches the job, and its successor reports one clean success; the
+    job's log lines reach the log through both, each line at most once per trigger."""
     started = time.monotonic()
     job_dir = str(hook.job_dir.root)
     launched = hook.job_dir.master_info()
     assert launched.get("keeper_pid") and launched.get("pid"), launched
 
     # -- the first triggerer: runs the trigger until the job trains, then restarts ------------
-    trigger = ElasticJobTrigger(job_dir=job_dir, poll_interval=0.2, stop_on_kill=True)
+    trigger = ElasticJobTrigger(
+        job_dir=job_dir, poll_interval=0.2, stop_on_kill=True, stream_logs=True
+    )
     serialized = trigger.serialize()
     before_restart: list[TriggerEvent] = []
 
@@ -196,3 +201,18 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     recovery = result["recovery"]
     assert (recovery["restarts"], recovery["master_restarts"], recovery["recoveries"]) == (0, 0, 0)
     assert result["eval_samples"] == 1000
+
+    # -- the job's log lines, streamed by both triggers (structlog writes them to stdout) -----
+    out = capsys.readouterr().out
+    assert out.count("Passing the new lines of the job's logs") == 2
+    streamed = re.findall(
+        r"\] (\[(?:master|ps-\d|worker-\d|evaluator)\] .*?) +\[airflow_rover", out
+    )
+    for worker in (f"worker-{i}" for i in range(NUM_WORKERS)):
+        assert any(
+            line.startswith(f"[{worker}] ") and f"{worker} done:" in line for line in streamed
+        )
+    assert not [line for line in streamed if "HTTP Request:" in line]
+    repeated = {line: n for line, n in Counter(streamed).items() if n > 2}
+    assert repeated == {}, repeated
+    print(f"{len(streamed)} streamed lines, {len(set(streamed))} distinct")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -101,8 +102,9 @@ def first_event(trigger: ElasticJobTrigger, timeout: float = 10.0) -> dict[str, 
         {"milestone": {"min_samples": 5000}},
         {"milestone": {"states": [], "min_auc": 0.7}},
         {"stop_on_kill": True, "poll_interval": 0.5},
+        {"stream_logs": True},
     ],
-    ids=["default", "min_samples", "min_auc-no-states", "stop_on_kill"],
+    ids=["default", "min_samples", "min_auc-no-states", "stop_on_kill", "stream_logs"],
 )
 def test_serialize_recreates_an_equal_trigger(kwargs: dict[str, Any]) -> None:
     """classpath + kwargs (through JSON) rebuild a trigger that serializes identically."""
@@ -323,3 +325,82 @@ def test_on_kill_terminates_a_master_that_does_not_answer(
     asyncio.run(ElasticJobTrigger(str(tmp_path), stop_on_kill=True).on_kill())
     stand_in_master.wait(timeout=5)  # the hook already reaped it: no exit code left to read
     assert not psutil.pid_exists(stand_in_master.pid)
+
+
+# -- the job's logs in the task's log ----------------------------------------------------------
+HTTP_LINE = 'INFO httpx HTTP Request: POST http://127.0.0.1:1/api/v1/shards/lease "HTTP/1.1 200"\n'
+# a line the trigger logged (structlog writes them to stdout), its event only
+TRIGGER_LINE = re.compile(r"\[\w+ *\] (.*) \[airflow_rover\.triggers\.elastic_job\.\w+\]")
+
+
+class TriggerLog:
+    """What the triggers logged so far, read from the captured stdout."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
+        self.capsys = capsys
+        self.events: list[str] = []
+
+    def streamed(self) -> list[str]:
+        """The job's lines passed on (``[node] ...``), in order."""
+        found = TRIGGER_LINE.findall(self.capsys.readouterr().out)
+        self.events += [e.rstrip() for e in found]  # structlog pads a short event
+        return [e for e in self.events if re.match(r"\[[\w.-]+\] ", e)]
+
+
+def test_stream_logs_is_serialized_only_when_on() -> None:
+    """Off (the sensors' triggers, and those serialized before it existed): no new kwarg."""
+    assert "stream_logs" not in ElasticJobTrigger("/jobs/c").serialize()[1]
+    assert ElasticJobTrigger("/jobs/c", stream_logs=True).serialize()[1]["stream_logs"] is True
+
+
+def test_the_jobs_new_log_lines_reach_the_trigger_log_while_it_waits_and_at_the_end(
+    tmp_path: Path, stand_in_master: subprocess.Popen[bytes], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Lines are passed on as they come, once each, prefixed by node, never the HTTP
+    client's; the lines written just before the job ended are passed on before the event."""
+    layout = JobDir(tmp_path)
+    layout.logs.mkdir()
+    (layout.logs / "master.log").write_text("master listening\n")
+    (layout.logs / "worker-0.log").write_text(HTTP_LINE + "worker-0 leased shard 0\n")
+    logged = TriggerLog(capsys)
+
+    async def go() -> dict[str, Any]:
+        trigger = ElasticJobTrigger(str(tmp_path), poll_interval=0.05, stream_logs=True)
+        events = events_of(trigger)
+        pending = asyncio.ensure_future(anext(events))
+        try:
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                if "[worker-0] worker-0 leased shard 0" in logged.streamed():
+                    break
+            assert not pending.done()
+            with open(layout.log_file("worker-0"), "a") as fh:
+                fh.write(HTTP_LINE + "worker-0 done: 64 steps\n")
+            atomic_write_json(layout.state_file, job_state("succeeded"))
+            event = await asyncio.wait_for(pending, 5.0)
+            return dict(event.payload)
+        finally:
+            pending.cancel()
+            await events.aclose()
+
+    assert asyncio.run(go())["status"] == "success"
+    assert logged.streamed() == [
+        "[master] master listening",
+        "[worker-0] worker-0 leased shard 0",
+        "[worker-0] worker-0 done: 64 steps",
+    ]
+    assert any(f"the whole logs are in {layout.logs}" in e for e in logged.events)
+
+
+def test_without_stream_logs_no_log_line_is_passed_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    layout = make_job(tmp_path, state=job_state("succeeded"))
+    layout.logs.mkdir()
+    (layout.logs / "worker-0.log").write_text("worker-0 done: 64 steps\n")
+    logged = TriggerLog(capsys)
+    assert first_event(ElasticJobTrigger(str(tmp_path), poll_interval=0.1))["status"] == "success"
+    assert logged.streamed() == []
+    on = ElasticJobTrigger(str(tmp_path), poll_interval=0.1, stream_logs=True)
+    assert first_event(on)["status"] == "success"
+    assert logged.streamed() == ["[worker-0] worker-0 done: 64 steps"]
