@@ -57,25 +57,17 @@ class JobSource:
         ended = await asyncio.to_thread(store.get_job, job_id)
         return launch, ended
 
-    async def dag_of(self, job_id: str) -> str | None:
-        """The DAG a job belongs to (None: no such job), read before any access check."""
-        launch, ended = await self.launch(job_id)
-        if launch is not None:
-            return launch.dag_id
-        return None if ended is None else ended.get("dag_id")
-
-    async def page(self, job_id: str) -> JobPage | None:
-        """The job page of ``job_id``: live from its master while it runs."""
-        launch, ended = await self.launch(job_id)
-        if launch is None and ended is None:
-            return None
+    async def page(self, launch: Launch | None, ended: dict[str, Any] | None) -> JobPage:
+        """The job page of the job ``launch`` and ``ended`` record: live from its master while
+        it runs."""
         status: dict[str, Any] | None = None
         if launch is not None and Path(launch.job_dir).is_dir():
             status = await ElasticJobHook(launch.job_dir).async_get_status()
         held: list[ResourcePlan] = []
         budget = launch.cluster_budget if launch else None
         if budget:
-            held = await asyncio.to_thread(_held_plans, await self.store(), str(budget["name"]))
+            store = await self.store()
+            held = await asyncio.to_thread(_held_plans, store, str(budget["name"]))
         logs = await asyncio.to_thread(log_tails, launch, status) if launch else {}
         return job_page(launch, ended, status, held, logs)
 
@@ -91,11 +83,8 @@ def _rows(store: HistoryStore, dag_ids: set[str] | None, dag_id: str | None) -> 
     rows = []
     for launch in launches:
         record = ended.pop(launch.job_id, None)
-        status = (
-            None
-            if record
-            else JobDir(Path(launch.job_dir)).read_json(JobDir(Path(launch.job_dir)).state_file)
-        )
+        job_dir = JobDir(Path(launch.job_dir))
+        status = None if record else job_dir.read_json(job_dir.state_file)
         rows.append(job_row(launch, record, status))
     for record in ended.values():  # jobs recorded before the index existed
         if dag_ids is None or record.get("dag_id") in dag_ids:

@@ -75,14 +75,12 @@ def create_app(source: JobSource | None = None) -> FastAPI:
         return response
 
     async def readable_page(job_id: JobIdPath, user: UserDep) -> JobPage:
-        dag_id = await jobs.dag_of(job_id)
+        launch, ended = await jobs.launch(job_id)
+        dag_id = launch.dag_id if launch else (ended or {}).get("dag_id")
         if dag_id is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
         await require_dag_access(user, "GET", dag_id)
-        page = await jobs.page(job_id)
-        if page is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
-        return page
+        return await jobs.page(launch, ended)
 
     ReadablePage = Annotated[JobPage, Depends(readable_page)]
 
