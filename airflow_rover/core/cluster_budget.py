@@ -1,51 +1,30 @@
-"""Cluster arbiter: which running jobs may grow now, when jobs of many DAGs share one budget.
+"""What jobs that share a cluster budget tell each other: the registry's rows and the arbiter's
+answers (``core.budget_arbiter`` decides; ``history.registry`` stores the rows).
 
-Each job's master proposes its own plans (``master.autoscaler``) within the job's own limits.
-When jobs share a cluster budget (``ClusterBudget``: cores and memory that all their nodes may
-hold together), every job's trigger registers the job (its plan, its pending proposal, its
-remaining samples and samples/s) in the registry (``history.registry``), and before applying its
-proposal asks ``arbitrate`` whether the proposal is selected:
-
-- a proposal that grows nothing the budget limits (a scale-down) is always allowed;
-- when every pending scale-up fits the budget left by the running plans, all are allowed;
-- otherwise the scale-ups are contested, and ``core.optimizer.weighted_greedy`` (DLRover-RM
-  4.3) selects them by RE * WG * weight, largest first, while they fit: RE = gain / cost of the
-  proposed plan (``Prices``), WG = 1 / (remaining samples / samples/s after the change + 1),
-  weight the job's ``autoscale.weight`` (default 1).
-
-The gain of a proposal (samples/s) is the master's ``expected_gain`` when the proposal carries
-one; otherwise it is estimated as linear scaling in the worker count: ``samples/s * (new workers
-/ old workers - 1)``, and 0 when the worker count does not change (a PS-side change: it is then
-applied only with budget left after every scale-up that promises a gain).
-
-Rows not refreshed within their TTL are ignored (their job's trigger is gone): a dead triggerer
-never holds the budget. Everything here is pure (no database, no Airflow): ``history.registry``
-reads and writes the rows, the trigger applies what is allowed.
+A budget (``ClusterBudget``) is cores and memory that all the nodes of its jobs may hold
+together. Every job that names it has one row: a waiting job (not launched: it holds nothing
+and asks for its starting plan) or a running one (it holds its plan and may ask for its
+master's pending proposal). Rows not refreshed within their TTL are ignored (their trigger is
+gone): a dead triggerer never holds the budget. Everything here is pure (no database, no
+Airflow).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import ValidationError
 
-from airflow_rover.core.optimizer import (
-    Budget,
-    Candidate,
-    JobCandidates,
-    Prices,
-    weight,
-    weighted_greedy,
-)
+from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.plans import PlanRecord, pending_plan
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
 from airflow_rover.core.states import JobState
 
 DEFAULT_TTL_S = 60.0  # a row this old (or 3 polls old, if longer) no longer counts
-RHO = 1.0  # WG's exponent (DLRover-RM Eqn. 14)
+ADMITTED_TTL_S = 300.0  # an admitted job's reservation, until its own trigger refreshes it
 
 
 def ttl_for(poll_interval: float) -> float:
@@ -55,7 +34,11 @@ def ttl_for(poll_interval: float) -> float:
 
 @dataclass(frozen=True)
 class RunningJob:
-    """One row of the registry: a running job, what it holds, what it asks for."""
+    """One row of the registry: a job that shares a budget, what it holds, what it asks for.
+
+    A ``waiting`` job has not started: it holds nothing and asks for ``plan`` (or ``min_plan``,
+    when it may start smaller). A running job holds ``plan``; ``min_plan`` is the smallest
+    plan the arbiter may shrink it to for a job of higher weight."""
 
     job_id: str
     budget: str
@@ -66,9 +49,24 @@ class RunningJob:
     ttl_s: float = DEFAULT_TTL_S
     proposal: PlanRecord | None = None  # the plan its master proposed and nobody applied yet
     weight: float = 1.0  # the job's ``autoscale.weight``: multiplies its priority
+    waiting: bool = False
+    min_plan: ResourcePlan | None = None
+    waiting_since: float | None = None  # when a waiting job first asked (its place in line)
 
     def fresh(self, now: float) -> bool:
         return now - self.updated_at <= self.ttl_s
+
+    @property
+    def holds(self) -> ResourcePlan | None:
+        """The plan the job holds in the budget: none while it waits."""
+        return None if self.waiting else self.plan
+
+    def admitted(self, plan: ResourcePlan) -> RunningJob:
+        """The row of a waiting job once admitted with ``plan``: it holds the plan until its
+        trigger, once the job runs, writes what the job really holds."""
+        return replace(
+            self, waiting=False, plan=plan, proposal=None, ttl_s=max(self.ttl_s, ADMITTED_TTL_S)
+        )
 
     def reserved(self) -> RunningJob:
         """The row once its proposal is applied: it holds the proposed plan."""
@@ -117,6 +115,7 @@ def running_job(
     )
     proposal = pending_plan(plans) if status.get("state") == JobState.RUNNING else None
     return RunningJob(
+        min_plan=smallest_plan(status, current),
         weight=weight_of(status),
         job_id=str(job_id),
         budget=budget,
@@ -127,6 +126,14 @@ def running_job(
         ttl_s=ttl_s,
         proposal=proposal,
     )
+
+
+def smallest_plan(status: Mapping[str, Any], plan: ResourcePlan) -> ResourcePlan:
+    """``plan`` with the fewest workers the job's autoscale bounds allow (its PS keep their
+    partitions: a PS change costs a reload, a worker change does not)."""
+    low = (status.get("autoscale") or {}).get("min_workers")
+    fewest = int(low) if isinstance(low, int | float) and low >= 1 else 1
+    return plan.model_copy(update={"num_workers": min(plan.num_workers, fewest)})
 
 
 def weight_of(status: Mapping[str, Any]) -> float:
@@ -158,7 +165,7 @@ def limits(budget: ClusterBudget) -> Budget:
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the arbiter says about one job's pending proposal."""
+    """What the arbiter says about one running job's pending proposal."""
 
     job_id: str
     proposal_id: int
@@ -169,180 +176,59 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Admission:
+    """What the arbiter says about a waiting job: start now with ``plan``, or wait."""
+
+    job_id: str
+    plan: ResourcePlan | None  # the plan it starts with; None: it waits
+    reason: str
+    score: float | None = None
+
+    @property
+    def admitted(self) -> bool:
+        return self.plan is not None
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """An order to a running job: go down to ``plan`` to make room for ``for_job``."""
+
+    job_id: str
+    plan: ResourcePlan
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Decision:
-    """The arbiter's answer for every fresh job with a pending proposal."""
+    """The arbiter's answer for every fresh job of a budget: the running jobs' pending
+    proposals, the waiting jobs, and the running jobs to shrink."""
 
     budget: str
     verdicts: dict[str, Verdict] = field(default_factory=dict)
-    cpu_used: float = 0.0  # by the fresh jobs' plans once the allowed proposals are applied
+    admissions: dict[str, Admission] = field(default_factory=dict)
+    shrinks: dict[str, Shrink] = field(default_factory=dict)
+    cpu_used: float = 0.0  # by the fresh jobs' plans once the allowed changes are applied
     memory_mb_used: float = 0.0
 
     def allowed(self, job_id: str) -> bool:
         verdict = self.verdicts.get(job_id)
         return verdict is not None and verdict.allowed
 
+    def admitted_plan(self, job_id: str) -> ResourcePlan | None:
+        admission = self.admissions.get(job_id)
+        return admission.plan if admission is not None else None
+
     @property
     def selected(self) -> set[str]:
         return {job_id for job_id, v in self.verdicts.items() if v.allowed}
 
 
-def _describe(cpu: float, memory_mb: float) -> str:
+def describe(cpu: float, memory_mb: float) -> str:
+    """Cores and MB in words, leaving out an infinite (unlimited) one."""
     parts = []
     if math.isfinite(cpu):
         parts.append(f"{cpu:g} cores")
     if math.isfinite(memory_mb):
         parts.append(f"{memory_mb:g} MB")
     return " and ".join(parts) or "nothing"
-
-
-def arbitrate(
-    jobs: Iterable[RunningJob],
-    budget: ClusterBudget,
-    now: float,
-    prices: Prices | None = None,
-    rho: float = RHO,
-) -> Decision:
-    """Which pending proposals of ``jobs`` may be applied now within ``budget`` (see the
-    module docstring). Deterministic: every trigger that reads the same rows decides alike."""
-    prices = prices or Prices()
-    limit = limits(budget)
-    fresh = sorted((j for j in jobs if j.fresh(now)), key=lambda j: j.job_id)
-    cpu = sum(Budget.used(j.plan)[0] for j in fresh)
-    mem = sum(Budget.used(j.plan)[1] for j in fresh)
-    verdicts: dict[str, Verdict] = {}
-
-    asking = [j for j in fresh if j.proposal is not None]
-    ups: list[RunningJob] = []
-    for job in asking:  # scale-downs first: they only free resources
-        d_cpu, d_mem = _delta(job)
-        if (d_cpu <= 0 or math.isinf(limit.cpu)) and (d_mem <= 0 or math.isinf(limit.memory_mb)):
-            cpu, mem = cpu + d_cpu, mem + d_mem
-            verdicts[job.job_id] = _verdict(
-                job, True, f"grows nothing budget {budget.name!r} limits: always allowed"
-            )
-        else:
-            ups.append(job)
-    if not ups:
-        return Decision(budget.name, verdicts, cpu, mem)
-
-    need_cpu = sum(_delta(j)[0] for j in ups)
-    need_mem = sum(_delta(j)[1] for j in ups)
-    if cpu + need_cpu <= limit.cpu and mem + need_mem <= limit.memory_mb:
-        cpu, mem = cpu + need_cpu, mem + need_mem
-        used = _describe(
-            cpu if math.isfinite(limit.cpu) else math.inf,
-            mem if math.isfinite(limit.memory_mb) else math.inf,
-        )
-        total = _describe(limit.cpu, limit.memory_mb)
-        for job in ups:
-            verdicts[job.job_id] = _verdict(
-                job,
-                True,
-                f"every pending scale-up fits budget {budget.name!r} ({used} of {total})",
-            )
-        return Decision(budget.name, verdicts, cpu, mem)
-    return _contested(ups, budget, limit, (cpu, mem), verdicts, prices, rho)
-
-
-def _delta(job: RunningJob) -> tuple[float, float]:
-    """(cores, MB) the job's proposal adds to what its plan holds (negative: frees)."""
-    assert job.proposal is not None
-    (old_cpu, old_mem), (new_cpu, new_mem) = (
-        Budget.used(job.plan),
-        Budget.used(job.proposal.plan),
-    )
-    return new_cpu - old_cpu, new_mem - old_mem
-
-
-def _contested(
-    ups: list[RunningJob],
-    budget: ClusterBudget,
-    limit: Budget,
-    used: tuple[float, float],
-    verdicts: dict[str, Verdict],
-    prices: Prices,
-    rho: float,
-) -> Decision:
-    """Weighted greedy over the scale-ups ``ups``, within what the other jobs leave; ``used``:
-    (cores, MB) the fresh jobs hold once the scale-downs are applied."""
-    cpu, mem = used
-    up_cpu = sum(Budget.used(j.plan)[0] for j in ups)
-    up_mem = sum(Budget.used(j.plan)[1] for j in ups)
-    room = Budget(cpu=limit.cpu - (cpu - up_cpu), memory_mb=limit.memory_mb - (mem - up_mem))
-    options: list[JobCandidates] = []
-    scores: dict[str, float] = {}
-    for job in ups:
-        assert job.proposal is not None
-        gain = proposal_gain(job)
-        if gain < 0:
-            continue  # it costs more and promises less: never worth contested resources
-        candidate = Candidate(job.proposal.plan, prices.cost(job.proposal.plan), gain)
-        scores[job.job_id] = (
-            candidate.efficiency
-            * weight(job.remaining_samples, job.samples_per_second + gain, rho)
-            * job.weight
-        )
-        options.append(
-            JobCandidates(
-                job.job_id,
-                job.plan,
-                job.samples_per_second,
-                job.remaining_samples,
-                (candidate,),
-                job_weight=job.weight,
-            )
-        )
-    chosen = weighted_greedy(options, room, min_gain=-math.inf, rho=rho)
-    for job in ups:
-        if job.job_id in chosen:
-            d_cpu, d_mem = _delta(job)
-            cpu, mem = cpu + d_cpu, mem + d_mem
-    ranked = sorted(scores, key=lambda job_id: -scores[job_id])
-    for job in ups:
-        selected = job.job_id in chosen
-        reason = _contested_reason(job, budget, limit, (cpu, mem), selected, ranked, scores)
-        verdicts[job.job_id] = _verdict(job, selected, reason, scores.get(job.job_id))
-    return Decision(budget.name, verdicts, cpu, mem)
-
-
-def _contested_reason(
-    job: RunningJob,
-    budget: ClusterBudget,
-    limit: Budget,
-    used: tuple[float, float],
-    selected: bool,
-    ranked: list[str],
-    scores: dict[str, float],
-) -> str:
-    """Why a contested scale-up was selected or not; ``used``: (cores, MB) held once the
-    selected plans are applied, ``ranked``: the scored jobs, best RE * WG first."""
-    score = scores.get(job.job_id)
-    if selected:
-        return (
-            f"selected for budget {budget.name!r} by weighted greedy: RE*WG {score:.4g}"
-            f"{_weighted(job)}, "
-            f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
-        )
-    if score is None:
-        return f"budget {budget.name!r} is contested and this plan promises no gain"
-    cpu, mem = used
-    d_cpu, d_mem = _delta(job)
-    needs = _describe(
-        max(d_cpu, 0.0) if math.isfinite(limit.cpu) else math.inf,
-        max(d_mem, 0.0) if math.isfinite(limit.memory_mb) else math.inf,
-    )
-    left = _describe(max(limit.cpu - cpu, 0.0), max(limit.memory_mb - mem, 0.0))
-    return (
-        f"budget {budget.name!r} is contested: this plan needs +{needs}, {left} left "
-        f"after the selected plans; RE*WG {score:.4g}{_weighted(job)}, "
-        f"rank {ranked.index(job.job_id) + 1} of {len(ranked)}"
-    )
-
-
-def _weighted(job: RunningJob) -> str:
-    return f" (weight {job.weight:g} included)" if job.weight != 1.0 else ""
-
-
-def _verdict(job: RunningJob, allowed: bool, reason: str, score: float | None = None) -> Verdict:
-    assert job.proposal is not None
-    return Verdict(job.job_id, job.proposal.id, allowed, reason, proposal_gain(job), score)

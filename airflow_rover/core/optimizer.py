@@ -220,10 +220,11 @@ def non_dominated(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 @dataclass(frozen=True)
 class JobCandidates:
-    """One running job's options for the cluster-level choice."""
+    """One job's options for the cluster-level choice; ``current`` None: a job waiting to
+    start, which holds nothing yet."""
 
     job_id: str
-    current: ResourcePlan
+    current: ResourcePlan | None
     current_throughput: float
     remaining_samples: float
     candidates: tuple[Candidate, ...]
@@ -236,7 +237,10 @@ class Budget:
     memory_mb: float
 
     @staticmethod
-    def used(plan: ResourcePlan) -> tuple[float, float]:
+    def used(plan: ResourcePlan | None) -> tuple[float, float]:
+        """(cores, MB) ``plan`` holds; nothing for None (a job not started)."""
+        if plan is None:
+            return 0.0, 0.0
         return (
             plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu,
             plan.num_workers * plan.worker_memory_mb + plan.num_ps * plan.ps_memory_mb,

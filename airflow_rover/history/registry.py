@@ -7,26 +7,32 @@ Tables (created on first use, like the history's: ``CREATE TABLE IF NOT EXISTS``
   remaining samples and samples/s, ``updated_at`` and ``ttl_s``. The job's trigger upserts the
   row on every poll and deletes it when the job ends; a row older than its ``ttl_s`` is ignored
   (and purged), so a triggerer that died never holds the budget.
+  A job waiting to start has a row too (``waiting``): it holds nothing and asks for its plan.
 - ``rover_budget_locks``: one row per budget, updated first in every decision's transaction.
   That UPDATE takes the row's lock (PostgreSQL, MySQL) or the database's write lock (SQLite),
   so two triggers never decide on one budget at once.
+- ``rover_budget_decisions``: what the arbiter decided for each job and why (admit, wait, grow,
+  hold, shrink), a row each time a job's decision changes.
 
-``decide`` registers a job, reads the budget's fresh rows, asks the pure arbiter
-(``core.cluster_budget.arbitrate``) and, when the job's proposal is selected, records the
-proposed plan as the job's plan before the transaction ends: the next decision, by any
-trigger, already counts it. The trigger then applies the plan; the next poll's upsert writes
-whatever plan the master really runs (a declined plan gives its reservation back).
+``decide`` (a running job's trigger) and ``admit`` (a waiting job's) register the job, read the
+budget's fresh rows, ask the pure arbiter (``core.budget_arbiter.allocate``) and, when the
+job's proposal is selected or the job admitted, record the plan as held before the transaction
+ends: the next decision, by any trigger, already counts it. The trigger then applies the plan
+(or the operator launches the job); the next poll's upsert writes whatever plan the master
+really runs (a declined plan gives its reservation back).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     Float,
     Index,
@@ -34,7 +40,9 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     delete,
+    func,
     insert,
     inspect,
     select,
@@ -44,12 +52,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
-from airflow_rover.core.cluster_budget import (
-    DEFAULT_TTL_S,
-    Decision,
-    RunningJob,
-    arbitrate,
-)
+from airflow_rover.core.budget_arbiter import allocate
+from airflow_rover.core.cluster_budget import DEFAULT_TTL_S, Decision, RunningJob
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
 from airflow_rover.history.store_tables import StoreTables
@@ -71,7 +75,23 @@ running_jobs = Table(
     Column("ttl_s", Float, nullable=False),
     Column("updated_at", Float, nullable=False),  # seconds since the epoch
     Column("weight", Float),  # the job's autoscale.weight; NULL (older rows): 1
+    Column("waiting", Boolean),  # not launched yet: holds nothing; NULL (older rows): running
+    Column("min_plan", JSON),  # the smallest plan it may start at or be shrunk to
+    Column("waiting_since", Float),
     Index("ix_rover_running_jobs_budget", "budget"),
+)
+
+budget_decisions = Table(
+    "rover_budget_decisions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("budget", String(100), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("job_id", String(200), nullable=False),
+    Column("action", String(20), nullable=False),  # admit, wait, grow, hold, shrink
+    Column("plan", JSON),  # the plan admitted, proposed or shrunk to
+    Column("reason", Text, nullable=False),
+    Index("ix_rover_budget_decisions_job", "budget", "job_id"),
 )
 
 budget_locks = Table(
@@ -139,8 +159,48 @@ class RunningJobRegistry(StoreTables):
 
     # -- deciding ----------------------------------------------------------------------------
     def decide(self, job: RunningJob, budget: ClusterBudget, now: float | None = None) -> Decision:
-        """Register ``job`` and decide on the budget's pending proposals, holding the budget's
-        lock; if ``job``'s proposal is selected its row holds the proposed plan from now on."""
+        """Register the running ``job`` and decide on the budget, holding its lock; if the
+        job's proposal is selected its row holds the proposed plan from now on."""
+
+        def hold(conn: Connection, decision: Decision) -> None:
+            if decision.allowed(job.job_id):
+                _upsert(conn, job.reserved())
+
+        return self._decide(job, budget, now, hold)
+
+    def admit(self, job: RunningJob, budget: ClusterBudget, now: float | None = None) -> Decision:
+        """Register the waiting ``job`` and decide on the budget, holding its lock; if the
+        job is admitted its row holds the admitted plan from now on (see
+        ``RunningJob.admitted``): launch it."""
+
+        def hold(conn: Connection, decision: Decision) -> None:
+            plan = decision.admitted_plan(job.job_id)
+            if plan is not None:
+                _upsert(conn, replace(job, updated_at=now_).admitted(plan))
+
+        now_ = time.time() if now is None else now
+        return self._decide(replace(job, waiting=True), budget, now_, hold)
+
+    def decisions(
+        self, budget: str | None = None, job_id: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The recorded decisions, oldest first, of one budget or job (or all)."""
+        self.ensure_schema()
+        query = select(budget_decisions).order_by(budget_decisions.c.id)
+        if budget is not None:
+            query = query.where(budget_decisions.c.budget == budget)
+        if job_id is not None:
+            query = query.where(budget_decisions.c.job_id == job_id)
+        with self.engine.connect() as conn:
+            return [dict(r) for r in conn.execute(query).mappings()]
+
+    def _decide(
+        self,
+        job: RunningJob,
+        budget: ClusterBudget,
+        now: float | None,
+        hold: Callable[[Connection, Decision], None],
+    ) -> Decision:
         self.ensure_schema()
         now = time.time() if now is None else now
         job = replace(job, budget=budget.name)
@@ -154,9 +214,9 @@ class RunningJobRegistry(StoreTables):
                 )
                 _upsert(conn, job)
                 _purge(conn, now)
-                decision = arbitrate(_rows(conn, budget.name, now), budget, now)
-                if decision.allowed(job.job_id):
-                    _upsert(conn, job.reserved())
+                decision = allocate(_rows(conn, budget.name, now), budget, now)
+                hold(conn, decision)
+                _record(conn, decision, job.job_id, now)
         return decision
 
     def _ensure_lock_row(self, budget: str) -> None:
@@ -187,12 +247,61 @@ def _upsert(conn: Connection, job: RunningJob) -> None:
         "ttl_s": job.ttl_s,
         "updated_at": job.updated_at,
         "weight": job.weight,
+        "waiting": job.waiting,
+        "min_plan": job.min_plan.model_dump() if job.min_plan else None,
+        "waiting_since": job.waiting_since,
     }
     where = running_jobs.c.job_id == job.job_id
     if conn.execute(select(running_jobs.c.job_id).where(where)).first():
         conn.execute(update(running_jobs).where(where).values(**row))
     else:
         conn.execute(insert(running_jobs).values(job_id=job.job_id, **row))
+
+
+def _actions(decision: Decision, job_id: str) -> list[tuple[str, str, Any, str]]:
+    """(job, action, plan, reason) for what ``decision`` says of ``job_id`` and the shrinks
+    it orders (other jobs' own triggers record the rest)."""
+    out: list[tuple[str, str, Any, str]] = []
+    verdict = decision.verdicts.get(job_id)
+    if verdict is not None:
+        action = "grow" if verdict.allowed else "hold"
+        out.append((job_id, action, None, verdict.reason))
+    admission = decision.admissions.get(job_id)
+    if admission is not None:
+        plan = admission.plan.model_dump() if admission.plan is not None else None
+        out.append((job_id, "admit" if admission.admitted else "wait", plan, admission.reason))
+    for shrink in decision.shrinks.values():
+        out.append((shrink.job_id, "shrink", shrink.plan.model_dump(), shrink.reason))
+    return out
+
+
+def _record(conn: Connection, decision: Decision, job_id: str, now: float) -> None:
+    """Insert the decisions that differ (action or plan) from each job's last one."""
+    entries = _actions(decision, job_id)
+    if not entries:
+        return
+    jobs = sorted({entry[0] for entry in entries})
+    newest = (
+        select(func.max(budget_decisions.c.id))
+        .where(budget_decisions.c.budget == decision.budget)
+        .where(budget_decisions.c.job_id.in_(jobs))
+        .group_by(budget_decisions.c.job_id)
+    )
+    last = {
+        r["job_id"]: (r["action"], r["plan"])
+        for r in conn.execute(
+            select(budget_decisions).where(budget_decisions.c.id.in_(newest))
+        ).mappings()
+    }
+    for job, action, plan, reason in entries:
+        if last.get(job) == (action, plan):
+            continue
+        conn.execute(
+            insert(budget_decisions).values(
+                budget=decision.budget, at=now, job_id=job, action=action, plan=plan, reason=reason
+            )
+        )
+        last[job] = (action, plan)
 
 
 def _purge(conn: Connection, now: float) -> int:
@@ -228,6 +337,9 @@ def _job(row: Any) -> RunningJob:
         ttl_s=float(row["ttl_s"] if row["ttl_s"] is not None else DEFAULT_TTL_S),
         proposal=proposal,
         weight=float(row["weight"]) if row["weight"] is not None else 1.0,
+        waiting=bool(row["waiting"]),
+        min_plan=ResourcePlan.model_validate(row["min_plan"]) if row["min_plan"] else None,
+        waiting_since=row["waiting_since"],
     )
 
 

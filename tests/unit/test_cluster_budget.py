@@ -20,9 +20,9 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from airflow.triggers.base import TriggerEvent
 
+from airflow_rover.core.budget_arbiter import allocate
 from airflow_rover.core.cluster_budget import (
     RunningJob,
-    arbitrate,
     proposal_gain,
     running_job,
     ttl_for,
@@ -99,7 +99,7 @@ SCORES = {
 # -- the pure arbiter ------------------------------------------------------------------------
 def test_contested_scale_ups_go_by_re_times_wg() -> None:
     """11 cores: 3 free. Greedy by RE*WG: j2 (+2, 1 left), j1 (+2: no), j3 (+1: yes)."""
-    decision = arbitrate([J1, J2, J3], ClusterBudget(cpu=11), NOW)
+    decision = allocate([J1, J2, J3], ClusterBudget(cpu=11), NOW)
     assert decision.selected == {"j2", "j3"}
     for job_id, score in SCORES.items():
         assert decision.verdicts[job_id].score == pytest.approx(score)
@@ -113,7 +113,7 @@ def test_contested_scale_ups_go_by_re_times_wg() -> None:
 def test_wg_outranks_re_when_only_one_fits() -> None:
     """10 cores: 2 free. RE alone would take j3 (34.1) first; RE*WG takes j2, which will
     finish soonest, and then nothing else fits."""
-    decision = arbitrate([J1, J2, J3], ClusterBudget(cpu=10), NOW)
+    decision = allocate([J1, J2, J3], ClusterBudget(cpu=10), NOW)
     assert decision.selected == {"j2"}
     assert decision.cpu_used == 10
 
@@ -122,10 +122,10 @@ def test_a_budget_that_fits_everything_allows_every_proposal() -> None:
     """Every scale-up fits together: all go, even one with no estimable gain (a bigger PS)."""
     bigger_ps = job("j4", plan(2), plan(2, ps_memory_mb=4096), sps=100, remaining=5_000)
     assert proposal_gain(bigger_ps) == 0.0
-    decision = arbitrate([J1, J2, J3, bigger_ps], ClusterBudget(cpu=64, memory_mb=65536), NOW)
+    decision = allocate([J1, J2, J3, bigger_ps], ClusterBudget(cpu=64, memory_mb=65536), NOW)
     assert decision.selected == {"j1", "j2", "j3", "j4"}
     assert all("fits budget 'default'" in v.reason for v in decision.verdicts.values())
-    unlimited = arbitrate([J1, J2, J3], ClusterBudget(memory_mb=10**9), NOW)
+    unlimited = allocate([J1, J2, J3], ClusterBudget(memory_mb=10**9), NOW)
     assert unlimited.selected == {"j1", "j2", "j3"}
 
 
@@ -133,10 +133,10 @@ def test_scale_downs_are_always_allowed_and_free_room_for_others() -> None:
     """j4 (5 cores) drops to 3: allowed although the budget is full; its 2 cores go to the best
     scale-up (j2), and nothing is left for j1 or j3."""
     shrink = job("j4", plan(4), plan(2), sps=10, remaining=10**9)
-    decision = arbitrate([J1, J2, J3, shrink], ClusterBudget(cpu=13), NOW)
+    decision = allocate([J1, J2, J3, shrink], ClusterBudget(cpu=13), NOW)
     assert decision.selected == {"j4", "j2"}
     assert "always allowed" in decision.verdicts["j4"].reason
-    overcommitted = arbitrate([J1, shrink], ClusterBudget(cpu=2), NOW)
+    overcommitted = allocate([J1, shrink], ClusterBudget(cpu=2), NOW)
     assert overcommitted.selected == {"j4"}  # still over budget: no scale-up, the shrink goes
 
 
@@ -144,11 +144,11 @@ def test_a_stale_row_is_ignored() -> None:
     """A job whose trigger stopped refreshing (updated 61 s ago, TTL 60 s) holds nothing and
     asks for nothing: the 6 free cores are j1's."""
     dead = job("dead", plan(40), plan(48), sps=1000, remaining=10, updated_at=NOW - 61)
-    decision = arbitrate([dead, J1], ClusterBudget(cpu=8), NOW)
+    decision = allocate([dead, J1], ClusterBudget(cpu=8), NOW)
     assert decision.selected == {"j1"}
     assert "dead" not in decision.verdicts
     assert decision.cpu_used == 5
-    alive = arbitrate(
+    alive = allocate(
         [job("dead", plan(40), None, 1, 1, updated_at=NOW - 59), J1], ClusterBudget(cpu=8), NOW
     )
     assert alive.selected == set()
@@ -156,7 +156,7 @@ def test_a_stale_row_is_ignored() -> None:
 
 def test_the_memory_limit_is_contested_too() -> None:
     """Only memory limited: 8 GB held, 11 GB budget: j2 (+2 GB) then j3 (+1 GB); j1 waits."""
-    decision = arbitrate([J1, J2, J3], ClusterBudget(memory_mb=11 * MB), NOW)
+    decision = allocate([J1, J2, J3], ClusterBudget(memory_mb=11 * MB), NOW)
     assert decision.selected == {"j2", "j3"}
     assert "needs +2048 MB" in decision.verdicts["j1"].reason
 
@@ -166,7 +166,7 @@ def test_a_jobs_weight_multiplies_its_priority() -> None:
     ``autoscale.weight`` 10 scores 10 x 0.03629 = 0.3629 > j2's 0.3359: j1 grows instead, and
     its verdict says its weight is in the score."""
     heavy = replace(J1, weight=10.0)
-    decision = arbitrate([heavy, J2, J3], ClusterBudget(cpu=10), NOW)
+    decision = allocate([heavy, J2, J3], ClusterBudget(cpu=10), NOW)
     assert decision.selected == {"j1"}
     assert decision.verdicts["j1"].score == pytest.approx(10 * SCORES["j1"])
     assert decision.verdicts["j2"].score == pytest.approx(SCORES["j2"])

@@ -1,0 +1,191 @@
+"""Admission to a shared cluster budget: waiting jobs and running jobs' scale-ups contested by
+one weighted greedy, starting at the minimum plan, shrinking jobs of lower weight, and the
+registry's ``admit`` (the reservation, the decisions it records)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_rover.core.budget_arbiter import allocate
+from airflow_rover.core.cluster_budget import ADMITTED_TTL_S, RunningJob
+from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.spec import ClusterBudget, ResourcePlan
+from airflow_rover.history.registry import RunningJobRegistry
+from airflow_rover.history.store import HistoryStore
+
+NOW = 2_000_000.0
+MB = 1024
+
+
+def plan(workers: int, ps: int = 1) -> ResourcePlan:
+    return ResourcePlan(
+        num_workers=workers,
+        num_ps=ps,
+        worker_cpu=1.0,
+        ps_cpu=1.0,
+        worker_memory_mb=MB,
+        ps_memory_mb=MB,
+    )
+
+
+def waiting(
+    job_id: str,
+    start: ResourcePlan,
+    since: float = NOW,
+    minimum: ResourcePlan | None = None,
+    weight: float = 1.0,
+    sps: float = 0.0,
+    remaining: float = 100_000,
+) -> RunningJob:
+    return RunningJob(
+        job_id=job_id,
+        budget="default",
+        plan=start,
+        remaining_samples=remaining,
+        samples_per_second=sps,
+        updated_at=NOW,
+        waiting=True,
+        waiting_since=since,
+        min_plan=minimum,
+        weight=weight,
+    )
+
+
+def running(
+    job_id: str,
+    current: ResourcePlan,
+    sps: float = 100.0,
+    remaining: float = 100_000,
+    proposed: ResourcePlan | None = None,
+    minimum: ResourcePlan | None = None,
+    weight: float = 1.0,
+) -> RunningJob:
+    return RunningJob(
+        job_id=job_id,
+        budget="default",
+        plan=current,
+        remaining_samples=remaining,
+        samples_per_second=sps,
+        updated_at=NOW,
+        proposal=PlanRecord(id=1, plan=proposed) if proposed is not None else None,
+        min_plan=minimum,
+        weight=weight,
+    )
+
+
+def test_a_waiting_job_that_fits_is_admitted_with_its_plan() -> None:
+    decision = allocate([running("r", plan(2)), waiting("w", plan(2))], ClusterBudget(cpu=6), NOW)
+    assert decision.admitted_plan("w") == plan(2)
+    assert decision.cpu_used == 6
+
+
+def test_of_two_waiting_jobs_that_fit_one_the_first_in_line_starts() -> None:
+    """Equal scores: the job that began to wait first is admitted, the other waits and is
+    told what is left and what it needs."""
+    late, early = waiting("a-late", plan(2), since=NOW - 5), waiting("z-early", plan(2), NOW - 9)
+    decision = allocate([late, early, running("r", plan(1))], ClusterBudget(cpu=5), NOW)
+    assert decision.admitted_plan("z-early") == plan(2)
+    assert decision.admitted_plan("a-late") is None
+    reason = decision.admissions["a-late"].reason
+    assert "0 cores left of 5 cores" in reason and "its plan needs 3 cores" in reason
+    assert decision.cpu_used == 5  # never more than the budget
+
+
+def test_waiting_starts_and_scale_ups_are_ranked_together_by_re_times_wg() -> None:
+    """With room for one: r's scale-up (+100 samples/s, 5.5 cost, 100k left at 200/s: RE*WG
+    18.18 / 501 = 0.0363) against w's start (its peers' 50 samples/s per worker, 2.2 cost):
+    a short w (5k left: 22.7 / 101 = 0.225) starts first, a long one (100k: 22.7 / 2001 =
+    0.0114) waits behind the scale-up, as the job that ends sooner goes first."""
+    grower = running("r", plan(2), sps=100, proposed=plan(4))  # +2 cores
+    short = allocate([grower, waiting("w", plan(1), remaining=5_000)], ClusterBudget(cpu=5), NOW)
+    assert short.admitted_plan("w") == plan(1)
+    assert not short.allowed("r")
+    assert "contested" in short.verdicts["r"].reason
+    long = allocate([grower, waiting("w", plan(1))], ClusterBudget(cpu=5), NOW)
+    assert long.allowed("r") and long.admitted_plan("w") is None
+    assert long.admissions["w"].score == pytest.approx((50 / 2.2) / 2001)
+
+
+def test_a_waiting_job_without_an_estimate_gets_its_peers_rate_per_worker() -> None:
+    """Its gain is its workers at the running jobs' mean samples/s per worker: here 50."""
+    decision = allocate(
+        [running("r", plan(2), sps=100), waiting("w", plan(3))], ClusterBudget(cpu=4), NOW
+    )
+    score = decision.admissions["w"].score
+    cost = 4 * 1.0 + 4 * 0.1  # 4 cores, 4 GB
+    assert score == pytest.approx((150 / cost) / (100_000 / 150 + 1))
+
+
+def test_a_job_that_may_start_smaller_starts_at_its_minimum_plan() -> None:
+    budget = ClusterBudget(cpu=6)
+    decision = allocate(
+        [running("r", plan(3)), waiting("w", plan(3), minimum=plan(1))], budget, NOW
+    )
+    assert decision.admitted_plan("w") == plan(1)
+    assert "starts at its minimum plan" in decision.admissions["w"].reason
+    strict = allocate([running("r", plan(3)), waiting("w", plan(3))], budget, NOW)
+    assert strict.admitted_plan("w") is None
+
+
+def test_jobs_of_lower_weight_are_shrunk_for_a_heavier_waiting_job() -> None:
+    """The heavy job needs 4 cores, 1 is left: the lighter jobs shrink to their minimum,
+    lowest weight first, as far as needed; the job of equal weight is not touched."""
+    light = running("light", plan(4), minimum=plan(1), weight=0.5)  # frees 3
+    lighter = running("lighter", plan(3), minimum=plan(2), weight=0.2)  # frees 1
+    equal = running("equal", plan(1), minimum=plan(1), weight=2.0)
+    heavy = waiting("heavy", plan(3), weight=2.0)
+    decision = allocate([light, lighter, equal, heavy], ClusterBudget(cpu=13), NOW)
+    assert decision.admitted_plan("heavy") is None
+    assert set(decision.shrinks) == {"lighter", "light"}
+    assert decision.shrinks["light"].plan == plan(1)
+    assert decision.shrinks["light"].for_job == "heavy"
+    assert "shrinking light, lighter to make room" in decision.admissions["heavy"].reason
+    # The shrunk jobs registered their smaller plans: now the heavy job starts.
+    after = [replace(light, plan=plan(1)), replace(lighter, plan=plan(2)), equal, heavy]
+    assert allocate(after, ClusterBudget(cpu=13), NOW).admitted_plan("heavy") == plan(3)
+
+
+def test_no_job_is_shrunk_when_that_would_not_make_room() -> None:
+    light = running("light", plan(2), minimum=plan(1), weight=0.5)  # frees 1, 4 are missing
+    decision = allocate([light, waiting("heavy", plan(4), weight=2.0)], ClusterBudget(cpu=4), NOW)
+    assert decision.shrinks == {}
+    same = allocate([light, waiting("peer", plan(2))], ClusterBudget(cpu=4), NOW)
+    assert same.shrinks == {}  # equal weight: nobody is shrunk
+
+
+def test_a_plan_larger_than_the_whole_budget_says_so() -> None:
+    decision = allocate([waiting("w", plan(8))], ClusterBudget(cpu=4, memory_mb=64 * MB), NOW)
+    assert decision.admitted_plan("w") is None
+    assert "needs 9 cores and 9216 MB, more than budget 'default' has" in (
+        decision.admissions["w"].reason
+    )
+
+
+# -- the registry ----------------------------------------------------------------------------
+@pytest.fixture
+def registry(tmp_path: Path) -> Any:
+    with RunningJobRegistry(HistoryStore(f"sqlite:///{tmp_path / 'history.db'}")) as reg:
+        yield reg
+
+
+def test_admit_reserves_the_plan_and_records_each_change_once(
+    registry: RunningJobRegistry,
+) -> None:
+    budget = ClusterBudget(cpu=5)
+    first = registry.admit(waiting("a", plan(2)), budget, now=NOW)
+    assert first.admitted_plan("a") == plan(2)
+    held = {r.job_id: r for r in registry.jobs(now=NOW)}["a"]
+    assert not held.waiting and held.plan == plan(2) and held.ttl_s >= ADMITTED_TTL_S
+    for t in (NOW, NOW + 1, NOW + 2):  # b waits on every poll; one decision row says so
+        assert registry.admit(waiting("b", plan(2)), budget, now=t).admitted_plan("b") is None
+    rows = {r.job_id: r for r in registry.jobs(now=NOW + 2)}
+    assert rows["b"].waiting and rows["b"].holds is None
+    registry.remove("a")  # a's job ended
+    assert registry.admit(waiting("b", plan(2)), budget, now=NOW + 3).admitted_plan("b")
+    log = [(d["job_id"], d["action"]) for d in registry.decisions("default")]
+    assert log == [("a", "admit"), ("b", "wait"), ("b", "admit")]
+    assert "left of 5 cores" in registry.decisions(job_id="b")[0]["reason"]
