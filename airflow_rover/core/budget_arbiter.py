@@ -422,4 +422,6 @@ def _weighted(job: RunningJob) -> str:
 
 def _verdict(job: RunningJob, allowed: bool, reason: str, score: float | None = None) -> Verdict:
     assert job.proposal is not None
-    return Verdict(job.job_id, job.proposal.id, allowed, reason, proposal_gain(job), score)
+    return Verdict(
+        job.job_id, job.proposal.id, allowed, reason, proposal_gain(job), score, job.proposal.plan
+    )

@@ -75,6 +75,34 @@ class RunningJob:
         return replace(self, plan=self.proposal.plan, proposal=None)
 
 
+def waiting_row(
+    job_id: str,
+    budget: ClusterBudget,
+    plan: ResourcePlan,
+    now: float,
+    waiting_since: float,
+    min_plan: ResourcePlan | None = None,
+    weight: float = 1.0,
+    remaining_samples: float = 0.0,
+    ttl_s: float = 60.0,
+) -> RunningJob:
+    """The registry row of a job waiting for ``budget``; its samples/s is left to the
+    arbiter's estimate (its peers' rate per worker)."""
+    return RunningJob(
+        job_id=job_id,
+        budget=budget.name,
+        plan=plan,
+        remaining_samples=remaining_samples,
+        samples_per_second=0.0,
+        updated_at=now,
+        ttl_s=ttl_s,
+        weight=weight,
+        waiting=True,
+        min_plan=min_plan,
+        waiting_since=waiting_since,
+    )
+
+
 def throughput_of(status: Mapping[str, Any]) -> float:
     """The job's samples/s: its newest profile sample under today's plan (a rate measured
     after the plan's sampling period), else the master's current rate."""
@@ -173,6 +201,7 @@ class Verdict:
     reason: str
     gain: float
     score: float | None = None  # RE * WG * weight, when the proposal was contested
+    plan: ResourcePlan | None = None  # the proposed plan
 
 
 @dataclass(frozen=True)

@@ -237,7 +237,12 @@ class AutoscaleConfig(_Strict):
         gt=0,
         le=1000,
         description="the job's weight in a shared cluster budget: the arbiter multiplies its "
-        "priority by it",
+        "priority by it, and may shrink running jobs of lower weight to start it",
+    )
+    admit_at_minimum: bool = Field(
+        default=False,
+        description="when the starting plan does not fit the cluster budget, start with "
+        "min_workers workers if that fits, rather than wait for room",
     )
 
     @model_validator(mode="after")

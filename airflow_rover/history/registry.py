@@ -140,6 +140,17 @@ class RunningJobRegistry(StoreTables):
             result = conn.execute(delete(running_jobs).where(running_jobs.c.job_id == job_id))
         return bool(result.rowcount)
 
+    def remove_waiting(self, job_id: str) -> bool:
+        """Delete the job's row if it still waits (an admitted job's reservation stays)."""
+        self.ensure_schema()
+        with self.engine.begin() as conn:
+            result = conn.execute(
+                delete(running_jobs)
+                .where(running_jobs.c.job_id == job_id)
+                .where(running_jobs.c.waiting.is_(True))
+            )
+        return bool(result.rowcount)
+
     def jobs(
         self, budget: str | None = None, now: float | None = None, include_stale: bool = False
     ) -> list[RunningJob]:
@@ -265,7 +276,8 @@ def _actions(decision: Decision, job_id: str) -> list[tuple[str, str, Any, str]]
     verdict = decision.verdicts.get(job_id)
     if verdict is not None:
         action = "grow" if verdict.allowed else "hold"
-        out.append((job_id, action, None, verdict.reason))
+        plan = verdict.plan.model_dump() if verdict.plan is not None else None
+        out.append((job_id, action, plan, verdict.reason))
     admission = decision.admissions.get(job_id)
     if admission is not None:
         plan = admission.plan.model_dump() if admission.plan is not None else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +18,7 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import BaseModel, ValidationError
 
+from airflow_rover.core.cluster_budget import ttl_for
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.incremental import check_init_option
@@ -37,9 +39,11 @@ from airflow_rover.data.features import resolve_features
 from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.data.preflight import PreflightError, check_data
+from airflow_rover.data.reader import open_split
 from airflow_rover.data.sources import reads_s3
 from airflow_rover.history.launches import Launch, LaunchIndex
 from airflow_rover.history.records import record_from_status
+from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.hooks.checkpoint_store import CheckpointStoreHook
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
@@ -54,6 +58,12 @@ from airflow_rover.launchers.kubernetes.config import (
 from airflow_rover.launchers.kubernetes.job import KubernetesPermissionError
 from airflow_rover.operators import incremental
 from airflow_rover.operators._validation import describe
+from airflow_rover.operators.budget_admission import (
+    AUTO_BUDGET,
+    admission_request,
+    check_fits_budget,
+    default_cluster_budget,
+)
 from airflow_rover.operators.job_deadline import deferral_timeout
 from airflow_rover.operators.job_identity import default_jobs_root, job_id_for, path_segment
 from airflow_rover.operators.job_link import ElasticJobLink
@@ -92,6 +102,7 @@ from airflow_rover.operators.training_params import (
 )
 from airflow_rover.operators.warm_start import decide, rendered_dict, spec_traits
 from airflow_rover.storage import StorageError, latest_remote_checkpoint
+from airflow_rover.triggers.admission import BudgetAdmissionTrigger
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger, job_event
 from airflow_rover.worker.preflight import check_model
 
@@ -158,9 +169,13 @@ class ElasticTrainingOperator(BaseOperator):
         recorded; default SQLite in ``$AIRFLOW_HOME/rover/history.db``. (templated)
     :param cluster_budget: share a resource budget with the jobs of other tasks and DAGs that
         name the same budget: ``{"name": "default", "cpu": 64, "memory_mb": 262144}`` (give
-        ``cpu``, ``memory_mb`` or both). The job is registered in the history database and its
-        optimizer's scale-ups are applied only when the cluster arbiter selects them; default
-        ``None``: every proposal is applied. (templated)
+        ``cpu``, ``memory_mb`` or both). The job starts only when the cluster arbiter admits
+        its plan (until then the task is deferred, holding no worker slot), its optimizer's
+        scale-ups are applied only when the arbiter selects them, and it may be shrunk for a
+        job of higher ``autoscale.weight``; the registry is in the history database. Default
+        ``"auto"``: ``[rover] cluster_budget`` from the Airflow configuration, else with the
+        local launcher this host's memory (``operators.budget_admission``); ``None``: no
+        budget, every proposal is applied. (templated)
     :param model_asset: the Airflow Asset this task updates when its job succeeds (an
         ``airflow.sdk.Asset`` or its URI); its event carries the AUC, samples, model URI and
         data interval. Default: ``model_asset(dag_id, task_id, output_dir)``,
@@ -173,8 +188,9 @@ class ElasticTrainingOperator(BaseOperator):
         ``max_ps_memory_mb``; ``plan`` must lie within them), cooldowns
         (``min_plan_interval_s`` after an applied plan, ``decline_cooldown_s`` after a declined
         one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
-        the Airflow UI or the hook; not with ``cluster_budget``) and ``weight`` (the job's
-        weight in a shared cluster budget). (templated)
+        the Airflow UI or the hook; not with ``cluster_budget``), ``weight`` (the job's
+        weight in a shared cluster budget) and ``admit_at_minimum`` (start with
+        ``min_workers`` workers when the plan does not fit the budget). (templated)
     :param stream_logs: while the task is deferred, its log shows the new lines of the job's
         master and nodes, prefixed by node (``[worker-1] ...``), at a bounded rate (the HTTP
         client's request lines left out); the whole logs stay in ``<output_dir>/logs``.
@@ -240,7 +256,7 @@ class ElasticTrainingOperator(BaseOperator):
         max_runtime: timedelta = timedelta(hours=12),
         warm_start: bool = False,
         history_conn_id: str | None = None,
-        cluster_budget: dict[str, Any] | ClusterBudget | str | None = None,
+        cluster_budget: dict[str, Any] | ClusterBudget | str | None = AUTO_BUDGET,
         kubernetes: dict[str, Any] | KubernetesConfig | str | None = None,
         kubernetes_conn_id: str | None = None,
         init_from: str | None = None,
@@ -291,6 +307,7 @@ class ElasticTrainingOperator(BaseOperator):
         self.kubernetes = kubernetes_param(kubernetes)
         self.kubernetes_conn_id = kubernetes_conn_id
         self._launched_job_dir: str | None = None
+        self._admitted_plan: ResourcePlan | None = None  # set when resumed from admission
         default_asset = default_model_asset(self.dag_id, self.task_id, output_dir)
         self.model_asset = outlet_of(owner, model_asset, default_asset)
         self.add_outlets([self.model_asset])
@@ -362,12 +379,14 @@ class ElasticTrainingOperator(BaseOperator):
             raise AirflowFailException(str(exc)) from exc
 
     def rendered_cluster_budget(self) -> dict[str, Any] | None:
-        """The rendered ``cluster_budget`` as the trigger takes it; a bad one fails the task
-        without retries."""
+        """The rendered ``cluster_budget`` as the trigger takes it (``"auto"`` resolved); a
+        bad one fails the task without retries."""
         if self.cluster_budget is None:
             return None
         owner = self._owner
         try:
+            if self.cluster_budget == AUTO_BUDGET:
+                return default_cluster_budget(self.launcher, self.rendered_autoscale())
             budget = cluster_budget_of(owner, rendered_dict(self.cluster_budget, "cluster_budget"))
         except ValueError as exc:
             message = str(exc) if owner in str(exc) else f"{owner}: {exc}"
@@ -450,6 +469,7 @@ class ElasticTrainingOperator(BaseOperator):
         if self.warm_start:
             spec = self._warm_started(context, spec)
         spec = self._with_failure_rate(context, spec)
+        spec = self._admitted(spec)  # or defer until the cluster budget admits the job
         k8s = self.kubernetes_job()
         if k8s is not None:  # the pods must see the job dir and the data
             paths = {
@@ -467,8 +487,89 @@ class ElasticTrainingOperator(BaseOperator):
         try:
             self.hook_for(job_dir, backend_named(self.launcher, k8s)).launch(spec, env)
         except (KubernetesPermissionError, JobDirInUse) as exc:  # a retry cannot fix them
+            self._give_back_admission(spec)
             raise AirflowFailException(f"{self.task_id}: {exc}") from exc
+        except BaseException:
+            self._give_back_admission(spec)
+            raise
         self._index_launch(context, job_dir, spec)
+
+    # -- the cluster budget's admission ------------------------------------------------------
+    def _admitted(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with the plan its cluster budget admits; while the budget has no room the
+        task defers to ``BudgetAdmissionTrigger`` (nothing launched, no worker slot held) and
+        resumes in ``execute_admitted``."""
+        rendered = self.rendered_cluster_budget()
+        if rendered is None:
+            return spec
+        if self._admitted_plan is not None:
+            return spec.model_copy(update={"plan": self._admitted_plan})
+        budget = ClusterBudget.model_validate(rendered)
+        try:
+            check_fits_budget(self._owner, spec, budget)
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from None
+        now = time.time()
+        request = admission_request(
+            spec, budget, now, _samples_to_train(spec), ttl_for(self.poll_interval)
+        )
+        try:
+            with self.history_hook().get_conn() as store:
+                decision = RunningJobRegistry(store).admit(request, budget, now)
+        except Exception as exc:  # the registry is down: a retry asks again
+            raise AirflowException(
+                f"{self.task_id}: cluster budget {budget.name!r}: the job registry is "
+                f"unavailable ({type(exc).__name__}: {exc})"
+            ) from exc
+        admission = decision.admissions[spec.job_id]
+        if admission.plan is not None:
+            self.log.info("Admitted to cluster budget %r: %s", budget.name, admission.reason)
+            return spec.model_copy(update={"plan": admission.plan})
+        self.log.info(
+            "Job %s waits for cluster budget %r, deferred and holding nothing: %s",
+            spec.job_id,
+            budget.name,
+            admission.reason,
+        )
+        self.defer(
+            trigger=BudgetAdmissionTrigger(
+                job_id=spec.job_id,
+                cluster_budget=rendered,
+                plan=request.plan.model_dump(),
+                waiting_since=now,
+                history_conn_id=self.history_conn_id or None,
+                min_plan=request.min_plan.model_dump() if request.min_plan else None,
+                weight=request.weight,
+                remaining_samples=request.remaining_samples,
+                poll_interval=self.poll_interval,
+            ),
+            method_name="execute_admitted",
+            timeout=self.max_runtime,
+        )
+
+    def execute_admitted(
+        self, context: Context, event: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Resume once the cluster budget admitted the job: launch it with the admitted plan
+        and wait for it, as ``execute`` does."""
+        if not event or event.get("status") != "admitted":
+            message = (event.get("message") if event else None) or repr(event)
+            raise AirflowException(
+                f"{self.task_id}: waiting for the cluster budget failed: {message}"
+            )
+        self._admitted_plan = ResourcePlan.model_validate(event["plan"])
+        self.log.info("Admitted to the cluster budget: %s", event.get("reason"))
+        return self.execute(context)
+
+    def _give_back_admission(self, spec: JobSpec) -> None:
+        """The job did not launch: its reservation leaves the budget at once."""
+        if self.rendered_cluster_budget() is None:
+            return
+        try:
+            with self.history_hook().get_conn() as store:
+                RunningJobRegistry(store).remove(spec.job_id)
+        except Exception as exc:  # its TTL frees it anyway
+            self.log.warning("Could not give the job's budget reservation back: %s", exc)
 
     def _index_launch(self, context: Context, job_dir: Path, spec: JobSpec) -> None:
         """Record the launch where the UI lists jobs from; the job runs without it."""
@@ -725,6 +826,14 @@ class ElasticTrainingOperator(BaseOperator):
             self.log.warning(
                 "Could not record job %s in the history store: %s", job.get("job_id"), exc
             )
+
+
+def _samples_to_train(spec: JobSpec) -> float:
+    """Samples the job will train (its WG in the arbiter); 0 when the data cannot say."""
+    try:
+        return float(open_split(spec, spec.train_data).num_samples * spec.training.epochs)
+    except (OSError, ValueError):
+        return 0.0
 
 
 def _resolved_features(job_dir: JobDir, spec: JobSpec) -> FeatureConfig | None:

@@ -26,6 +26,7 @@ from airflow_rover.core.spec import (
 from airflow_rover.launchers.backends import BACKENDS
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, check_static_config
 from airflow_rover.operators._validation import check_static_entries, has_template, parse_param
+from airflow_rover.operators.budget_admission import AUTO_BUDGET
 from airflow_rover.operators.warm_start import rendered_dict
 from airflow_rover.storage.base import parse_checkpoint_uri
 
@@ -47,7 +48,7 @@ def check_flag(owner: str, name: str, value: Any) -> None:
 def check_plan_approval(owner: str, autoscale: AutoscaleConfig, cluster_budget: Any) -> None:
     """No ``autoscale.plan_approval`` with a cluster budget, whose arbiter a person's approval
     would bypass."""
-    if autoscale.plan_approval and cluster_budget is not None:
+    if autoscale.plan_approval and cluster_budget not in (None, AUTO_BUDGET):
         raise ValueError(
             f"{owner}: autoscale.plan_approval=True with cluster_budget: the cluster arbiter "
             "applies a shared budget's plans, a person approves the others; give one of them"
@@ -199,8 +200,8 @@ def cluster_budget_of(owner: str, value: Any) -> ClusterBudget:
 
 def static_cluster_budget(owner: str, value: Any) -> dict[str, Any] | str | None:
     """``cluster_budget`` checked at parse time as far as it is not a template."""
-    if value is None:
-        return None
+    if value is None or value == AUTO_BUDGET:
+        return value
     if isinstance(value, str) and has_template(value):  # one template: judged once rendered
         return value
     if isinstance(value, dict) and has_template(value):

@@ -13,7 +13,9 @@ so everything the pod owns) once the job has ended (``docs/kubernetes.md``).
 With a ``cluster_budget`` the trigger shares that budget with the jobs of other tasks and DAGs:
 on each poll it registers its job in the registry (``history.registry``, in the history store's
 database) and applies its master's proposal only when the cluster arbiter
-(``core.cluster_budget``) selects it; otherwise the proposal stays proposed, waiting.
+(``core.budget_arbiter``) selects it; otherwise the proposal stays proposed, waiting. When the
+arbiter shrinks the job for a waiting job of higher weight, the trigger asks the master for
+the smaller plan and applies it.
 
 With ``stream_logs`` it passes the new lines of the master's and the nodes' logs into the task's
 log on each poll, prefixed by node and bounded (``hooks.node_logs``), and once more after the
@@ -30,7 +32,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_rover.core.cluster_budget import RunningJob, Verdict, running_job, ttl_for
+from airflow_rover.core.cluster_budget import RunningJob, Shrink, Verdict, running_job, ttl_for
 from airflow_rover.core.job_status import progress_line
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
@@ -104,6 +106,7 @@ class ElasticJobTrigger(BaseTrigger):
         self._registered: str | None = None  # the job id this trigger registered
         self._announced: int | None = None  # the proposal registered on an earlier poll
         self._waiting: int | None = None  # the proposal last reported as waiting
+        self._shrunk_to: int | None = None  # the worker count a shrink order was applied for
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         kwargs: dict[str, Any] = {
@@ -248,14 +251,15 @@ class ElasticJobTrigger(BaseTrigger):
         proposal = row.proposal
         try:
             registry = await self._registry_for()
-            if proposal is None or proposal.id != self._announced:
+            if proposal is not None and proposal.id != self._announced:
                 # A new proposal is registered first and decided from the next poll on: the
                 # other jobs' triggers see it before anyone decides (whoever polls first
                 # does not win the budget by that alone).
                 await asyncio.to_thread(registry.register, row)
                 self._registered = row.job_id
-                self._announced = proposal.id if proposal is not None else None
+                self._announced = proposal.id
                 return
+            self._announced = proposal.id if proposal is not None else None
             decision = await asyncio.to_thread(registry.decide, row, budget, now)
             self._registered = row.job_id
         except Exception as exc:
@@ -266,11 +270,45 @@ class ElasticJobTrigger(BaseTrigger):
                 exc,
             )
             return
+        shrink = decision.shrinks.get(row.job_id)
+        if shrink is not None:
+            try:
+                await self._shrink(hook, registry, row, shrink)
+            except Exception as exc:  # the next decision orders it again
+                self.log.warning("Could not shrink job %s: %s", row.job_id, exc)
+                self._shrunk_to = None
+            return
+        self._shrunk_to = None
+        if proposal is None:
+            return
         verdict = decision.verdicts.get(row.job_id)
         if verdict is None or not verdict.allowed:
             self._report_waiting(proposal, budget, verdict)
             return
         await self._apply_selected(hook, registry, row, budget, verdict)
+
+    async def _shrink(
+        self, hook: ElasticJobHook, registry: RunningJobRegistry, row: RunningJob, shrink: Shrink
+    ) -> None:
+        """Apply the arbiter's order to go down to ``shrink.plan``'s workers (once per order;
+        a scale-down needs no arbitration), and hold the smaller plan in the registry."""
+        workers = shrink.plan.num_workers
+        if row.plan.num_workers <= workers or self._shrunk_to == workers:
+            return
+        self._shrunk_to = workers
+        requested = await asyncio.to_thread(hook.request_plan, workers, None, shrink.reason)
+        record = await hook.async_apply_plan(requested.id)
+        self.log.info(
+            "Plan %s (%d workers): %s%s [%s]",
+            record.id,
+            workers,
+            record.state,
+            f" ({record.note})" if record.note else "",
+            shrink.reason,
+        )
+        if record.state == PlanState.APPLIED:
+            smaller = row.plan.model_copy(update={"num_workers": workers})
+            await asyncio.to_thread(registry.register, replace(row, plan=smaller, proposal=None))
 
     def _report_waiting(
         self, proposal: PlanRecord, budget: ClusterBudget, verdict: Verdict | None

@@ -4,18 +4,33 @@ registry's ``admit`` (the reservation, the decisions it records)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncGenerator
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from airflow.sdk import DAG
+from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
+from airflow.triggers.base import TriggerEvent
 
 from airflow_rover.core.budget_arbiter import allocate
 from airflow_rover.core.cluster_budget import ADMITTED_TTL_S, RunningJob
-from airflow_rover.core.plans import PlanRecord
-from airflow_rover.core.spec import ClusterBudget, ResourcePlan
+from airflow_rover.core.plans import PlanRecord, PlanState
+from airflow_rover.core.spec import AutoscaleConfig, ClusterBudget, JobSpec, ResourcePlan
 from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
+from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.hooks.history_store import default_history_url
+from airflow_rover.operators.budget_admission import host_budget
+from airflow_rover.operators.training import ElasticTrainingOperator
+from airflow_rover.triggers.admission import BudgetAdmissionTrigger
+from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 NOW = 2_000_000.0
 MB = 1024
@@ -189,3 +204,179 @@ def test_admit_reserves_the_plan_and_records_each_change_once(
     log = [(d["job_id"], d["action"]) for d in registry.decisions("default")]
     assert log == [("a", "admit"), ("b", "wait"), ("b", "admit")]
     assert "left of 5 cores" in registry.decisions(job_id="b")[0]["reason"]
+
+
+# -- the default budget ----------------------------------------------------------------------
+def build(**kwargs: Any) -> ElasticTrainingOperator:
+    with DAG(dag_id="admission_test", schedule=None, start_date=datetime(2026, 1, 1)):
+        return ElasticTrainingOperator(task_id="train", train_data="/data/train", **kwargs)
+
+
+def test_the_budget_is_on_by_default_and_says_which(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local jobs share this host's memory; a configured ``[rover] cluster_budget`` wins;
+    Kubernetes without one, approval mode and ``None`` have no budget."""
+    monkeypatch.delenv("AIRFLOW__ROVER__CLUSTER_BUDGET", raising=False)
+    local = build().rendered_cluster_budget()
+    assert local == host_budget().model_dump(mode="json", exclude_none=True)
+    assert local is not None and local["name"].startswith("host-") and local["memory_mb"] > 0
+    assert build(cluster_budget=None).rendered_cluster_budget() is None
+    approval = build(autoscale={"plan_approval": True})
+    assert approval.rendered_cluster_budget() is None
+    k8s = build(launcher="kubernetes", kubernetes={"image": "x", "job_volume_claim": "jobs"})
+    assert k8s.rendered_cluster_budget() is None
+    monkeypatch.setenv("AIRFLOW__ROVER__CLUSTER_BUDGET", '{"name": "prod", "cpu": 512}')
+    assert k8s.rendered_cluster_budget() == {"name": "prod", "cpu": 512.0}
+    monkeypatch.setenv("AIRFLOW__ROVER__CLUSTER_BUDGET", "{cpu: 1")
+    with pytest.raises(AirflowFailException, match=r"\[rover\] cluster_budget is not JSON"):
+        k8s.rendered_cluster_budget()
+
+
+def test_admit_at_minimum_is_validated_with_the_other_autoscale_fields() -> None:
+    with pytest.raises(ValueError, match="invalid autoscale: admit_at_minimum"):
+        build(autoscale={"admit_at_minimum": "sometimes"})
+
+
+# -- the operator's admission ----------------------------------------------------------------
+def spec_for(job_id: str, workers: int, **autoscale: Any) -> JobSpec:
+    return JobSpec(
+        job_id=job_id,
+        train_data="/data/train",
+        plan=plan(workers),
+        autoscale=AutoscaleConfig(**autoscale),
+    )
+
+
+def test_a_job_that_does_not_fit_defers_holding_nothing_until_admitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator asks the registry before launching: with room it goes on with the
+    admitted plan; without it defers to ``BudgetAdmissionTrigger`` (its row holds nothing),
+    which admits the job once the running one ends; ``execute_admitted`` takes that plan."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    budget = {"name": "shared", "cpu": 5}
+    operator = build(cluster_budget=budget, poll_interval=0.05)
+    first = operator._admitted(spec_for("first", 2))
+    assert first.plan == plan(2)
+    with pytest.raises(TaskDeferred) as info:
+        operator._admitted(spec_for("second", 2))
+    trigger = info.value.trigger
+    assert isinstance(trigger, BudgetAdmissionTrigger)
+    assert info.value.method_name == "execute_admitted"
+    classpath, kwargs = trigger.serialize()
+    assert BudgetAdmissionTrigger(**json.loads(json.dumps(kwargs))).serialize() == (
+        classpath,
+        kwargs,
+    )
+    with RunningJobRegistry(HistoryStore(default_history_url())) as reg:
+        rows = {r.job_id: r for r in reg.jobs("shared")}
+    assert rows["second"].waiting and rows["second"].holds is None
+    assert rows["first"].holds == plan(2)
+
+    async def wait_for_admission() -> dict[str, Any]:
+        events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+        try:
+            pending = asyncio.ensure_future(anext(events))
+            await asyncio.sleep(0.3)
+            assert not pending.done()  # the budget is full: it waits
+            with RunningJobRegistry(HistoryStore(default_history_url())) as reg:
+                reg.remove("first")  # the first job ended
+            return dict((await asyncio.wait_for(pending, 10)).payload)
+        finally:
+            await events.aclose()
+
+    event = asyncio.run(wait_for_admission())
+    assert event["status"] == "admitted" and event["plan"] == plan(2).model_dump()
+    with pytest.raises(AirflowException, match="waiting for the cluster budget failed: boom"):
+        operator.execute_admitted({}, {"status": "error", "message": "boom"})  # type: ignore[arg-type]
+    resumed = build(cluster_budget=budget)
+    resumed._admitted_plan = ResourcePlan.model_validate(event["plan"])
+    assert resumed._admitted(spec_for("second", 3)).plan == plan(2)  # the admitted plan
+
+
+def test_a_plan_larger_than_the_budget_fails_the_task_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    operator = build(cluster_budget={"name": "small", "cpu": 4})
+    with pytest.raises(AirflowFailException, match="more than cluster_budget 'small'"):
+        operator._admitted(spec_for("big", 6))
+    smaller = operator._admitted(spec_for("big", 6, admit_at_minimum=True, min_workers=2))
+    assert smaller.plan == plan(2)  # it may start with min_workers, and that fits
+
+
+# -- shrinking a running job -----------------------------------------------------------------
+class ShrinkableMaster:
+    """The hook calls the running job's trigger makes: its status (running, light weight,
+    4 workers, min_workers 1), request_plan and apply."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, Any] = {
+            "job_id": "light",
+            "state": "running",
+            "progress": {"samples_done": 0, "samples_total": 100_000},
+            "throughput": 100.0,
+            "plan": plan(4).model_dump(),
+            "plans": [],
+            "autoscale": {"weight": 0.5, "min_workers": 1},
+        }
+        self.requested: list[tuple[int | None, str]] = []
+
+    async def async_get_status(self) -> dict[str, Any]:
+        return json.loads(json.dumps(self.status))
+
+    def request_plan(self, num_workers: int | None, num_ps: int | None, reason: str) -> PlanRecord:
+        self.requested.append((num_workers, reason))
+        return PlanRecord(id=7, plan=plan(num_workers or 4))
+
+    async def async_apply_plan(self, plan_id: int) -> PlanRecord:
+        self.status["plan"] = plan(self.requested[-1][0] or 4).model_dump()
+        record = PlanRecord(id=plan_id, plan=plan(self.requested[-1][0] or 4))
+        record.state = PlanState.APPLIED
+        return record
+
+
+class ShrinkTrigger(ElasticJobTrigger):
+    master = ShrinkableMaster()
+
+    def _hook(self) -> ElasticJobHook:
+        return cast(ElasticJobHook, self.master)
+
+
+def test_a_running_job_is_shrunk_for_a_heavier_waiting_job_which_then_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    budget = ClusterBudget(name="shared", cpu=6)
+    master = ShrinkTrigger.master = ShrinkableMaster()
+    heavy = replace(waiting("heavy", plan(2), weight=2.0), budget="shared", ttl_s=600)
+
+    async def run_until_shrunk() -> None:
+        trigger = ShrinkTrigger(
+            "light", poll_interval=0.02, cluster_budget={"name": "shared", "cpu": 6}
+        )
+        events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+        with RunningJobRegistry(HistoryStore(default_history_url())) as reg:
+            reg.register(replace(heavy, updated_at=time.time()))
+        pending = asyncio.ensure_future(anext(events))
+        try:
+            for _ in range(200):
+                if master.requested:
+                    break
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)  # a few more polls: the order is applied once
+        finally:
+            pending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pending
+            await events.aclose()
+
+    asyncio.run(run_until_shrunk())
+    assert [workers for workers, _ in master.requested] == [1]
+    assert "for waiting job 'heavy' of weight 2" in master.requested[0][1]
+    with RunningJobRegistry(HistoryStore(default_history_url())) as reg:
+        held = {r.job_id: r for r in reg.jobs("shared")}
+        assert held["light"].plan == plan(1)
+        decision = reg.admit(replace(heavy, updated_at=time.time()), budget)
+        assert decision.admitted_plan("heavy") == plan(2)
+        actions = [(d["job_id"], d["action"]) for d in reg.decisions("shared")]
+    assert ("light", "shrink") in actions and actions[-1] == ("heavy", "admit")

@@ -512,7 +512,8 @@ def test_the_cluster_budget_is_templated_and_reaches_the_trigger(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     assert "cluster_budget" in ElasticTrainingOperator.template_fields
-    assert build().cluster_budget is None
+    assert build().cluster_budget == "auto"
+    assert build(cluster_budget=None).cluster_budget is None
     assert build(cluster_budget=ClusterBudget(cpu=8)).cluster_budget == {
         "name": "default",
         "cpu": 8.0,
