@@ -12,6 +12,14 @@ generate_day_data -> warm_start -> train -> quality_gate (held-out AUC >= params
 the Asset ``CTR_MODEL`` with the AUC, samples, model URI and data interval:
 ``dags/score_on_new_model.py`` is scheduled on it.
 
+Backfills: ``airflow backfill create --dag-id rover_daily_retrain --from-date 2026-11-01
+--to-date 2026-11-21 --max-active-runs 3`` (or the UI's "Trigger" > "Backfill") trains up to
+three dates at once, all on one cluster budget: ``train`` leaves ``cluster_budget="auto"``, this
+host's memory with the local launcher (``[rover] cluster_budget`` for a cluster). A date whose
+plan does not fit waits deferred, holding no worker slot, until a running job ends; a backfill
+run weighs 1 and a scheduled or manual one 2, so today's model starts first and may shrink a
+backfill job to its minimum workers to get room (``docs/backfills.md``).
+
 ``warm_start`` picks the training plan from the most similar past runs recorded in the history
 store (``$AIRFLOW_HOME/rover/history.db``; every finished ``train`` job is recorded there) and
 falls back to ``params.num_workers`` / ``params.num_ps`` when there is none, or when the run
@@ -110,7 +118,14 @@ def rover_daily_retrain() -> None:
         plan="{{ ti.xcom_pull(task_ids='warm_start')['plan'] }}",
         training={"epochs": "{{ params.epochs }}", "batch_size": 512, "optimizer": "adam"},
         # the optimizer may grow a PS to 4 cores and 8 GB at most (docs/operators.md)
-        autoscale={"max_ps_cpu": 4, "max_ps_memory_mb": 8192},
+        autoscale={
+            "max_ps_cpu": 4,
+            "max_ps_memory_mb": 8192,
+            "min_workers": 1,
+            # Backfills yield to the day's own run on the shared budget.
+            "weight": "{{ 1 if dag_run.run_type == 'backfill' else 2 }}",
+        },
+        cluster_budget="auto",  # the default, named for readers: shared by every run
         poll_interval=2.0,
         model_asset=CTR_MODEL,  # the default for this dag and task, named for readers
     )

@@ -93,7 +93,8 @@ def _rows(store: HistoryStore, dag_ids: set[str] | None, dag_id: str | None) -> 
 
 
 def _held_plans(store: HistoryStore, budget: str) -> list[ResourcePlan]:
-    return [job.plan for job in RunningJobRegistry(store).jobs(budget)]
+    """The plans the budget's jobs hold (a waiting job holds none)."""
+    return [job.holds for job in RunningJobRegistry(store).jobs(budget) if job.holds]
 
 
 def log_tails(launch: Launch, status: Mapping[str, Any] | None) -> dict[str, str]:
