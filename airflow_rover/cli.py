@@ -5,10 +5,13 @@
     rover status --job-dir DIR
     rover stop --job-dir DIR
     rover plan --job-dir DIR [--workers N] [--ps M] [--apply]
+    rover budget [--name NAME] [--history-url URL] [--last N]
 
 ``status``, ``stop`` and ``plan`` work on any job directory, local or Kubernetes (through
 ``ElasticJobHook``). ``plan`` asks the running job for other counts; an Airflow task's trigger
 applies it, ``--apply`` applies it at once (a job started with ``rover train`` has no trigger).
+``budget`` shows the jobs that hold or wait for a cluster budget and the arbiter's latest
+decisions, from the history store (default: SQLite in ``$AIRFLOW_HOME/rover``).
 
 ``job.yaml`` holds the fields of ``JobSpec`` (the operator validates the same schema).
 """
@@ -95,6 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     plan.add_argument("--workers", type=int)
     plan.add_argument("--ps", type=int)
     plan.add_argument("--apply", action="store_true", help="apply it now (no trigger)")
+    budget = sub.add_parser("budget", help="who holds or waits for a cluster budget, and why")
+    budget.add_argument("--name", help="one budget (default: every budget)")
+    budget.add_argument("--history-url", help="the history store's SQLAlchemy URL")
+    budget.add_argument("--last", type=int, default=20, help="decisions to show (default 20)")
     argv = sys.argv[1:] if argv is None else argv
     if argv[:2] == ["data", "gen"]:  # its own parser: flags belong to the generator
         from airflow_rover.data.synthetic import generate_main
@@ -115,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         return 0 if status["state"] == JobState.SUCCEEDED else 1
+    if args.command == "budget":
+        return show_budget(args.name, args.history_url, args.last)
     from airflow_rover.hooks.elastic_job import ElasticJobHook
 
     hook = ElasticJobHook(args.job_dir.resolve())
@@ -135,6 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(record.to_json(), indent=2))
         return 0
     print(json.dumps(hook.get_status(), indent=2))
+    return 0
+
+
+def show_budget(name: str | None, url: str | None, last: int) -> int:
+    from airflow_rover.history.budget_report import budget_report
+    from airflow_rover.history.registry import RunningJobRegistry
+    from airflow_rover.history.store import HistoryStore
+    from airflow_rover.hooks.history_store import default_history_url
+
+    with RunningJobRegistry(HistoryStore(url or default_history_url())) as registry:
+        print(budget_report(registry, name, last))
     return 0
 
 

@@ -19,6 +19,7 @@ from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskDeferred
 from airflow.triggers.base import TriggerEvent
 
+from airflow_rover.cli import main
 from airflow_rover.core.budget_arbiter import allocate
 from airflow_rover.core.cluster_budget import ADMITTED_TTL_S, RunningJob
 from airflow_rover.core.plans import PlanRecord, PlanState
@@ -380,3 +381,18 @@ def test_a_running_job_is_shrunk_for_a_heavier_waiting_job_which_then_starts(
         assert decision.admitted_plan("heavy") == plan(2)
         actions = [(d["job_id"], d["action"]) for d in reg.decisions("shared")]
     assert ("light", "shrink") in actions and actions[-1] == ("heavy", "admit")
+
+
+def test_rover_budget_shows_holders_waiters_and_decisions(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'history.db'}"
+    with RunningJobRegistry(HistoryStore(url)) as reg:
+        now = time.time()
+        reg.admit(replace(waiting("a", plan(2)), updated_at=now), ClusterBudget(cpu=4), now)
+        reg.admit(replace(waiting("b", plan(2)), updated_at=now), ClusterBudget(cpu=4), now)
+    assert main(["budget", "--history-url", url, "--name", "default"]) == 0
+    out = capsys.readouterr().out
+    assert "default  a  holds 2 workers + 1 PS: 3 cores, 3072 MB" in out
+    assert "default  b  waiting" in out and "for 2 workers + 1 PS (weight 1)" in out
+    assert "last 2 decisions:" in out and "  b  wait: budget 'default' has 1 cores left" in out

@@ -1,0 +1,46 @@
+"""A cluster budget in words: who holds what, who waits, and the arbiter's latest decisions
+(``rover budget``)."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from airflow_rover.core.optimizer import Budget
+from airflow_rover.history.registry import RunningJobRegistry
+
+
+def budget_report(registry: RunningJobRegistry, budget: str | None, last: int = 20) -> str:
+    """The fresh rows of ``budget`` (every budget: None) and its ``last`` decisions."""
+    now = time.time()
+    lines = []
+    for job in registry.jobs(budget, now=now):
+        if job.waiting:
+            since = now - (job.waiting_since or job.updated_at)
+            lines.append(
+                f"{job.budget}  {job.job_id}  waiting {since:.0f} s for "
+                f"{_plan(job.plan)} (weight {job.weight:g})"
+            )
+        else:
+            cpu, memory_mb = Budget.used(job.plan)
+            lines.append(
+                f"{job.budget}  {job.job_id}  holds {_plan(job.plan)}: {cpu:g} cores, "
+                f"{memory_mb:g} MB (weight {job.weight:g}, {job.samples_per_second:.0f} samples/s)"
+            )
+    if not lines:
+        lines.append(
+            "no job holds or waits for " + (f"budget {budget!r}" if budget else "a budget")
+        )
+    decisions = registry.decisions(budget)[-last:] if last > 0 else []
+    if decisions:
+        lines.append("")
+        lines.append(f"last {len(decisions)} decisions:")
+    for d in decisions:
+        at = datetime.fromtimestamp(d["at"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        lines.append(f"{at}  {d['job_id']}  {d['action']}: {d['reason']}")
+    return "\n".join(lines)
+
+
+def _plan(plan: object) -> str:
+    workers, ps = getattr(plan, "num_workers", "?"), getattr(plan, "num_ps", "?")
+    return f"{workers} workers + {ps} PS"
