@@ -2,7 +2,7 @@
 
     rover data gen --out DIR [--num-train N] [--num-eval N] [--seed S]
     rover train --config job.yaml [--job-dir DIR]
-    rover status --job-dir DIR
+    rover status --job-dir DIR [--full]
     rover stop --job-dir DIR
     rover plan --job-dir DIR [--workers N] [--ps M] [--apply]
     rover budget [--name NAME] [--history-url URL] [--last N]
@@ -33,7 +33,7 @@ import yaml
 from pydantic import ValidationError
 
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.job_status import progress_line
+from airflow_rover.core.job_status import progress_line, without_history
 from airflow_rover.core.plan_limits import check_start_plan
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
@@ -93,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("status", "stop"):
         cmd = sub.add_parser(name, help=f"{name} of a job")
         cmd.add_argument("--job-dir", type=Path, required=True)
+        cmd.add_argument(
+            "--full",
+            action="store_true",
+            help="with the throughput and checkpoint histories (default: left out)",
+        )
     plan = sub.add_parser("plan", help="ask a running job for other worker/PS counts")
     plan.add_argument("--job-dir", type=Path, required=True)
     plan.add_argument("--workers", type=int)
@@ -143,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(json.dumps(record.to_json(), indent=2))
         return 0
-    print(json.dumps(hook.get_status(), indent=2))
+    status = hook.get_status()
+    print(json.dumps(status if args.full else without_history(status), indent=2))
     return 0
 
 

@@ -49,3 +49,13 @@ def progress_line(status: dict[str, Any]) -> str:
     if shards:
         line += f", shards {shards.get('done', 0)}/{sum(shards.values())} done"
     return line + f", {status.get('throughput', 0)} samples/s"
+
+
+def without_history(job: dict[str, Any]) -> dict[str, Any]:
+    """The status without its lists over time: ``throughput_history`` and
+    ``recovery.checkpoint_history`` (they stay in the job's ``state.json``)."""
+    slim = {k: v for k, v in job.items() if k != "throughput_history"}
+    recovery = job.get("recovery")
+    if isinstance(recovery, dict) and "checkpoint_history" in recovery:
+        slim["recovery"] = {k: v for k, v in recovery.items() if k != "checkpoint_history"}
+    return slim

@@ -33,7 +33,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_rover.core.cluster_budget import RunningJob, Shrink, Verdict, running_job, ttl_for
-from airflow_rover.core.job_status import progress_line
+from airflow_rover.core.job_status import progress_line, without_history
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
 from airflow_rover.core.spec import ClusterBudget
@@ -50,26 +50,16 @@ _EVENT_STATUS = {JobState.FAILED: "failed", JobState.STOPPED: "stopped"}
 def job_event(status: str, job: dict[str, Any], message: str | None = None) -> dict[str, Any]:
     """The fixed event shape shared by the trigger and the operators' check-before-defer;
     ``failure``: the job's failure when no retry can fix it (``retryable`` false), else None.
-    ``job`` is the status without its lists over time (``event_status``)."""
+    ``job`` is the status without its lists over time (``core.job_status.without_history``:
+    tens of KB in a long job, which the event would carry into Airflow's database for
+    nothing: the task's result and record read neither, and both stay in ``state.json``)."""
     return {
         "status": status,
         "job_id": job.get("job_id"),
         "message": message if message is not None else job.get("message", ""),
-        "job": event_status(job),
+        "job": without_history(job),
         "failure": job.get("failure"),
     }
-
-
-def event_status(job: dict[str, Any]) -> dict[str, Any]:
-    """The status an event carries: without ``throughput_history`` and
-    ``recovery.checkpoint_history`` (tens of KB in a long job, which the event would carry
-    into Airflow's database for nothing: the task's result and record read neither, and both
-    stay in the job's ``state.json``)."""
-    slim = {k: v for k, v in job.items() if k != "throughput_history"}
-    recovery = job.get("recovery")
-    if isinstance(recovery, dict) and "checkpoint_history" in recovery:
-        slim["recovery"] = {k: v for k, v in recovery.items() if k != "checkpoint_history"}
-    return slim
 
 
 class ElasticJobTrigger(BaseTrigger):

@@ -404,3 +404,17 @@ def test_without_stream_logs_no_log_line_is_passed_on(
     on = ElasticJobTrigger(str(tmp_path), poll_interval=0.1, stream_logs=True)
     assert first_event(on)["status"] == "success"
     assert logged.streamed() == ["[worker-0] worker-0 done: 64 steps"]
+
+
+def test_rover_status_leaves_the_lists_over_time_out_unless_full(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_rover.cli import main
+
+    points = [{"at": 1e9 + 2 * i, "samples_per_second": 100.0} for i in range(600)]
+    make_job(tmp_path, state=job_state("succeeded", 10_000, throughput_history=points))
+    assert main(["status", "--job-dir", str(tmp_path)]) == 0
+    short = json.loads(capsys.readouterr().out)
+    assert "throughput_history" not in short and short["state"] == "succeeded"
+    assert main(["status", "--job-dir", str(tmp_path), "--full"]) == 0
+    assert json.loads(capsys.readouterr().out)["throughput_history"] == points
