@@ -558,7 +558,12 @@ class ElasticTrainingOperator(BaseOperator):
                 f"{self.task_id}: waiting for the cluster budget failed: {message}"
             )
         self._admitted_plan = ResourcePlan.model_validate(event["plan"])
-        self.log.info("Admitted to the cluster budget: %s", event.get("reason"))
+        self.log.info(
+            "Admitted to the cluster budget after waiting %s s (the last reason: %s): %s",
+            event.get("waited_s"),
+            event.get("waited_for"),
+            event.get("reason"),
+        )
         return self.execute(context)
 
     def _give_back_admission(self, spec: JobSpec) -> None:

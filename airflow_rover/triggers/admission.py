@@ -5,9 +5,11 @@ The task is deferred meanwhile, so a waiting job holds no worker slot and no clu
 resources: only a row in the registry (``history.registry``) that asks for its plan. On each
 poll the trigger asks the arbiter (``core.budget_arbiter``, through ``registry.admit``); once
 admitted the row holds the admitted plan and the event ``{"status": "admitted", "plan": ...,
-"reason": ...}`` resumes the task in ``execute_admitted``, which launches the job with that
-plan. An unreachable registry only delays the admission; the row of a trigger that is gone
-lapses after its TTL. Safe to re-create: everything it needs is in its arguments.
+"reason": ..., "waited_s": ..., "waited_for": ...}`` resumes the task in ``execute_admitted``,
+which logs them (this trigger's own log file is replaced by the job trigger's, on the same
+triggerer) and launches the job with that plan. An unreachable registry only delays the
+admission; the row of a trigger that is gone lapses after its TTL. Safe to re-create:
+everything it needs is in its arguments.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class BudgetAdmissionTrigger(BaseTrigger):
         self.weight = weight
         self.remaining_samples = remaining_samples
         self.poll_interval = poll_interval
-        self._said: str | None = None  # the last reason logged
+        self._said: str | None = None  # the gist of the last reason logged
+        self._reason: str | None = None  # why the job waited, on the last poll
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -112,6 +115,8 @@ class BudgetAdmissionTrigger(BaseTrigger):
                                 "job_id": self.job_id,
                                 "plan": admission.plan.model_dump(),
                                 "reason": admission.reason,
+                                "waited_s": round(now - self.waiting_since, 1),
+                                "waited_for": self._reason,
                             }
                         )
                         return
@@ -132,6 +137,7 @@ class BudgetAdmissionTrigger(BaseTrigger):
 
     def _say(self, reason: str) -> None:
         """Log why the job waits, when that changes (not on every poll)."""
+        self._reason = reason
         gist = reason.split(";")[0]
         if gist != self._said:
             self.log.info(

@@ -287,6 +287,7 @@ def test_a_job_that_does_not_fit_defers_holding_nothing_until_admitted(
 
     event = asyncio.run(wait_for_admission())
     assert event["status"] == "admitted" and event["plan"] == plan(2).model_dump()
+    assert event["waited_s"] >= 0.3 and "left of 5 cores" in event["waited_for"]
     with pytest.raises(AirflowException, match="waiting for the cluster budget failed: boom"):
         operator.execute_admitted({}, {"status": "error", "message": "boom"})  # type: ignore[arg-type]
     resumed = build(cluster_budget=budget)
