@@ -1,4 +1,4 @@
-"""A 1,000-job trace on one shared CPU budget: weighted greedy against FIFO.
+"""A 1,000-job trace on one shared CPU budget: the cluster arbiter against FIFO.
 
 Jobs arrive as a Poisson process; each is Wide&Deep-like or xDeepFM-like (coefficients within
 +-20% of ``bench/simulator.py``'s, parameters evenly spread) with a log-normal size. A job's
@@ -8,11 +8,13 @@ bounds, thinned to at most ``FRONT_SIZE`` plans.
 
 - FIFO: jobs start in arrival order, each with its fastest plan (what it would ask for alone);
   the head of the queue waits until its plan fits; running jobs keep their plans.
-- Weighted greedy (DLRover-RM Eqn. 11-14): at every arrival and completion, every running job's
-  candidates (gain by ``throughput_gain``, counting the change's cost) and every waiting job's
-  (gain = its effective steps/s after the launch) go to ``core.optimizer.weighted_greedy`` with
-  the budget; the chosen plans are applied (a new job launches in 120 s, a running job changes
-  as ``bench/_simcore.transition`` says).
+- Arbiter: at every arrival, completion and end of a launch or plan change, the registry rows
+  the jobs' triggers would write go to ``core.budget_arbiter.allocate`` (the code the live
+  triggers call). A waiting job asks for its fastest plan and may start with one worker; a
+  running job offers the proposal its master would make (``best_plan`` over its front, gain by
+  ``throughput_gain``, at least ``MIN_MODEL_GAIN`` more steps/s), none while a change is under
+  way. Admitted jobs launch (120 s), allowed proposals and shrinks change plans as
+  ``bench/_simcore.transition`` says.
 
 JCT = completion - arrival (waiting included). Deterministic for a seed.
 """
@@ -26,17 +28,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from airflow_rover.core.budget_arbiter import allocate
+from airflow_rover.core.cluster_budget import RunningJob, smallest_plan
 from airflow_rover.core.optimizer import (
-    Budget,
     Candidate,
-    JobCandidates,
     Prices,
     ScalingCosts,
+    best_plan,
     throughput_gain,
-    weighted_greedy,
 )
-from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.spec import ClusterBudget, ResourcePlan
 from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+from airflow_rover.master.autoscaler import MIN_MODEL_GAIN
 from bench._simcore import INIT_S, POD_START_S, TIME_UNIT_S, Config, transition
 
 CPU = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
@@ -51,7 +55,8 @@ KINDS = {  # per-term multipliers of the paper's coefficients (as bench/simulato
     "xdeepfm": np.array([12.0, 1.0, 1.0, 1.0, 1.0]),
 }
 SHAPE = JobShape(batch_size=1, model_size=0.25, bandwidth=1.0, embedding_dim=1)
-PLACEHOLDER = ResourcePlan(num_workers=1, num_ps=1, worker_cpu=1.0, ps_cpu=1.0)
+BUDGET_NAME = "trace"
+POLICIES = ("fifo", "arbiter")
 
 
 @dataclass(eq=False)
@@ -182,43 +187,73 @@ def _fifo(waiting: list[TraceJob], free: float, now: float) -> float:
     return free
 
 
-def _greedy(running: list[TraceJob], waiting: list[TraceJob], budget: float, now: float) -> None:
-    options: list[JobCandidates] = []
-    for job in running:
-        assert job.plan is not None
-        if job.events:  # still applying its last plan: leave it alone
-            options.append(JobCandidates(str(job.index), job.plan, 0.0, 0.0, ()))
-            continue
-        left = job.steps - job.done_steps
-        cands = tuple(
+def _row(job: TraceJob, now: float) -> RunningJob:
+    """The registry row a running job's trigger writes: the plan it holds, its samples/s, and
+    the proposal its master would make (none while a change is under way)."""
+    assert job.plan is not None
+    left = job.steps - job.done_steps
+    proposal = None
+    if not job.events:
+        cands = [
             Candidate(
                 plan, PRICES.cost(plan), throughput_gain(job.model, job.plan, plan, left, COSTS)
             )
             for plan in job.front
-            if plan != job.plan
-        )
-        options.append(JobCandidates(str(job.index), job.plan, job.rate(), left, cands))
-    for job in waiting:
-        effective = job.steps / (LAUNCH_S + job.steps / job.front_thr)
-        cands = tuple(
-            Candidate(plan, PRICES.cost(plan), float(g))
-            for plan, g in zip(job.front, effective, strict=True)
-        )
-        options.append(JobCandidates(str(job.index), PLACEHOLDER, 0.0, job.steps, cands))
-    held = cores(PLACEHOLDER) * len(waiting)  # placeholders count in the sum: give them room
-    chosen = weighted_greedy(options, Budget(cpu=budget + held, memory_mb=math.inf))
+        ]
+        best = best_plan(cands, job.plan, MIN_MODEL_GAIN * job.model.throughput(job.plan))
+        if best is not None:
+            proposal = PlanRecord(id=1, plan=best.plan, expected_gain=best.gain)
+    return RunningJob(
+        job_id=str(job.index),
+        budget=BUDGET_NAME,
+        plan=job.plan,
+        remaining_samples=left,
+        samples_per_second=job.model.throughput(job.plan),
+        updated_at=now,
+        proposal=proposal,
+        min_plan=smallest_plan({}, job.plan),
+    )
+
+
+def _waiting_row(job: TraceJob, now: float) -> RunningJob:
+    """The row of a job not launched: it asks for the plan it would run alone (what its warm
+    start picks) and may start with one worker (``autoscale.admit_at_minimum``, min_workers 1)."""
+    return RunningJob(
+        job_id=str(job.index),
+        budget=BUDGET_NAME,
+        plan=job.fastest,
+        remaining_samples=job.steps,
+        samples_per_second=job.model.throughput(job.fastest),
+        updated_at=now,
+        waiting=True,
+        min_plan=smallest_plan({}, job.fastest),
+        waiting_since=job.arrival,
+    )
+
+
+def _arbiter(running: list[TraceJob], waiting: list[TraceJob], budget: float, now: float) -> None:
+    """One decision of ``core.budget_arbiter.allocate`` over every job, applied: shrinks and
+    allowed proposals change running jobs, admitted jobs launch with their admitted plan."""
+    rows = [_row(j, now) for j in running] + [_waiting_row(j, now) for j in waiting]
+    decision = allocate(rows, ClusterBudget(name=BUDGET_NAME, cpu=budget), now, PRICES)
     by_id = {str(j.index): j for j in [*running, *waiting]}
-    for job_id, plan in chosen.items():
-        job = by_id[job_id]
-        if job.plan is None:
-            _launch(job, plan, now)
+    for shrink in decision.shrinks.values():
+        _change(by_id[shrink.job_id], shrink.plan, now)
+    for verdict in decision.verdicts.values():
+        if verdict.allowed and verdict.plan is not None:
+            _change(by_id[verdict.job_id], verdict.plan, now)
+    for admission in decision.admissions.values():
+        if admission.plan is not None:
+            job = by_id[admission.job_id]
+            _launch(job, admission.plan, now)
             waiting.remove(job)
-        else:
-            _change(job, plan, now)
 
 
 def simulate_trace(jobs: list[TraceJob], budget: float, policy: str) -> list[float]:
-    """Run the trace under ``policy`` ("fifo" or "weighted-greedy"); JCT of every job."""
+    """Run the trace under ``policy`` ("fifo" or "arbiter"); JCT of every job. Decisions are
+    taken at every arrival, completion, and end of a launch or plan change."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy: {policy!r}; accepted: {', '.join(POLICIES)}")
     arrivals = [(j.arrival, j.index) for j in jobs]
     heapq.heapify(arrivals)
     waiting: list[TraceJob] = []
@@ -228,7 +263,8 @@ def simulate_trace(jobs: list[TraceJob], budget: float, policy: str) -> list[flo
         t_arrival = arrivals[0][0] if arrivals else math.inf
         ends = [(j.finish_time(), j.index) for j in running]
         t_end, end_id = min(ends) if ends else (math.inf, -1)
-        now = min(t_arrival, t_end)
+        t_change = min((j.events[0][0] for j in running if j.events), default=math.inf)
+        now = min(t_arrival, t_end, t_change)
         if now == math.inf:
             raise RuntimeError(f"{policy}: {len(waiting)} jobs wait and nothing runs")
         for job in running:
@@ -237,24 +273,22 @@ def simulate_trace(jobs: list[TraceJob], budget: float, policy: str) -> list[flo
             job = jobs[end_id]
             job.end = now
             running.remove(job)
-        else:
+        elif now == t_arrival:
             waiting.append(jobs[heapq.heappop(arrivals)[1]])
+        pending = list(waiting)
         if policy == "fifo":
             free = budget - sum(cores(j.plan) for j in running if j.plan is not None)
-            pending = list(waiting)
             _fifo(waiting, free, now)
-            running += [j for j in pending if j not in waiting]
         else:
-            pending = list(waiting)
-            _greedy(running, waiting, budget, now)
-            running += [j for j in pending if j not in waiting]
+            _arbiter(running, waiting, budget, now)
+        running += [j for j in pending if j not in waiting]
     return [j.end - j.arrival for j in jobs]
 
 
 def run_trace(seed: int = 0, jobs: int = 1000, budget: float = 1000.0) -> TraceResult:
     mean_gap_s = 130.0
     stats: dict[str, dict[str, float]] = {}
-    for policy in ("fifo", "weighted-greedy"):
+    for policy in POLICIES:
         trace = make_jobs(jobs, seed, mean_gap_s)
         jct = simulate_trace(trace, budget, policy)
         waits = [j.start - j.arrival for j in trace]

@@ -82,7 +82,7 @@ def test_quick_run_prints_a_table_per_workload(quick_run: tuple[str, float]) -> 
 def test_quick_run_prints_the_trace_and_the_goals(quick_run: tuple[str, float]) -> None:
     out = quick_run[0]
     trace = out[out.index("== Trace") : out.index("== Goals")]
-    for allocation in ("fifo", "weighted-greedy"):
+    for allocation in ("fifo", "arbiter"):
         row = next(line for line in trace.splitlines() if line.startswith(allocation + " "))
         assert all(float(x) >= 0 for x in row.split()[1:])
     goals = [line for line in out[out.index("== Goals") :].splitlines()[1:] if line.strip()]
