@@ -491,7 +491,13 @@ def test_every_dag_file_imports_without_errors(
     dag = bag.dags["rover_daily_retrain"]
     daily_train = dag.get_task("train")
     assert isinstance(daily_train, ElasticTrainingOperator)
-    assert daily_train.autoscale == {"max_ps_cpu": 4, "max_ps_memory_mb": 8192}
+    assert daily_train.autoscale == {
+        "max_ps_cpu": 4,
+        "max_ps_memory_mb": 8192,
+        "min_workers": 1,
+        "weight": "{{ 1 if dag_run.run_type == 'backfill' else 2 }}",
+    }
+    assert daily_train.cluster_budget == "auto"
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
     # The ETL example: Parquet on S3, continued daily, published only past its gate.
     etl = bag.dags["rover_etl_to_model"]
