@@ -469,7 +469,7 @@ class ElasticTrainingOperator(BaseOperator):
         if self.warm_start:
             spec = self._warm_started(context, spec)
         spec = self._with_failure_rate(context, spec)
-        spec = self._admitted(spec)  # or defer until the cluster budget admits the job
+        spec = self._admitted(context, job_dir, spec)  # or defer until the budget admits it
         k8s = self.kubernetes_job()
         if k8s is not None:  # the pods must see the job dir and the data
             paths = {
@@ -495,10 +495,10 @@ class ElasticTrainingOperator(BaseOperator):
         self._index_launch(context, job_dir, spec)
 
     # -- the cluster budget's admission ------------------------------------------------------
-    def _admitted(self, spec: JobSpec) -> JobSpec:
+    def _admitted(self, context: Context, job_dir: Path, spec: JobSpec) -> JobSpec:
         """``spec`` with the plan its cluster budget admits; while the budget has no room the
         task defers to ``BudgetAdmissionTrigger`` (nothing launched, no worker slot held) and
-        resumes in ``execute_admitted``."""
+        resumes in ``execute_admitted``. A waiting job is listed in the UI already."""
         rendered = self.rendered_cluster_budget()
         if rendered is None:
             return spec
@@ -531,6 +531,7 @@ class ElasticTrainingOperator(BaseOperator):
             budget.name,
             admission.reason,
         )
+        self._index_launch(context, job_dir, spec)
         self.defer(
             trigger=BudgetAdmissionTrigger(
                 job_id=spec.job_id,

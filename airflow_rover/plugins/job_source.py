@@ -18,7 +18,13 @@ from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
 from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import HistoryStoreHook
-from airflow_rover.plugins.job_views import JobPage, JobRow, job_page, job_row
+from airflow_rover.plugins.job_views import (
+    WAITING_FOR_BUDGET,
+    JobPage,
+    JobRow,
+    job_page,
+    job_row,
+)
 
 LOG_TAIL_BYTES = 8192
 LOG_TAIL_LINES = 30
@@ -61,7 +67,12 @@ class JobSource:
         """The job page of the job ``launch`` and ``ended`` record: live from its master while
         it runs."""
         status: dict[str, Any] | None = None
-        if launch is not None and Path(launch.job_dir).is_dir():
+        waiting = None
+        if launch is not None and ended is None:
+            waiting = await asyncio.to_thread(_waiting_reason, await self.store(), launch.job_id)
+        if waiting is not None:
+            status = {"state": WAITING_FOR_BUDGET, "message": waiting}
+        elif launch is not None and Path(launch.job_dir).is_dir():
             status = await ElasticJobHook(launch.job_dir).async_get_status()
         held: list[ResourcePlan] = []
         budget = launch.cluster_budget if launch else None
@@ -80,16 +91,29 @@ def _rows(store: HistoryStore, dag_ids: set[str] | None, dag_id: str | None) -> 
         return []
     launches = LaunchIndex(store).list(dag_ids, dag_id)
     ended = {job["job_id"]: job for job in store.list_jobs(dag_id=dag_id, limit=500)}
+    waiting = {job.job_id for job in RunningJobRegistry(store).jobs() if job.waiting}
     rows = []
     for launch in launches:
         record = ended.pop(launch.job_id, None)
         job_dir = JobDir(Path(launch.job_dir))
         status = None if record else job_dir.read_json(job_dir.state_file)
+        if record is None and launch.job_id in waiting:
+            status = {"state": WAITING_FOR_BUDGET}
         rows.append(job_row(launch, record, status))
     for record in ended.values():  # jobs recorded before the index existed
         if dag_ids is None or record.get("dag_id") in dag_ids:
             rows.append(job_row(None, record, None))
     return sorted(rows, key=lambda r: r.started_at or 0.0, reverse=True)
+
+
+def _waiting_reason(store: HistoryStore, job_id: str) -> str | None:
+    """Why the job waits for its cluster budget (its last decision); None if it does not."""
+    registry = RunningJobRegistry(store)
+    if not any(job.job_id == job_id and job.waiting for job in registry.jobs()):
+        return None
+    decisions = registry.decisions(job_id=job_id)
+    last = decisions[-1] if decisions else None
+    return str(last["reason"]) if last and last["action"] == "wait" else "waiting for its budget"
 
 
 def _held_plans(store: HistoryStore, budget: str) -> list[ResourcePlan]:

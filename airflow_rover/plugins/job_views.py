@@ -19,6 +19,7 @@ RUNNING_STATES = frozenset(
     {"pending", "starting", "running", "recovering", "stopping", "unreachable"}
 )
 SHARD_STATES = ("todo", "doing", "done", "quarantined")
+WAITING_FOR_BUDGET = "waiting for budget"  # deferred before launch: holds nothing yet
 #: How a plan's state reads on the page (a proposal may wait on the budget or a person).
 WAITING_FOR_BUDGET = "waiting for budget"
 WAITING_FOR_APPROVAL = "waiting for approval"

@@ -12,6 +12,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -30,6 +31,8 @@ from airflow_rover.hooks.elastic_job import ElasticJobHook
 from airflow_rover.hooks.history_store import default_history_url
 from airflow_rover.operators.budget_admission import host_budget
 from airflow_rover.operators.training import ElasticTrainingOperator
+from airflow_rover.plugins.job_source import _rows, _waiting_reason
+from airflow_rover.plugins.job_views import WAITING_FOR_BUDGET
 from airflow_rover.triggers.admission import BudgetAdmissionTrigger
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
@@ -238,6 +241,18 @@ def test_admit_at_minimum_is_validated_with_the_other_autoscale_fields() -> None
 
 
 # -- the operator's admission ----------------------------------------------------------------
+JOB_DIR = Path("/jobs/x")
+CONTEXT: Any = {
+    "ti": SimpleNamespace(
+        dag_id="admission_test",
+        task_id="train",
+        run_id="backfill__2026-01-01",
+        map_index=-1,
+        try_number=1,
+    )
+}
+
+
 def spec_for(job_id: str, workers: int, **autoscale: Any) -> JobSpec:
     return JobSpec(
         job_id=job_id,
@@ -256,10 +271,10 @@ def test_a_job_that_does_not_fit_defers_holding_nothing_until_admitted(
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     budget = {"name": "shared", "cpu": 5}
     operator = build(cluster_budget=budget, poll_interval=0.05)
-    first = operator._admitted(spec_for("first", 2))
+    first = operator._admitted(CONTEXT, JOB_DIR, spec_for("first", 2))
     assert first.plan == plan(2)
     with pytest.raises(TaskDeferred) as info:
-        operator._admitted(spec_for("second", 2))
+        operator._admitted(CONTEXT, JOB_DIR, spec_for("second", 2))
     trigger = info.value.trigger
     assert isinstance(trigger, BudgetAdmissionTrigger)
     assert info.value.method_name == "execute_admitted"
@@ -272,6 +287,14 @@ def test_a_job_that_does_not_fit_defers_holding_nothing_until_admitted(
         rows = {r.job_id: r for r in reg.jobs("shared")}
     assert rows["second"].waiting and rows["second"].holds is None
     assert rows["first"].holds == plan(2)
+    # The waiting job is in the UI's list already, saying so and why.
+    with HistoryStore(default_history_url()) as store:
+        listed = {row.job_id: row for row in _rows(store, None, None)}
+        reason = _waiting_reason(store, "second")
+    assert listed["second"].state == WAITING_FOR_BUDGET and listed["second"].run_id == (
+        "backfill__2026-01-01"
+    )
+    assert reason is not None and "left of 5 cores" in reason
 
     async def wait_for_admission() -> dict[str, Any]:
         events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
@@ -292,7 +315,9 @@ def test_a_job_that_does_not_fit_defers_holding_nothing_until_admitted(
         operator.execute_admitted({}, {"status": "error", "message": "boom"})  # type: ignore[arg-type]
     resumed = build(cluster_budget=budget)
     resumed._admitted_plan = ResourcePlan.model_validate(event["plan"])
-    assert resumed._admitted(spec_for("second", 3)).plan == plan(2)  # the admitted plan
+    assert resumed._admitted(CONTEXT, JOB_DIR, spec_for("second", 3)).plan == plan(
+        2
+    )  # the admitted plan
 
 
 def test_a_plan_larger_than_the_budget_fails_the_task_at_once(
@@ -301,8 +326,10 @@ def test_a_plan_larger_than_the_budget_fails_the_task_at_once(
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     operator = build(cluster_budget={"name": "small", "cpu": 4})
     with pytest.raises(AirflowFailException, match="more than cluster_budget 'small'"):
-        operator._admitted(spec_for("big", 6))
-    smaller = operator._admitted(spec_for("big", 6, admit_at_minimum=True, min_workers=2))
+        operator._admitted(CONTEXT, JOB_DIR, spec_for("big", 6))
+    smaller = operator._admitted(
+        CONTEXT, JOB_DIR, spec_for("big", 6, admit_at_minimum=True, min_workers=2)
+    )
     assert smaller.plan == plan(2)  # it may start with min_workers, and that fits
 
 
