@@ -118,7 +118,7 @@ def allocate(
         return Decision(budget.name, verdicts, cpu_used=held.cpu, memory_mb_used=held.memory_mb)
     peer_rate = _rate_per_worker(running)
     if held.fits(*_total([_delta(j) for j in ups] + [Budget.used(j.plan) for j in waiting])):
-        return _everything_fits(budget, held, ups, waiting, verdicts, peer_rate)
+        return _everything_fits(budget, held, ups, waiting, verdicts)
     return _contested(budget, held, running, ups, waiting, verdicts, peer_rate, prices, rho)
 
 
@@ -128,7 +128,6 @@ def _everything_fits(
     ups: list[RunningJob],
     waiting: list[RunningJob],
     verdicts: dict[str, Verdict],
-    peer_rate: float,
 ) -> Decision:
     for job in ups:
         held.add(*_delta(job))

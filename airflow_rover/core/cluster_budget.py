@@ -84,7 +84,7 @@ def waiting_row(
     min_plan: ResourcePlan | None = None,
     weight: float = 1.0,
     remaining_samples: float = 0.0,
-    ttl_s: float = 60.0,
+    ttl_s: float = DEFAULT_TTL_S,
 ) -> RunningJob:
     """The registry row of a job waiting for ``budget``; its samples/s is left to the
     arbiter's estimate (its peers' rate per worker)."""
@@ -160,8 +160,12 @@ def smallest_plan(status: Mapping[str, Any], plan: ResourcePlan) -> ResourcePlan
     """``plan`` with the fewest workers the job's autoscale bounds allow (its PS keep their
     partitions: a PS change costs a reload, a worker change does not)."""
     low = (status.get("autoscale") or {}).get("min_workers")
-    fewest = int(low) if isinstance(low, int | float) and low >= 1 else 1
-    return plan.model_copy(update={"num_workers": min(plan.num_workers, fewest)})
+    return with_fewest_workers(plan, int(low) if isinstance(low, int | float) and low >= 1 else 1)
+
+
+def with_fewest_workers(plan: ResourcePlan, min_workers: int) -> ResourcePlan:
+    """``plan`` down to ``min_workers`` workers (unchanged if it has no more)."""
+    return plan.model_copy(update={"num_workers": min(plan.num_workers, min_workers)})
 
 
 def weight_of(status: Mapping[str, Any]) -> float:

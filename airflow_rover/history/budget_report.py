@@ -7,6 +7,7 @@ import time
 from datetime import UTC, datetime
 
 from airflow_rover.core.optimizer import Budget
+from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.history.registry import RunningJobRegistry
 
 
@@ -41,6 +42,5 @@ def budget_report(registry: RunningJobRegistry, budget: str | None, last: int = 
     return "\n".join(lines)
 
 
-def _plan(plan: object) -> str:
-    workers, ps = getattr(plan, "num_workers", "?"), getattr(plan, "num_ps", "?")
-    return f"{workers} workers + {ps} PS"
+def _plan(plan: ResourcePlan) -> str:
+    return f"{plan.num_workers} workers + {plan.num_ps} PS"

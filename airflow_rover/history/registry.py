@@ -184,13 +184,15 @@ class RunningJobRegistry(StoreTables):
         job is admitted its row holds the admitted plan from now on (see
         ``RunningJob.admitted``): launch it."""
 
+        now = time.time() if now is None else now
+        asking = replace(job, waiting=True)
+
         def hold(conn: Connection, decision: Decision) -> None:
             plan = decision.admitted_plan(job.job_id)
             if plan is not None:
-                _upsert(conn, replace(job, updated_at=now_).admitted(plan))
+                _upsert(conn, replace(asking, updated_at=now).admitted(plan))
 
-        now_ = time.time() if now is None else now
-        return self._decide(replace(job, waiting=True), budget, now_, hold)
+        return self._decide(asking, budget, now, hold)
 
     def decisions(
         self, budget: str | None = None, job_id: str | None = None

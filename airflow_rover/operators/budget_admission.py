@@ -22,7 +22,7 @@ import re
 import socket
 from typing import Any
 
-from airflow_rover.core.cluster_budget import RunningJob, waiting_row
+from airflow_rover.core.cluster_budget import RunningJob, waiting_row, with_fewest_workers
 from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.spec import AutoscaleConfig, ClusterBudget, JobSpec, ResourcePlan
 
@@ -66,8 +66,7 @@ def minimum_plan(spec: JobSpec) -> ResourcePlan | None:
     admit_at_minimum``): its plan with ``autoscale.min_workers`` workers; None otherwise."""
     if not spec.autoscale.admit_at_minimum:
         return None
-    fewest = min(spec.plan.num_workers, spec.autoscale.min_workers)
-    return spec.plan.model_copy(update={"num_workers": fewest})
+    return with_fewest_workers(spec.plan, spec.autoscale.min_workers)
 
 
 def admission_request(
