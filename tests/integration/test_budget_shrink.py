@@ -76,7 +76,13 @@ async def scenario(job_dir: Path) -> tuple[Any, Any, dict[str, Any]]:
     await asyncio.sleep(1.0)  # the trigger has registered the light job
     waiting = await asyncio.to_thread(_admit_heavy)
     await _running_with(hook, 1)
+    # The heavy job asks again on each poll, as its admission trigger does: the light job's
+    # trigger holds its smaller plan in the registry just after its master applied it.
+    deadline = time.monotonic() + 30
     admitted = await asyncio.to_thread(_admit_heavy)
+    while admitted.admitted_plan("heavy") is None and time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        admitted = await asyncio.to_thread(_admit_heavy)
     return waiting, admitted, await ending
 
 
