@@ -261,6 +261,54 @@ class AutoscaleConfig(_Strict):
         return self
 
 
+class DataWorkersConfig(_Strict):
+    """GoldMiner's data workers: stateless processes that read the shards a trainer leased,
+    run the preprocessing and serve the trainer ready batches (``docs/data-workers.md``).
+    ``off``: each trainer prepares its own input; ``fixed``: ``count`` data workers; ``auto``:
+    from ``count`` (default ``min``) within ``[min, max]``, as the trainers' input wait says."""
+
+    mode: Literal["off", "fixed", "auto"] = "off"
+    count: int | None = Field(
+        default=None, ge=0, le=64, description="fixed: how many; auto: how many to start with"
+    )
+    min: int = Field(default=0, ge=0, le=64, description="auto: the fewest (0: the trainers)")
+    max: int = Field(default=4, ge=1, le=64, description="auto: the most")
+    cpu: float = Field(default=1.0, gt=0, le=64, description="cores of each data worker")
+    memory_mb: int = Field(default=1024, ge=256, description="memory (MB) of each data worker")
+    ready_batches: int = Field(
+        default=8, ge=1, le=256, description="ready batches a trainer holds, per shard it fetches"
+    )
+    interval_s: float = Field(
+        default=10.0, ge=1, le=600, description="auto: seconds between two scaling decisions"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DataWorkersConfig:
+        if self.mode == "fixed" and not self.count:
+            raise ValueError("data_workers: mode 'fixed' needs count >= 1")
+        if self.min > self.max:
+            raise ValueError(f"data_workers.min={self.min} is above data_workers.max={self.max}")
+        count = self.count
+        if self.mode == "auto" and count is not None and not self.min <= count <= self.max:
+            raise ValueError(
+                f"data_workers.count={self.count} is outside [min={self.min}, max={self.max}]"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def start(self) -> int:
+        """How many data workers the job starts with."""
+        if self.mode == "off":
+            return 0
+        if self.mode == "fixed":
+            return self.count or 0
+        return self.min if self.count is None else self.count
+
+
 class ClusterBudget(_Strict):
     """Resources that running jobs of any DAG share: a scale-up of a job is applied only when
     the cluster arbiter (``core.cluster_budget``) selects it within this budget. Jobs with the
@@ -312,6 +360,13 @@ class JobSpec(_Strict):
     recovery: RecoveryConfig = RecoveryConfig()
     autoscale: AutoscaleConfig = AutoscaleConfig()
     checkpoint: CheckpointPolicyConfig = CheckpointPolicyConfig()
+    preprocess: str | None = Field(
+        default=None,
+        description="an import path 'package.module:function' of the preprocessing that maps "
+        "each batch read from the data to the batch the model trains on (same columns); "
+        "none: the data schema's own mapping only",
+    )
+    data_workers: DataWorkersConfig = DataWorkersConfig()
     checkpoint_uri: str | None = Field(
         default=None,
         pattern=r"^(file://|s3://|/)",
@@ -344,6 +399,15 @@ class JobSpec(_Strict):
     @classmethod
     def _model_ref(cls, value: str) -> str:
         return check_model_ref(value)
+
+    @field_validator("preprocess")
+    @classmethod
+    def _preprocess_ref(cls, value: str | None) -> str | None:
+        if value is None or _IMPORT_PATH.match(value):
+            return value
+        raise ValueError(
+            f"preprocess={value!r}: expected an import path like 'mypkg.features:preprocess'"
+        )
 
     @property
     def resolved_features(self) -> FeatureConfig:

@@ -36,6 +36,8 @@ def training_fingerprint(spec: JobSpec) -> str:
     }
     if spec.init is not None:  # another model to start from is another training
         parts["init"] = spec.init.model_dump(mode="json")
+    if spec.preprocess is not None:  # older digests unchanged
+        parts["preprocess"] = [spec.preprocess, model_source_digest(spec.preprocess)]
     if spec.data_format != "auto" or spec.data_schema is not None:  # older digests unchanged
         parts["data"] = spec.model_dump(mode="json", include={"data_format", "data_schema"})
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"))

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from airflow_rover.core.job_dir import (
 )
 from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.initial import load_initial
@@ -163,19 +163,6 @@ def wait_as_standby(ctx: NodeContext) -> str:
             os.dup2(log_file.fileno(), stream.fileno())
     log.info("%s takes over as %s", ctx.node_id, node_id)
     return node_id
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT set ``stop``, from a thread of their own. A handler runs on the main
-    thread between two bytecodes, possibly while that thread holds ``stop``'s lock (inside
-    ``stop.wait()``, or inside the ``set`` of a signal before): setting it there deadlocks for
-    good. Seen: a PS signalled twice as its master died hung in nested ``set`` calls, orphaned."""
-
-    def handler(_signum: int, _frame: object) -> None:
-        threading.Thread(target=stop.set, name="stop", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 def main(argv: list[str] | None = None) -> None:

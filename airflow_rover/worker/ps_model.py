@@ -10,31 +10,19 @@ sample's rows of a list column are pooled in the graph (``worker.pooling``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.embedding_placement import EmbeddingPlacement, TableSlice
 from airflow_rover.core.spec import FeatureConfig
 from airflow_rover.data.batch import RaggedIds
+from airflow_rover.data.batch_ids import BatchIds, Element, ElementEncoder
 from airflow_rover.data.reader import Batch
 from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.worker.models import DENSE_INPUT
 from airflow_rover.worker.pooling import pool
-
-
-@dataclass
-class BatchIds:
-    """Unique fused ids per embedding group, each sample's (batch, scalar tables) index into
-    them, and per list table the index of each of its ids and the sample that holds it."""
-
-    unique: dict[str, np.ndarray]
-    inverse: dict[str, np.ndarray]
-    list_ids: dict[str, np.ndarray]
-    segments: dict[str, np.ndarray]
 
 
 class PSModel:
@@ -49,26 +37,14 @@ class PSModel:
         ps: PSClient,
         lists: Sequence[str] = (),
     ) -> None:
-        missing = sorted({t.column for t in features.tables} - set(columns) - set(lists))
-        if missing:
-            raise ValueError(f"features.tables: columns {missing} are not in the dataset")
+        self.encoder = ElementEncoder(features, columns, lists)
         self.model = model
         self.features = features
-        self.placement = EmbeddingPlacement.from_features(features)
-        self.groups = self.placement.groups
+        self.placement = self.encoder.placement
+        self.groups = self.encoder.groups
         self.ps = ps
-        self._column_index = {name: i for i, name in enumerate(columns)}
-        self._list_index = {name: i for i, name in enumerate(lists)}
-        self._scalar = [
-            tuple(t for t in g.tables if t.column in self._column_index) for g in self.groups
-        ]
-        # (group index, table) of each entry reading a list column, in a fixed order
-        self._lists: list[tuple[int, TableSlice]] = [
-            (i, t)
-            for i, g in enumerate(self.groups)
-            for t in g.tables
-            if t.column in self._list_index
-        ]
+        self._scalar = self.encoder.scalar
+        self._lists = self.encoder.lists
         self.variables = list(model.trainable_variables)
         self.var_names = [v.path for v in self.variables]
         self._non_trainable = [v.value for v in model.non_trainable_variables]
@@ -155,51 +131,16 @@ class PSModel:
 
     # -- host side ---------------------------------------------------------------------------
     def batch_ids(self, categorical: np.ndarray, lists: Sequence[RaggedIds] = ()) -> BatchIds:
-        """The ids a batch reads: per group, unique fused ids of its scalar and list columns
-        together (one pull, one push per id however many columns read it)."""
-        ids = BatchIds({}, {}, {}, {})
-        for i, group in enumerate(self.groups):
-            fused = group.fused_ids(categorical, self._column_index, self._scalar[i])
-            listed = [t for g, t in self._lists if g == i]
-            if not listed:  # the common case: no list column reads this group
-                uniq, inv = np.unique(fused, return_inverse=True)
-                ids.unique[group.name] = uniq
-                ids.inverse[group.name] = inv.reshape(fused.shape).astype(np.int32)
-                continue
-            ragged = [lists[self._list_index[t.column]] for t in listed]
-            parts = [fused.ravel()] + [
-                group.fused_values(t, r.values) for t, r in zip(listed, ragged, strict=True)
-            ]
-            uniq, inv = np.unique(np.concatenate(parts), return_inverse=True)
-            inv = inv.astype(np.int32)
-            ids.unique[group.name] = uniq
-            ids.inverse[group.name] = inv[: fused.size].reshape(fused.shape)
-            at = fused.size
-            for table, r in zip(listed, ragged, strict=True):
-                ids.list_ids[table.name] = inv[at : at + r.values.size]
-                ids.segments[table.name] = np.repeat(
-                    np.arange(len(r), dtype=np.int32), np.diff(r.row_splits)
-                )
-                at += r.values.size
-        return ids
+        return self.encoder.batch_ids(categorical, lists)
 
     def offer_initial_weights(self) -> None:
         self.ps.init_dense(
             {n: v.numpy() for n, v in zip(self.var_names, self.variables, strict=True)}
         )
 
-    def ids_element(self, batch: Batch) -> dict[str, np.ndarray]:
+    def ids_element(self, batch: Batch) -> Element:
         """A batch and its ids: one element of the input pipeline (no PS access)."""
-        ids = self.batch_ids(batch.categorical, batch.lists)
-        weight = batch.weight if batch.weight is not None else np.ones(len(batch), np.float32)
-        element = {"dense": batch.dense, "label": batch.label, "weight": weight}
-        for g in self.groups:
-            element[f"unique/{g.name}"] = ids.unique[g.name]
-            element[f"inverse/{g.name}"] = ids.inverse[g.name]
-        for _, t in self._lists:
-            element[f"list/{t.name}"] = ids.list_ids[t.name]
-            element[f"segments/{t.name}"] = ids.segments[t.name]
-        return element
+        return self.encoder.element(batch)
 
     def _list_inputs(self, element: dict[str, Any]) -> tuple[list[Any], list[Any]]:
         return (

@@ -15,12 +15,15 @@ PACKAGE = Path(__file__).resolve().parents[2] / "airflow_rover"
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"core"}),
     frozenset({"data", "storage", "history", "rpc"}),
-    frozenset({"ps", "worker", "master"}),
+    frozenset({"ps", "worker", "master", "dataworker"}),
     frozenset({"launchers", "hooks"}),
     frozenset({"operators", "sensors", "triggers", "plugins", "cli", "get_provider_info"}),
 )
-PROCESSES = frozenset({"ps", "worker", "master"})  # each imports the others' wire (rpc) only
-AIRFLOW_FREE = frozenset({"core", "data", "storage", "history", "rpc", "ps", "worker", "master"})
+# each imports the others' wire (rpc) only
+PROCESSES = frozenset({"ps", "worker", "master", "dataworker"})
+AIRFLOW_FREE = frozenset(
+    {"core", "data", "storage", "history", "rpc", "ps", "worker", "master", "dataworker"}
+)
 NETWORK = ("airflow", "grpc", "httpx", "fastapi", "uvicorn", "boto3", "botocore", "kubernetes")
 
 

@@ -11,7 +11,7 @@ import textwrap
 SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, threading
-    from airflow_rover.ps.__main__ import stop_on_signals
+    from airflow_rover.core.stop_signals import stop_on_signals
 
     stop = threading.Event()
     stop_on_signals(stop)

@@ -1,0 +1,78 @@
+"""Entry point of a data worker node (started by a launcher, configured by environment)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+
+from airflow_rover.core.job_dir import ENV_ADVERTISE_HOST, ENV_BIND_HOST, NodeContext
+from airflow_rover.core.stop_signals import stop_on_signals
+from airflow_rover.data.batch_ids import ElementEncoder
+from airflow_rover.data.preprocessing import load_preprocess
+from airflow_rover.data.reader import open_split
+from airflow_rover.dataworker.server import DataWorkerService, start_server
+from airflow_rover.rpc import master_api
+from airflow_rover.rpc.crash_report import report_crash
+from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
+
+log = logging.getLogger("airflow_rover.dataworker")
+
+ENV_DATA_PORT = "ROVER_DATA_PORT"
+DRAIN_S = 5.0  # a stopped data worker finishes the batches in flight for this long
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="airflow_rover.dataworker")
+    parser.add_argument("--role", default="data", choices=["data"])
+    parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    quiet_request_logs()
+    ctx = NodeContext.from_env()
+    master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
+    try:
+        _serve(ctx, master)
+    except Exception as exc:  # the master learns what killed this node, then it dies of it
+        report_crash(master, ctx.node_id, exc)
+        raise
+
+
+def _serve(ctx: NodeContext, master: MasterClient) -> None:
+    spec = ctx.job_dir.read_spec()
+    data = open_split(spec, spec.train_data)
+    encoder = ElementEncoder(
+        spec.resolved_features,
+        [c.name for c in data.schema.categorical],
+        [c.name for c in data.schema.lists],
+    )
+    service = DataWorkerService(data, load_preprocess(spec.preprocess), encoder, spec.preprocess)
+    server, port = start_server(
+        service,
+        ctx.token,
+        os.environ.get(ENV_BIND_HOST, "127.0.0.1"),
+        int(os.environ.get(ENV_DATA_PORT, "0")),
+        ctx.tls,
+    )
+    stop = threading.Event()
+    stop_on_signals(stop)
+    master.ready(ctx.node_id, f"{os.environ.get(ENV_ADVERTISE_HOST, '127.0.0.1')}:{port}")
+    log.info("%s serving batches on port %d", ctx.node_id, port)
+    report_s = spec.training.progress_report_s
+    while not stop.wait(report_s):
+        served = service.served
+        beat = master_api.Heartbeat(
+            steps=served.batches, samples=served.samples, step_time_ms=served.ms_per_batch
+        )
+        try:
+            if master.heartbeat(ctx.node_id, beat):
+                break
+        except Exception as exc:  # a missed beat is not fatal
+            log.warning("heartbeat failed: %s", exc)
+    server.stop(grace=DRAIN_S).wait()
+    log.info("%s stopped after %d batches", ctx.node_id, service.served.batches)
+    master.close()
+
+
+if __name__ == "__main__":
+    main()
