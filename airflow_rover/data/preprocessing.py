@@ -48,7 +48,7 @@ def load_preprocess(ref: str | None) -> Preprocess:
 def checked(fn: Preprocess, batch: Batch, schema: Schema, ref: str | None = None) -> Batch:
     """``fn(batch)``, refused unless it keeps the rows and the columns of ``schema`` and its
     ids within each column's vocabulary (the model's tables are sized by it)."""
-    if fn is unchanged:
+    if fn is unchanged or not len(batch):
         return batch
     name = f"preprocess={ref!r}" if ref else "preprocess"
     try:

@@ -22,6 +22,7 @@ ROLE_MODULES: dict[Role, str] = {
     "ps": "airflow_rover.ps",
     "worker": "airflow_rover.worker",
     "evaluator": "airflow_rover.worker",
+    "data": "airflow_rover.dataworker",
 }
 """The module a node of each role runs (``python -m MODULE --role ROLE``)."""
 KEEPER_MODULE = "airflow_rover.launchers.keeper"

@@ -28,6 +28,7 @@ from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.autoscaling import Autoscaling
 from airflow_rover.master.checkpointer import Checkpointer
 from airflow_rover.master.checkpointing import Checkpoints, checkpoint_mirror
+from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.node_launcher import Capability, NodeLauncher
 from airflow_rover.master.nodes import NodeSet
@@ -89,6 +90,7 @@ class JobMaster:
         self.recovery = NodeRecovery(self, master_restarts)
         self.plans = PlanExecutor(self)
         self.wrap_up = WrapUp(self)
+        self.data_workers = DataWorkerRoom(self, spec.data_workers)
         self.autoscaler = Autoscaler(
             spec.autoscale, JobShape.of(spec), launcher.capacity_cpu, start=spec.plan
         )
@@ -150,13 +152,17 @@ class JobMaster:
                 body.samples,
                 body.step_time_ms,
             )
+            node.input_wait_s, node.ready_fill = body.input_wait_s, body.ready_fill
             node.last_seen = time.time()
             self.queue.renew(node_id, time.time(), self.spec.training.shard_lease_s)
             return self.state in TERMINAL_STATES
 
     def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
         with self._lock:
-            return self.dispatch.lease(node_id, ps_set_version)
+            reply = self.dispatch.lease(node_id, ps_set_version)
+            if self.data_workers.enabled:
+                reply.data_workers = self.data_workers.addresses()
+            return reply
 
     def shard_done(self, shard_id: int, body: master_api.ShardDone) -> bool:
         with self._lock:
@@ -296,6 +302,7 @@ class JobMaster:
             self.dispatch.reconcile_pending = False
             if self.state == JobState.PENDING:  # resuming from a checkpoint
                 self.samples_resumed = self.dispatch.applied_samples()
+        self.data_workers.tick([])
         for i in range(self.spec.plan.num_workers):
             worker = self.nodes.get(f"worker-{i}")
             if worker is None or worker.exit_code is not None:
@@ -314,6 +321,10 @@ class JobMaster:
         self.plans.advance()
         self.recovery.keep_standby()
         self.dispatch.tick()
+        if self.dispatch.training_done:
+            self.data_workers.stop_all()
+        else:
+            self.data_workers.tick(self.nodes.training())
         if self.dispatch.training_done and not self.wrap_up.started and not self.policy.busy:
             self.wrap_up.training_over()
         if self.queue.finished:

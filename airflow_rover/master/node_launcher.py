@@ -12,7 +12,7 @@ from abc import ABC, abstractmethod
 from enum import StrEnum
 from typing import ClassVar, Literal
 
-Role = Literal["ps", "worker", "evaluator"]
+Role = Literal["ps", "worker", "evaluator", "data"]
 ResizeOutcome = Literal["in-place", "replace"]
 
 

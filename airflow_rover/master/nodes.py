@@ -21,6 +21,8 @@ class NodeInfo:
         self.samples = 0
         self.reported = False  # whether this process has reported its progress yet
         self.step_time_ms = 0.0
+        self.input_wait_s = 0.0  # a trainer's: seconds it waited for input, in all
+        self.ready_fill = 0.0  # a trainer's: how full its queue of ready batches was lately
         self.last_seen = time.time()
         self.exit_code: int | None = None
         self.stopping = False  # the master stopped it: its exit is not a failure
@@ -111,6 +113,14 @@ class NodeSet:
             for n in self._nodes.values()
             if n.role == "worker" and n.state == NodeState.RUNNING and n.step_time_ms > 0
         }
+
+    def training(self) -> list[NodeInfo]:
+        """The workers that train now."""
+        return [
+            n
+            for n in self._nodes.values()
+            if n.role == "worker" and n.state == NodeState.RUNNING and n.exit_code is None
+        ]
 
     def worker_samples(self) -> dict[str, int]:
         """Samples each worker reported (a restarted one counts from zero again)."""

@@ -14,6 +14,7 @@ from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.shards import Shard
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.master.crash_watch import CrashWatch, last_words
+from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability
@@ -29,6 +30,7 @@ class RecoveringJob(JobCore, Protocol):
     policy: CheckpointPolicy
     dispatch: ShardDispatch
     port: MasterPort
+    data_workers: DataWorkerRoom
 
     def lost_ps(self) -> None:
         """A PS is lost: the end of training is to be judged again once it is back."""
@@ -122,7 +124,7 @@ class NodeRecovery:
         elif (node.role, job.state) in (
             ("evaluator", JobState.EVALUATING),
             ("worker", JobState.RUNNING),
-        ):
+        ) or (node.role == "data" and job.data_workers.wants(node.node_id)):
             self.restart(node, cause, counted)
         # a worker lost during PS recovery is started with the others when the PS is back
         return True

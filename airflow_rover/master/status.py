@@ -13,6 +13,7 @@ from airflow_rover.core.policies import LostUpdates
 from airflow_rover.core.states import JobState
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
 from airflow_rover.master.checkpointing import Checkpoints
+from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.recovery import NodeRecovery
@@ -99,6 +100,7 @@ class ReportingJob(JobCore, Protocol):
     started_from: str
     samples_resumed: int
     lost: LostUpdates
+    data_workers: DataWorkerRoom
 
     @property
     def pls(self) -> float: ...
@@ -134,6 +136,7 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
         "result": job.wrap_up.result,
         # set when the job failed in a way no retry can fix (``master.crash_watch``)
         "failure": job.recovery.crashes.failure,
+        **({"data_workers": job.data_workers.status()} if job.data_workers.enabled else {}),
     }
 
 

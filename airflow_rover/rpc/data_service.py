@@ -77,9 +77,7 @@ class DataWorkerClient:
 
     def batches(self, request: BatchesRequest, timeout_s: float | None = None) -> Iterator[bytes]:
         """The reply frames, in order; ``cancel()`` on the returned call ends it early."""
-        return self._batches(
-            request.encode(), metadata=self._metadata, timeout=timeout_s
-        )
+        return self._batches(request.encode(), metadata=self._metadata, timeout=timeout_s)
 
     def close(self) -> None:
         self._channel.close()

@@ -34,6 +34,10 @@ class Heartbeat(_Body):
     steps: int = Field(ge=0)
     samples: int = Field(ge=0)
     step_time_ms: float = Field(ge=0)
+    # a trainer's input: seconds it waited for its next batch in all, and how full its queue
+    # of ready batches was lately (0..1); what the data workers' autoscaler reads
+    input_wait_s: float = Field(default=0.0, ge=0)
+    ready_fill: float = Field(default=0.0, ge=0, le=1)
 
 
 class NodeCrash(_Body):
@@ -70,6 +74,8 @@ class LeaseReply(_Body):
     ps_set_version: int = Field(default=0, ge=0)
     """The PS set to train against: a worker that holds an older one (the PS were resized)
     reads the new PS list from ``/cluster`` before its next step."""
+    data_workers: list[str] = Field(default_factory=list, max_length=1000)
+    """Where the job's data workers serve ready batches now (none: prepare them yourself)."""
 
 
 class ShardDone(_Body):

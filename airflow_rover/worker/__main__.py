@@ -58,7 +58,7 @@ def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
         model.warm_up()
     master.ready(ctx.node_id)
     if role == "worker":
-        _train(ctx.node_id, spec, model, optimizer, master, cluster.ps_set_version, stop, data)
+        _train(ctx, spec, model, optimizer, master, cluster.ps_set_version, stop, data)
     else:
         _evaluate(spec, model, master, data)
     model.ps.close()  # the client of the last PS set it trained against
@@ -107,7 +107,7 @@ def _ps_model(
 
 
 def _train(
-    node_id: str,
+    ctx: NodeContext,
     spec: JobSpec,
     model: PSModel,
     optimizer: Optimizer,
@@ -118,9 +118,20 @@ def _train(
 ) -> None:
     """Train until the queue is done; a PS lost for good ends the process with
     ``EXIT_PS_LOST`` (not a failure)."""
+    from airflow_rover.data.preprocessing import load_preprocess
+    from airflow_rover.worker.input_pipeline import InputConfig
     from airflow_rover.worker.relaunch import PS_LOST_CODES, PSLost
     from airflow_rover.worker.training import train
 
+    node_id = ctx.node_id
+    inputs = InputConfig(
+        load_preprocess(spec.preprocess),
+        spec.preprocess,
+        spec.data_workers.enabled,
+        ctx.token,
+        ctx.tls,
+        spec.data_workers.ready_batches,
+    )
     try:
         model.offer_initial_weights()  # a PS lost now: EXIT_PS_LOST too (not a failure)
         progress = train(
@@ -133,6 +144,7 @@ def _train(
             stop,
             ps_set_version,
             spec.training.progress_report_s,
+            inputs,
         )
     except PSLost as exc:
         log.error("a parameter server went away and is not back: %s", exc)

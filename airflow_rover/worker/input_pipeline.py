@@ -1,19 +1,46 @@
-"""The input pipeline: leased shards' batches with their ids, computed ahead of training."""
+"""The input pipeline: leased shards' batches with their ids, computed ahead of training, here
+or by the job's data workers."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import tensorflow as tf
 
+from airflow_rover.core.job_tls import JobTLS
+from airflow_rover.data.preprocessing import (
+    Preprocess,
+    checked,
+    prepared_elements,
+    unchanged,
+)
 from airflow_rover.data.reader import SampleReader
 from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.worker.data_client import LeasedElement, RemoteBatches
 from airflow_rover.worker.ps_model import PSModel
 from airflow_rover.worker.shard_leases import leased_batches
 
 PREFETCH_BATCHES = 2
+
+
+@dataclass(frozen=True)
+class InputConfig:
+    """How a trainer gets its batches: the job's preprocessing, and whether data workers
+    prepare them (their calls carry the job's token, over its TLS)."""
+
+    preprocess: Preprocess = unchanged
+    preprocess_ref: str | None = None
+    data_workers: bool = False
+    token: str = ""
+    tls: JobTLS | None = None
+    ready_batches: int = 8
+
+
+IN_PROCESS = InputConfig()
 
 
 def input_pipeline(
@@ -26,30 +53,75 @@ def input_pipeline(
     ps_set_version: Callable[[], int],
     wake: threading.Event | None = None,
     keeps: Callable[[int], bool] | None = None,
-) -> tf.data.Dataset:
-    """The leased shards' batches as model inputs, prefetched; built once per worker (building
-    one costs about 0.1 s, which a relaunched PS would otherwise add to every recovery).
-    ``ps_set_version()``: the version of the PS set the trainer is on (leases ask for it)."""
+    inputs: InputConfig = IN_PROCESS,
+) -> tuple[tf.data.Dataset, Callable[[], float]]:
+    """The leased shards' batches as model inputs, prefetched, and how full the queue of ready
+    batches is (0..1); built once per worker (building one costs about 0.1 s, which a
+    relaunched PS would otherwise add to every recovery). ``ps_set_version()``: the version of
+    the PS set the trainer is on (leases ask for it)."""
+    leased: Iterator[LeasedElement]
+    fill: Callable[[], float] = lambda: 0.0  # noqa: E731
+    if inputs.data_workers:
+        remote = RemoteBatches(
+            node_id,
+            master,
+            inputs.token,
+            inputs.tls,
+            partial(
+                _prepared_here, reader, inputs.preprocess, model, batch_size, inputs.preprocess_ref
+            ),
+            model.ids_element(reader.read(0, 0)),
+            batch_size,
+            inputs.ready_batches,
+            stop,
+            ps_set_version,
+            wake,
+            keeps,
+        )
+        leased, fill = iter(remote), remote.ready_fill
+    else:
+        prep, ref = inputs.preprocess, inputs.preprocess_ref
+        leased = (
+            (
+                model.ids_element(checked(prep, b, reader.schema, ref)),
+                shard_id,
+                last,
+                key,
+                version,
+            )
+            for b, shard_id, last, key, version in leased_batches(
+                node_id,
+                reader,
+                master,
+                batch_size,
+                stop,
+                ps_set_version=ps_set_version,
+                wake=wake,
+                keeps=keeps,
+            )
+        )
 
     def elements() -> Iterator[dict[str, np.ndarray]]:
-        batches = leased_batches(
-            node_id,
-            reader,
-            master,
-            batch_size,
-            stop,
-            ps_set_version=ps_set_version,
-            wake=wake,
-            keeps=keeps,
-        )
-        for batch, shard_id, last, key, version in batches:
-            element = model.ids_element(batch)
-            element["shard_id"] = np.array(shard_id, dtype=np.int64)
-            element["key"] = np.array(key, dtype=np.int64)
-            element["last"] = np.array(last)
-            element["ps_set_version"] = np.array(version, dtype=np.int64)
-            yield element
+        for element, shard_id, last, key, version in leased:
+            yield {
+                **element,
+                "shard_id": np.array(shard_id, dtype=np.int64),
+                "key": np.array(key, dtype=np.int64),
+                "last": np.array(last),
+                "ps_set_version": np.array(version, dtype=np.int64),
+            }
 
-    return tf.data.Dataset.from_generator(
-        elements, output_signature=model.element_signature()
-    ).prefetch(PREFETCH_BATCHES)
+    dataset = tf.data.Dataset.from_generator(elements, output_signature=model.element_signature())
+    return dataset.prefetch(PREFETCH_BATCHES), fill
+
+
+def _prepared_here(
+    reader: SampleReader,
+    preprocess: Preprocess,
+    model: PSModel,
+    batch_size: int,
+    ref: str | None,
+    start: int,
+    end: int,
+) -> Iterator[dict[str, np.ndarray]]:
+    return prepared_elements(reader, preprocess, model.encoder, start, end, batch_size, ref)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.master_client import MasterClient
@@ -18,16 +19,24 @@ class Progress:
         self.steps = 0
         self.samples = 0
         self.step_time_ms = 0.0  # exponential moving average
+        self.input_wait_s = 0.0  # waiting for the next batch, in all
+        self.ready_fill: Callable[[], float] = lambda: 0.0  # the queue of ready batches now
+        self.fill = 0.0  # ... and its moving average over steps
 
     def record(self, samples: int, seconds: float) -> None:
         self.steps += 1
         self.samples += samples
         ms = seconds * 1000.0
         self.step_time_ms = ms if self.steps == 1 else 0.9 * self.step_time_ms + 0.1 * ms
+        self.fill = 0.9 * self.fill + 0.1 * min(1.0, max(0.0, self.ready_fill()))
 
     def heartbeat(self) -> master_api.Heartbeat:
         return master_api.Heartbeat(
-            steps=self.steps, samples=self.samples, step_time_ms=self.step_time_ms
+            steps=self.steps,
+            samples=self.samples,
+            step_time_ms=self.step_time_ms,
+            input_wait_s=self.input_wait_s,
+            ready_fill=self.fill,
         )
 
 

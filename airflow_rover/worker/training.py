@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +24,7 @@ import grpc
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import SampleReader
 from airflow_rover.rpc.master_client import MasterClient
-from airflow_rover.worker.input_pipeline import input_pipeline
+from airflow_rover.worker.input_pipeline import IN_PROCESS, InputConfig, input_pipeline
 from airflow_rover.worker.progress import Progress, start_heartbeats
 from airflow_rover.worker.ps_model import PSModel
 from airflow_rover.worker.relaunch import PS_LOST_CODES, wait_for_relaunch
@@ -42,6 +43,7 @@ def train(
     stop: threading.Event,
     ps_set_version: int = 0,
     report_s: float = 1.0,
+    inputs: InputConfig = IN_PROCESS,
 ) -> Progress:
     """Lease shards until the master says the queue is done. ``ps_set_version``: that of the
     PS list ``model.ps`` was made from; ``report_s``: seconds between progress reports.
@@ -59,23 +61,37 @@ def train(
     wake = threading.Event()
     loop = TrainLoop(node_id, model, optimizer, master, progress, ps_set_version, stop, wake)
     # The lambda reads ``loop`` when called: the PS set of whichever loop trains now.
-    elements = iter(
-        input_pipeline(
-            node_id,
-            model,
-            reader,
-            master,
-            batch_size,
-            stop,
-            lambda: loop.ps_set_version,
-            wake,
-            lambda version: loop.trains(version),
-        )
+    dataset, progress.ready_fill = input_pipeline(
+        node_id,
+        model,
+        reader,
+        master,
+        batch_size,
+        stop,
+        lambda: loop.ps_set_version,
+        wake,
+        lambda version: loop.trains(version),
+        inputs,
     )
+    elements = _timed(iter(dataset), progress)
     while not _trained_to_the_end(loop, elements):
         loop = _loop_on_relaunched_ps(loop)
     master.heartbeat(node_id, progress.heartbeat())
     return progress
+
+
+def _timed(elements: Iterator[dict[str, Any]], progress: Progress) -> Iterator[dict[str, Any]]:
+    """``elements``, the time the trainer waits for each batch added to
+    ``progress.input_wait_s``."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            element = next(elements)
+        except StopIteration:
+            return
+        if int(element["label"].shape[0]):  # not the master's "wait": no shard to wait for
+            progress.input_wait_s += time.perf_counter() - t0
+        yield element
 
 
 def _trained_to_the_end(loop: TrainLoop, elements: Iterator[dict[str, Any]]) -> bool:

@@ -1,0 +1,138 @@
+"""How many data workers a job runs: GoldMiner's job-level policy (its §3.4.1), driven by what
+the trainers wait for.
+
+The state of the trainers' input queue says who is slower: trainers that wait for their next
+batch (enqueue slower than dequeue) would train faster with another data worker; a queue that
+stays full with trainers never waiting has data workers to spare. The policy assumes the next
+step speeds the job up as the last did (data workers are data-parallel, nothing synchronises
+them) and corrects itself from what it measures: a step up that did not raise the trainers'
+samples/s by ``MIN_GAIN`` is taken back and sets a ceiling (sublinear speedup: the cores or the
+trainers are the bottleneck now); a step down that cost more than ``MIN_GAIN`` is taken back and
+sets a floor. With ``low`` 0 the trainers prepare their input themselves, GoldMiner's fallback
+when data workers do not pay. A ceiling is probed again after ``REPROBE_WINDOWS`` windows in
+which the trainers still waited, since the job's neighbours on the machine change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+WAIT_HIGH = 0.10  # trainers that wait for input this much of the time need more data workers
+WAIT_LOW = 0.03  # ... and this little, with a full queue, have some to spare
+FILL_FULL = 0.8  # a queue of ready batches this full (mean over the window) is full
+FULL_WINDOWS = 2  # windows in a row the queue must stay full before a step down
+MIN_GAIN = 0.05  # a step must change samples/s by this fraction to count
+REPROBE_WINDOWS = 10
+
+
+@dataclass(frozen=True)
+class InputWindow:
+    """What the trainers saw over one interval in which ``data_workers`` served throughout."""
+
+    at: float
+    data_workers: int
+    samples_per_s: float
+    input_wait: float  # fraction of the trainers' time spent waiting for their next batch
+    ready_fill: float  # mean fill of their queues of ready batches, 0..1
+
+
+@dataclass(frozen=True)
+class DataWorkerDecision:
+    """A change of the number of data workers, and why."""
+
+    at: float
+    count: int
+    previous: int
+    rule: str  # input-wait, queue-full, revert, reprobe
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class DataAutoscaler:
+    """One step at a time within ``[low, high]``, each judged by the window after it."""
+
+    def __init__(self, low: int, high: int, start: int) -> None:
+        if not 0 <= low <= start <= high:
+            raise ValueError(f"data workers: need 0 <= low {low} <= start {start} <= high {high}")
+        self.low, self.high = low, high
+        self.count = start
+        self.ceiling, self.floor = high, low
+        self._before: InputWindow | None = None  # the window before the step being judged
+        self._full = 0  # windows in a row with a full queue and trainers not waiting
+        self._capped = 0  # windows in a row waiting at the ceiling
+
+    def decide(self, window: InputWindow) -> DataWorkerDecision | None:
+        """The next count after ``window``, or None to keep it. A window measured with another
+        count than the current one (a step not yet in effect) is ignored."""
+        if window.data_workers != self.count:
+            return None
+        if self._before is not None:
+            return self._judge(window)
+        if window.input_wait > WAIT_HIGH:
+            self._full = 0
+            return self._step_up(window)
+        self._capped = 0
+        if window.input_wait < WAIT_LOW and window.ready_fill >= FILL_FULL:
+            self._full += 1
+            if self._full >= FULL_WINDOWS and self.count > self.floor:
+                self._full = 0
+                return self._step(
+                    window,
+                    -1,
+                    "queue-full",
+                    f"the trainers waited {window.input_wait:.0%} of the time with their ready "
+                    f"queues {window.ready_fill:.0%} full: trying one data worker fewer",
+                )
+        else:
+            self._full = 0
+        return None
+
+    def _step_up(self, window: InputWindow) -> DataWorkerDecision | None:
+        waited = f"the trainers waited {window.input_wait:.0%} of the time for input"
+        if self.count < self.ceiling:
+            self._capped = 0
+            return self._step(window, +1, "input-wait", f"{waited}: adding a data worker")
+        self._capped += 1
+        if self.ceiling < self.high and self._capped >= REPROBE_WINDOWS:
+            self._capped = 0
+            self.ceiling += 1
+            return self._step(
+                window,
+                +1,
+                "reprobe",
+                f"{waited} for {REPROBE_WINDOWS} windows at the ceiling: trying again",
+            )
+        return None
+
+    def _step(self, window: InputWindow, delta: int, rule: str, reason: str) -> DataWorkerDecision:
+        previous = self.count
+        self.count += delta
+        self._before = window
+        return DataWorkerDecision(window.at, self.count, previous, rule, reason)
+
+    def _judge(self, window: InputWindow) -> DataWorkerDecision | None:
+        """Keep the last step, or take it back and remember the bound it found."""
+        before, self._before = self._before, None
+        assert before is not None
+        if before.samples_per_s <= 0:
+            return None
+        gain = window.samples_per_s / before.samples_per_s - 1
+        went_up = window.data_workers > before.data_workers
+        speeds = (
+            f"{before.data_workers} -> {window.data_workers} data workers: "
+            f"{before.samples_per_s:,.0f} -> {window.samples_per_s:,.0f} samples/s ({gain:+.0%})"
+        )
+        if went_up and gain < MIN_GAIN:
+            self.ceiling = before.data_workers
+            return self._revert(window, before, f"{speeds}; back, no more than {self.ceiling}")
+        if not went_up and gain < -MIN_GAIN:
+            self.floor = before.data_workers
+            return self._revert(window, before, f"{speeds}; back, no fewer than {self.floor}")
+        return None
+
+    def _revert(self, window: InputWindow, before: InputWindow, reason: str) -> DataWorkerDecision:
+        previous, self.count = self.count, before.data_workers
+        return DataWorkerDecision(window.at, self.count, previous, "revert", reason)

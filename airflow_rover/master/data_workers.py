@@ -1,0 +1,180 @@
+"""The master's data-worker room: how many run, which serve, and the windows the autoscaler
+judges (``core.data_autoscaler``).
+
+A data worker leaving is drained, never cut off: it is taken off the list the lease replies
+carry, so trainers ask it for no new shard, and stopped ``DRAIN_S`` later. A trainer whose
+call to it breaks anyway asks another data worker (or prepares the batches itself) from the
+first batch it lacks: a batch keeps its key, so nothing is lost or trained twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Protocol
+
+from airflow_rover.core.data_autoscaler import DataAutoscaler, DataWorkerDecision, InputWindow
+from airflow_rover.core.spec import DataWorkersConfig
+from airflow_rover.core.states import NodeState
+from airflow_rover.master.nodes import NodeInfo, NodeSet
+
+log = logging.getLogger(__name__)
+
+DRAIN_S = 10.0
+DECISIONS_KEPT = 200
+
+
+class DataWorkerJob(Protocol):
+    nodes: NodeSet
+
+    def mirror_state(self, force: bool = False) -> None: ...
+
+
+class DataWorkerRoom:
+    """Keeps ``target`` data workers serving; in auto mode, moves ``target``."""
+
+    def __init__(self, job: DataWorkerJob, config: DataWorkersConfig) -> None:
+        self.job, self.config = job, config
+        self.target = config.start
+        self.autoscaler = (
+            DataAutoscaler(config.min, config.max, config.start) if config.mode == "auto" else None
+        )
+        self.decisions: list[DataWorkerDecision] = []
+        self.last: InputWindow | None = None
+        self._draining: dict[str, float] = {}  # node id -> when it left the list
+        self._window: tuple[float, dict[str, tuple[int, float]]] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def _data_nodes(self) -> list[NodeInfo]:
+        return sorted(self.job.nodes.of_role("data"), key=lambda n: _index(n.node_id))
+
+    def _live(self) -> list[NodeInfo]:
+        """Data workers that run or start and are not leaving."""
+        return [
+            n
+            for n in self._data_nodes()
+            if n.exit_code is None and not n.stopping and n.node_id not in self._draining
+        ]
+
+    def addresses(self) -> list[str]:
+        """Where trainers may ask for batches now."""
+        return [n.address for n in self._live() if n.state == NodeState.RUNNING and n.address]
+
+    def wants(self, node_id: str) -> bool:
+        """Whether a data worker that failed should come back (it is not leaving)."""
+        return node_id not in self._draining and _index(node_id) < self.target
+
+    # -- the supervisor's tick -----------------------------------------------------------------
+    def tick(self, trainers: list[NodeInfo], now: float | None = None) -> None:
+        """``trainers``: the workers that train now."""
+        if not self.enabled:
+            return
+        now = time.time() if now is None else now
+        self._scale_to_target(now)
+        self._finish_drains(now)
+        if self.autoscaler is not None:
+            self._measure(trainers, now)
+
+    def stop_all(self) -> None:
+        """Nobody needs batches now (training is over); ``tick`` starts them again."""
+        self._window = None
+        for node in self._data_nodes():
+            if node.exit_code is None and not node.stopping:
+                self.job.nodes.stop(node)
+        self._draining.clear()
+
+    def _scale_to_target(self, now: float) -> None:
+        live = self._live()
+        taken = {n.node_id for n in live} | set(self._draining)
+        index = 0
+        while len(live) < self.target:
+            while f"data-{index}" in taken:
+                index += 1
+            node = self.job.nodes.start(f"data-{index}", "data")
+            taken.add(node.node_id)
+            live.append(node)
+        for node in sorted(live, key=lambda n: _index(n.node_id))[self.target :]:
+            self._draining[node.node_id] = now
+            log.info("draining %s: no new shards for it, stopped in %.0f s", node.node_id, DRAIN_S)
+
+    def _finish_drains(self, now: float) -> None:
+        for node_id, since in list(self._draining.items()):
+            node = self.job.nodes.get(node_id)
+            if node is None or node.exit_code is not None:
+                del self._draining[node_id]
+            elif now - since >= DRAIN_S:
+                self.job.nodes.stop(node)
+                del self._draining[node_id]
+
+    def _measure(self, trainers: list[NodeInfo], now: float) -> None:
+        """Close a window every ``interval_s`` in which the target count served throughout."""
+        serving = len(self.addresses())
+        counters = {n.node_id: (n.samples, n.input_wait_s) for n in trainers}
+        if serving != self.target or self._draining or not trainers:
+            self._window = None  # a step not yet in effect: measure from when it is
+            return
+        if self._window is None:
+            self._window = (now, counters)
+            return
+        since, before = self._window
+        elapsed = now - since
+        if elapsed < self.config.interval_s:
+            return
+        self._window = (now, counters)
+        common = [node for node in counters if node in before]
+        if not common:
+            return
+        samples = sum(max(0, counters[n][0] - before[n][0]) for n in common)
+        waited = sum(max(0.0, counters[n][1] - before[n][1]) for n in common)
+        window = InputWindow(
+            at=now,
+            data_workers=self.target,
+            samples_per_s=samples / elapsed,
+            input_wait=min(1.0, waited / (elapsed * len(common))),
+            ready_fill=sum(n.ready_fill for n in trainers) / len(trainers),
+        )
+        self.last = window
+        assert self.autoscaler is not None
+        decision = self.autoscaler.decide(window)
+        if decision is not None:
+            self.decide(decision)
+
+    def decide(self, decision: DataWorkerDecision) -> None:
+        self.target = decision.count
+        self.decisions = [*self.decisions, decision][-DECISIONS_KEPT:]
+        self._window = None
+        log.info(
+            "data workers %d -> %d (%s): %s",
+            decision.previous,
+            decision.count,
+            decision.rule,
+            decision.reason,
+        )
+        self.job.mirror_state(force=True)
+
+    def status(self) -> dict[str, Any]:
+        config = self.config
+        out: dict[str, Any] = {
+            "mode": config.mode,
+            "target": self.target,
+            "running": len(self.addresses()),
+            "decisions": [d.to_json() for d in self.decisions],
+        }
+        if config.mode == "auto":
+            out.update({"min": config.min, "max": config.max})
+        if self.last is not None:
+            out.update(
+                {
+                    "input_wait": round(self.last.input_wait, 4),
+                    "ready_fill": round(self.last.ready_fill, 4),
+                    "samples_per_s": round(self.last.samples_per_s, 1),
+                }
+            )
+        return out
+
+
+def _index(node_id: str) -> int:
+    return int(node_id.rsplit("-", 1)[1])
