@@ -17,6 +17,7 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import (
     AutoscaleConfig,
+    DataWorkersConfig,
     JobSpec,
     RecoveryConfig,
     ResourcePlan,
@@ -111,6 +112,7 @@ def new_job(
     deadline: JobDeadline | None = None,
     checkpoint_uri: str | None = None,
     autoscale: AutoscaleConfig | None = None,
+    data_workers: DataWorkersConfig | None = None,
 ) -> Job:
     """A pending job in ``root/job`` (close its ``api`` when done)."""
     spec = JobSpec(
@@ -127,6 +129,7 @@ def new_job(
         deadline=deadline,
         checkpoint_uri=checkpoint_uri,
         autoscale=autoscale or AutoscaleConfig(),
+        data_workers=data_workers or DataWorkersConfig(),
     )
     layout = JobDir(root / "job")
     spec = write_job(layout, spec)
