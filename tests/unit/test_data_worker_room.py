@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from master_rig import Job, make_job, start_running  # noqa: F401
+from master_rig import Job, start_running
 
 from airflow_rover.core.data_autoscaler import DataWorkerDecision
 from airflow_rover.core.spec import DataWorkersConfig

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
-from heavy_preprocess import crossed  # noqa: E402
+from heavy_preprocess import crossed
 
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.batch_ids import ElementEncoder
