@@ -55,6 +55,11 @@ from airflow_rover.rpc.ps_client import PSClient
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
 
 
+def no_shard(status: str, ps_set_version: int = 0) -> dict:
+    """A lease reply without a shard (no data workers in these jobs)."""
+    return {"status": status, "shard": None, "ps_set_version": ps_set_version, "data_workers": []}
+
+
 def test_a_ready_node_wakes_the_supervisor(make_job) -> None:
     """A relaunched PS that reports ready is acted on at once, not at the next tick."""
     job = make_job()
@@ -87,7 +92,7 @@ def _drain(
     while True:
         reply = job.lease(workers[turn % len(workers)])
         if reply["status"] != "ok":
-            assert reply == {"status": "done", "shard": None, "ps_set_version": 0}
+            assert reply == no_shard("done")
             return shards
         shard = reply["shard"]
         if train is not None:
@@ -291,6 +296,7 @@ def test_lease_while_pending_says_wait(make_job) -> None:
         "status": "wait",
         "shard": None,
         "ps_set_version": 0,
+        "data_workers": [],
     }
 
 
@@ -331,7 +337,7 @@ def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
         "fraction": 1.0,
         "shards": {"todo": 0, "doing": 0, "done": NUM_SHARDS, "quarantined": 0},
     }
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("done")
 
 
 def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
@@ -342,9 +348,9 @@ def test_lease_says_wait_while_others_hold_the_last_shards(make_job) -> None:
         shard = job.lease("worker-0")["shard"]
         assert job.done("worker-0", shard["shard_id"])
     last = job.lease("worker-0")["shard"]
-    assert job.lease("worker-1") == {"status": "wait", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("wait")
     assert job.done("worker-0", last["shard_id"])
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("done")
 
 
 def test_done_from_a_worker_that_does_not_hold_the_shard(make_job) -> None:
@@ -501,7 +507,7 @@ def test_node_exiting_non_zero_fails_the_job_without_restarts_left(make_job) -> 
     # Survivors are told to stop and get no more work; the outcome is final.
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-1/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("done")
     assert job.post("/stop", {"reason": "late"}) == {"state": "failed"}
     job.master.step()
     assert job.status()["message"] == status["message"]
@@ -591,7 +597,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
         "quarantined": 0,
     }
     assert status["recovery"]["restarts"] == 1
-    assert job.lease("worker-1") == {"status": "wait", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("wait")
     assert job.api.get(P + "/cluster", headers=AUTH).status_code == 409  # no PS address yet
 
     job.launcher.exit("worker-0", master_api.EXIT_PS_LOST)  # gave up waiting: not a failure
@@ -612,7 +618,7 @@ def test_parameter_server_crash_is_recovered(make_job) -> None:
     assert list(status["recovery"]["recovery_seconds"]) == ["ps"]
     assert job.get("/cluster")["ps_set_version"] == 1
     stale = job.post("/shards/lease", {"node_id": "worker-1", "ps_set_version": 0})
-    assert stale == {"status": "wait", "shard": None, "ps_set_version": 1}  # reconnect first
+    assert stale == no_shard("wait", 1)  # reconnect first
     fresh = job.post("/shards/lease", {"node_id": "worker-1", "ps_set_version": 1})
     assert fresh["shard"]["shard_id"] == 0
 
@@ -818,7 +824,7 @@ def test_stop_request(make_job) -> None:
     assert status["finished_at"] is not None
     hb = {"steps": 1, "samples": 1, "step_time_ms": 1.0}
     assert job.post("/nodes/worker-0/heartbeat", hb) == {"stop": True}
-    assert job.lease("worker-1") == {"status": "done", "shard": None, "ps_set_version": 0}
+    assert job.lease("worker-1") == no_shard("done")
     # Later stops and ticks change nothing; a default reason is accepted.
     assert job.post("/stop") == {"state": "stopped"}
     job.master.step()
@@ -939,7 +945,7 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         if with_eval:
             assert status["state"] == "evaluating"
             assert job.launcher.started[-1] == ("evaluator", "evaluator")
-            assert job.lease("worker-0") == {"status": "done", "shard": None, "ps_set_version": 0}
+            assert job.lease("worker-0") == no_shard("done")
             body = {"node_id": "evaluator", "auc": 0.75, "logloss": 0.45, "samples": 500}
             assert job.post("/evaluation", body) == {"ok": True}
             job.master.step()
