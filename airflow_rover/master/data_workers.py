@@ -155,6 +155,17 @@ class DataWorkerRoom:
         )
         self.job.mirror_state(force=True)
 
+    def summary(self) -> dict[str, Any]:
+        """What the result (XCom) says of the data workers: the decisions stay in the status."""
+        out: dict[str, Any] = {
+            "mode": self.config.mode,
+            "count": self.target,
+            "decisions": len(self.decisions),
+        }
+        if self.last is not None:
+            out["input_wait"] = round(self.last.input_wait, 4)
+        return out
+
     def status(self) -> dict[str, Any]:
         config = self.config
         out: dict[str, Any] = {

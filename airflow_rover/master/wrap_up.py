@@ -14,6 +14,7 @@ from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.model_release import new_model_folder, publish_model
 from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointing import Checkpoints
+from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.rpc.ps_client import PSClient
@@ -24,6 +25,7 @@ class EndingJob(JobCore, Protocol):
 
     checkpointing: Checkpoints
     plans: PlanExecutor
+    data_workers: DataWorkerRoom
     train_started_at: float | None
     samples_resumed: int
 
@@ -142,6 +144,8 @@ class WrapUp:
                 k: v for k, v in job.recovery_summary().items() if k != "checkpoint_history"
             },
         }
+        if job.data_workers.enabled:
+            result["data_workers"] = job.data_workers.summary()
         mirror = job.checkpointing.mirror
         if mirror is not None and mirror.last is not None:
             result["durable_checkpoint"] = mirror.last.summary()

@@ -185,5 +185,6 @@ def test_job_survives_random_kills_with_every_batch_trained_once(
     print("DATA WORKERS", json.dumps({"killed": killed, "decisions": decisions}))
     assert killed, "no data worker was killed"
     assert any(d["count"] > d["previous"] for d in decisions), "no data worker was added"
+    assert result["data_workers"]["decisions"] == len(decisions)  # in the XCom result too
     served = [n for n in status["nodes"] if n["role"] == "data"]
     assert sum(n["samples"] for n in served) > 0

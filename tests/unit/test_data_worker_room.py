@@ -63,6 +63,7 @@ def test_a_step_down_drains_before_it_stops(make_job: Callable[..., Job]) -> Non
     assert job.launcher.stopped == ["data-1"]
     decisions = job.status()["data_workers"]["decisions"]
     assert [(d["previous"], d["count"], d["rule"]) for d in decisions] == [(2, 1, "queue-full")]
+    assert room.summary() == {"mode": "auto", "count": 1, "decisions": 1}
     room.decide(DataWorkerDecision(time.time(), 2, 1, "input-wait", "test"))
     job.master.step()
     assert data_started(job) == ["data-0", "data-1", "data-1"]  # back, under the same name
