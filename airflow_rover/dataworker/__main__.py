@@ -20,7 +20,8 @@ from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
 log = logging.getLogger("airflow_rover.dataworker")
 
 ENV_DATA_PORT = "ROVER_DATA_PORT"
-DRAIN_S = 5.0  # a stopped data worker finishes the batches in flight for this long
+LEAVE_GRACE_S = 170.0  # told to leave: the calls in flight finish, within this
+STOP_GRACE_S = 2.0  # stopped by a signal
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,20 +59,38 @@ def _serve(ctx: NodeContext, master: MasterClient) -> None:
     stop_on_signals(stop)
     master.ready(ctx.node_id, f"{os.environ.get(ENV_ADVERTISE_HOST, '127.0.0.1')}:{port}")
     log.info("%s serving batches on port %d", ctx.node_id, port)
-    report_s = spec.training.progress_report_s
+    leaving = _beat_until_told(ctx.node_id, master, service, stop, spec.training.progress_report_s)
+    if leaving:
+        log.info("%s leaving: no new calls, finishing those in flight", ctx.node_id)
+    stopped = server.stop(grace=LEAVE_GRACE_S if leaving else STOP_GRACE_S)
+    while not stopped.wait(0.5):
+        if stop.is_set():  # a signal cuts the drain short
+            server.stop(grace=None).wait()
+            break
+    log.info("%s stopped after %d batches", ctx.node_id, service.served.batches)
+    master.close()
+
+
+def _beat_until_told(
+    node_id: str,
+    master: MasterClient,
+    service: DataWorkerService,
+    stop: threading.Event,
+    report_s: float,
+) -> bool:
+    """Report what was served until a heartbeat's reply says leave (True) or a signal stops
+    the node (False)."""
     while not stop.wait(report_s):
         served = service.served
         beat = master_api.Heartbeat(
             steps=served.batches, samples=served.samples, step_time_ms=served.ms_per_batch
         )
         try:
-            if master.heartbeat(ctx.node_id, beat):
-                break
+            if master.heartbeat(node_id, beat):
+                return True
         except Exception as exc:  # a missed beat is not fatal
             log.warning("heartbeat failed: %s", exc)
-    server.stop(grace=DRAIN_S).wait()
-    log.info("%s stopped after %d batches", ctx.node_id, service.served.batches)
-    master.close()
+    return False
 
 
 if __name__ == "__main__":

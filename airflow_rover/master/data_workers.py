@@ -2,15 +2,18 @@
 judges (``core.data_autoscaler``).
 
 A data worker leaving is drained, never cut off: it is taken off the list the lease replies
-carry, so trainers ask it for no new shard, and stopped ``DRAIN_S`` later. A trainer whose
-call to it breaks anyway asks another data worker (or prepares the batches itself) from the
-first batch it lacks: a batch keeps its key, so nothing is lost or trained twice.
+carry, so trainers ask it for no new shard, and its heartbeat's reply tells it to leave: it
+takes no new call, finishes the ones in flight and exits (stopped after ``DRAIN_TIMEOUT_S`` if
+it has not). A trainer whose call to it breaks anyway asks another data worker (or prepares
+the batches itself) from the first batch it lacks: a batch keeps its key, so nothing is lost
+or trained twice.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airflow_rover.core.data_autoscaler import DataAutoscaler, DataWorkerDecision, InputWindow
@@ -20,8 +23,23 @@ from airflow_rover.master.nodes import NodeInfo, NodeSet
 
 log = logging.getLogger(__name__)
 
-DRAIN_S = 10.0
+DRAIN_TIMEOUT_S = 180.0
 DECISIONS_KEPT = 200
+MIN_STEPS = 5  # a window holds at least this many steps of each trainer
+
+
+@dataclass(frozen=True)
+class _Beat:
+    """A trainer's counters as of one heartbeat, and when it arrived."""
+
+    samples: int
+    steps: int
+    input_wait_s: float
+    at: float
+
+    @classmethod
+    def of(cls, node: NodeInfo) -> _Beat:
+        return cls(node.samples, node.steps, node.input_wait_s, node.beat_at)
 
 
 class DataWorkerJob(Protocol):
@@ -42,7 +60,7 @@ class DataWorkerRoom:
         self.decisions: list[DataWorkerDecision] = []
         self.last: InputWindow | None = None
         self._draining: dict[str, float] = {}  # node id -> when it left the list
-        self._window: tuple[float, dict[str, tuple[int, float]]] | None = None
+        self._window: tuple[float, dict[str, _Beat]] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -62,6 +80,10 @@ class DataWorkerRoom:
     def addresses(self) -> list[str]:
         """Where trainers may ask for batches now."""
         return [n.address for n in self._live() if n.state == NodeState.RUNNING and n.address]
+
+    def leaving(self, node_id: str) -> bool:
+        """Whether the data worker ``node_id`` should finish its calls and exit."""
+        return node_id in self._draining
 
     def wants(self, node_id: str) -> bool:
         """Whether a data worker that failed should come back (it is not leaving)."""
@@ -98,42 +120,49 @@ class DataWorkerRoom:
             live.append(node)
         for node in sorted(live, key=lambda n: _index(n.node_id))[self.target :]:
             self._draining[node.node_id] = now
-            log.info("draining %s: no new shards for it, stopped in %.0f s", node.node_id, DRAIN_S)
+            log.info("draining %s: it finishes its calls in flight and leaves", node.node_id)
 
     def _finish_drains(self, now: float) -> None:
+        """A drained data worker counts until it has exited (the calls it served end first)."""
         for node_id, since in list(self._draining.items()):
             node = self.job.nodes.get(node_id)
             if node is None or node.exit_code is not None:
                 del self._draining[node_id]
-            elif now - since >= DRAIN_S:
+            elif now - since >= DRAIN_TIMEOUT_S and not node.stopping:
+                log.warning("%s did not leave within %.0f s: stopping it", node_id, now - since)
                 self.job.nodes.stop(node)
-                del self._draining[node_id]
 
     def _measure(self, trainers: list[NodeInfo], now: float) -> None:
-        """Close a window every ``interval_s`` in which the target count served throughout."""
+        """Close a window, at least ``interval_s`` and ``MIN_STEPS`` steps of each trainer
+        long, in which the target count served throughout. Rates are taken between the
+        heartbeats that bracket the window (when each arrived), not the ticks."""
         serving = len(self.addresses())
-        counters = {n.node_id: (n.samples, n.input_wait_s) for n in trainers}
-        if serving != self.target or self._draining or not trainers:
+        beats = {n.node_id: _Beat.of(n) for n in trainers if n.beat_at > 0}
+        if serving != self.target or self._draining or not beats:
             self._window = None  # a step not yet in effect: measure from when it is
             return
         if self._window is None:
-            self._window = (now, counters)
+            self._window = (now, beats)
             return
         since, before = self._window
-        elapsed = now - since
-        if elapsed < self.config.interval_s:
+        common = [node for node in beats if node in before and beats[node].at > before[node].at]
+        steps = sum(beats[n].steps - before[n].steps for n in common)
+        if now - since < self.config.interval_s or steps < MIN_STEPS * len(beats):
             return
-        self._window = (now, counters)
-        common = [node for node in counters if node in before]
-        if not common:
-            return
-        samples = sum(max(0, counters[n][0] - before[n][0]) for n in common)
-        waited = sum(max(0.0, counters[n][1] - before[n][1]) for n in common)
+        self._window = (now, beats)
+        samples_per_s = sum(
+            max(0, beats[n].samples - before[n].samples) / (beats[n].at - before[n].at)
+            for n in common
+        )
+        waited = sum(
+            max(0.0, beats[n].input_wait_s - before[n].input_wait_s) / (beats[n].at - before[n].at)
+            for n in common
+        )
         window = InputWindow(
             at=now,
             data_workers=self.target,
-            samples_per_s=samples / elapsed,
-            input_wait=min(1.0, waited / (elapsed * len(common))),
+            samples_per_s=samples_per_s,
+            input_wait=min(1.0, waited / len(common)),
             ready_fill=sum(n.ready_fill for n in trainers) / len(trainers),
         )
         self.last = window

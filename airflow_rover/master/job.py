@@ -153,9 +153,10 @@ class JobMaster:
                 body.step_time_ms,
             )
             node.input_wait_s, node.ready_fill = body.input_wait_s, body.ready_fill
+            node.beat_at = time.time()
             node.last_seen = time.time()
             self.queue.renew(node_id, time.time(), self.spec.training.shard_lease_s)
-            return self.state in TERMINAL_STATES
+            return self.state in TERMINAL_STATES or self.data_workers.leaving(node_id)
 
     def lease(self, node_id: str, ps_set_version: int | None = None) -> master_api.LeaseReply:
         with self._lock:

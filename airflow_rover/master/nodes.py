@@ -22,6 +22,7 @@ class NodeInfo:
         self.reported = False  # whether this process has reported its progress yet
         self.step_time_ms = 0.0
         self.input_wait_s = 0.0  # a trainer's: seconds it waited for input, in all
+        self.beat_at = 0.0  # when its last heartbeat (the counters above) arrived
         self.ready_fill = 0.0  # a trainer's: how full its queue of ready batches was lately
         self.last_seen = time.time()
         self.exit_code: int | None = None

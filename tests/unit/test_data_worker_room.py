@@ -10,7 +10,7 @@ from master_rig import Job, start_running
 
 from airflow_rover.core.data_autoscaler import DataWorkerDecision
 from airflow_rover.core.spec import DataWorkersConfig
-from airflow_rover.master.data_workers import DRAIN_S
+from airflow_rover.master.data_workers import DRAIN_TIMEOUT_S
 
 
 def data_started(job: Job) -> list[str]:
@@ -58,9 +58,15 @@ def test_a_step_down_drains_before_it_stops(make_job: Callable[..., Job]) -> Non
     room.decide(DataWorkerDecision(time.time(), 1, 2, "queue-full", "test"))
     job.master.step()
     assert job.lease("worker-0")["data_workers"] == ["127.0.0.1:7060"]  # no new shard for it
-    assert "data-1" not in job.launcher.stopped  # its calls in flight may finish
-    room.tick([], now=time.time() + DRAIN_S + 1)
-    assert job.launcher.stopped == ["data-1"]
+    beat = {"steps": 9, "samples": 900, "step_time_ms": 3.0}
+    assert job.post("/nodes/data-1/heartbeat", beat) == {"stop": True}  # finish and leave
+    assert job.post("/nodes/data-0/heartbeat", beat) == {"stop": False}
+    assert job.launcher.stopped == []  # its calls in flight may finish
+    assert room.status()["running"] == 1 and room.leaving("data-1")
+    job.launcher.exit("data-1", 0)
+    job.master.step()
+    assert not room.leaving("data-1") and job.master.nodes["data-1"].state == "succeeded"
+    assert data_started(job) == ["data-0", "data-1"]  # not relaunched
     decisions = job.status()["data_workers"]["decisions"]
     assert [(d["previous"], d["count"], d["rule"]) for d in decisions] == [(2, 1, "queue-full")]
     assert room.summary() == {"mode": "auto", "count": 1, "decisions": 1}
@@ -69,9 +75,52 @@ def test_a_step_down_drains_before_it_stops(make_job: Callable[..., Job]) -> Non
     assert data_started(job) == ["data-0", "data-1", "data-1"]  # back, under the same name
 
 
+def test_a_data_worker_that_does_not_leave_is_stopped(make_job: Callable[..., Job]) -> None:
+    job = make_job(data_workers=DataWorkersConfig(mode="auto", min=1, max=3, count=2))
+    start_running(job)
+    room = job.master.data_workers
+    room.decide(DataWorkerDecision(time.time(), 1, 2, "queue-full", "test"))
+    room.tick([], now=time.time())
+    room.tick([], now=time.time() + DRAIN_TIMEOUT_S - 5)
+    assert job.launcher.stopped == []
+    room.tick([], now=time.time() + DRAIN_TIMEOUT_S + 1)
+    assert job.launcher.stopped == ["data-1"]
+
+
 def test_off_means_no_data_workers_and_no_section(make_job: Callable[..., Job]) -> None:
     job = make_job()
     start_running(job)
     assert data_started(job) == []
     assert "data_workers" not in job.status()
     assert job.lease("worker-0")["data_workers"] == []
+
+
+def test_windows_are_read_between_heartbeats_and_drive_the_policy(
+    make_job: Callable[..., Job],
+) -> None:
+    """Two trainers that waited half of their time: one data worker more. The rates come from
+    the heartbeats' own times, so a tick that lands between beats changes nothing."""
+    job = make_job(data_workers=DataWorkersConfig(mode="auto", min=0, max=2, interval_s=10))
+    start_running(job)
+    room = job.master.data_workers
+    trainers = [job.master.nodes[f"worker-{i}"] for i in (0, 1)]
+
+    def beat(at: float, samples: int, steps: int, waited: float) -> None:
+        for node in trainers:
+            node.samples, node.steps, node.input_wait_s, node.beat_at = samples, steps, waited, at
+
+    t0 = 1000.0
+    beat(t0, 0, 0, 0.0)
+    room.tick(trainers, now=t0 + 0.5)
+    beat(t0 + 4, 1024, 4, 2.0)
+    room.tick(trainers, now=t0 + 11)  # long enough, but under MIN_STEPS steps each: no window
+    assert room.decisions == []
+    beat(t0 + 8, 2048, 8, 4.0)
+    room.tick(trainers, now=t0 + 12)
+    assert [(d.previous, d.count, d.rule) for d in room.decisions] == [(0, 1, "input-wait")]
+    assert room.last is not None
+    assert room.last.samples_per_s == 2 * 2048 / 8  # per trainer between its beats, summed
+    assert room.last.input_wait == 0.5
+    assert "waited 50%" in room.decisions[0].reason
+    room.tick(trainers, now=t0 + 13)  # the room starts the new one at its next tick
+    assert data_started(job) == ["data-0"]
