@@ -7,7 +7,9 @@
     rover plan --job-dir DIR [--workers N] [--ps M] [--apply]
     rover budget [--name NAME] [--history-url URL] [--last N]
 
-``status``, ``stop`` and ``plan`` work on any job directory, local or Kubernetes (through
+``status`` prints the job's status as JSON on stdout and, for a job with data workers, a short
+block on them on stderr (their last decisions; ``--full``: all of them). ``status``, ``stop``
+and ``plan`` work on any job directory, local or Kubernetes (through
 ``ElasticJobHook``). ``plan`` asks the running job for other counts; an Airflow task's trigger
 applies it, ``--apply`` applies it at once (a job started with ``rover train`` has no trigger).
 ``budget`` shows the jobs that hold or wait for a cluster budget and the arbiter's latest
@@ -33,7 +35,7 @@ import yaml
 from pydantic import ValidationError
 
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.job_status import progress_line, without_history
+from airflow_rover.core.job_status import data_workers_lines, progress_line, without_history
 from airflow_rover.core.plan_limits import check_start_plan
 from airflow_rover.core.spec import JobSpec, describe_errors
 from airflow_rover.core.states import TERMINAL_STATES, JobState
@@ -41,6 +43,8 @@ from airflow_rover.data.offset_index import ENV_INDEX_DIR, job_index_dir
 from airflow_rover.data.preflight import PreflightError
 from airflow_rover.launchers.local import LocalBackend, local_job_status
 from airflow_rover.worker.preflight import preflight
+
+STATUS_DECISIONS = 5  # the data workers' decisions a short ``rover status`` prints
 
 
 def load_spec(path: Path) -> JobSpec:
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         cmd.add_argument(
             "--full",
             action="store_true",
-            help="with the throughput and checkpoint histories (default: left out)",
+            help="with the throughput and checkpoint histories and every data-worker "
+            "decision (default: left out, the last few decisions)",
         )
     plan = sub.add_parser("plan", help="ask a running job for other worker/PS counts")
     plan.add_argument("--job-dir", type=Path, required=True)
@@ -150,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     status = hook.get_status()
     print(json.dumps(status if args.full else without_history(status), indent=2))
+    for line in data_workers_lines(status, None if args.full else STATUS_DECISIONS):
+        print(line, file=sys.stderr)  # for a person: stdout stays JSON
     return 0
 
 

@@ -3,7 +3,8 @@
 The master's status carries the job's state, result, nodes and, when the master records them,
 ``plans`` (every proposed or applied plan, as ``core.plans.PlanRecord``) and ``profile``
 (throughput samples and peak memory per node). Both are optional: a status without them gives
-a record whose plan history is the initial plan alone.
+a record whose plan history is the initial plan alone. A job with data workers adds its
+``data_workers`` section (the last figures and the scaling decisions).
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ class JobRecord:
     plans: list[dict[str, Any]] = field(default_factory=list)  # at, plan, rule, reason, ...
     throughput: list[dict[str, Any]] = field(default_factory=list)  # at, plan, sps, step ms
     nodes: list[dict[str, Any]] = field(default_factory=list)  # id, role, ..., peak memory
+    # the status's data_workers section but its decisions (None: the job had none) ...
+    data_workers: dict[str, Any] | None = None
+    # ... and its decisions: at, previous, count, rule, reason
+    data_worker_decisions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def traits(self) -> JobTraits:
@@ -164,6 +169,52 @@ def _nodes(job: Mapping[str, Any], profile: Mapping[str, Any]) -> list[dict[str,
     return list(nodes.values())
 
 
+#: What the record keeps of the ``data_workers`` section, besides its decisions.
+DATA_WORKER_FIELDS = {
+    "mode": str,
+    "target": int,
+    "running": int,
+    "min": int,
+    "max": int,
+    "input_wait": float,
+    "ready_fill": float,
+    "samples_per_s": float,
+}
+
+
+def data_workers_of(job: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The status's ``data_workers`` section but its decisions, each value as its column
+    holds it (None where missing or not a value of that kind); None without a section."""
+    section = job.get("data_workers")
+    if not isinstance(section, Mapping):
+        return None
+    out: dict[str, Any] = {}
+    for name, kind in DATA_WORKER_FIELDS.items():
+        value = section.get(name)
+        if kind is str:
+            out[name] = str(value)[:10] if value is not None else None
+        else:
+            number = _number(value)
+            out[name] = None if number is None else kind(number)
+    return out
+
+
+def data_worker_decisions(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The data workers' scaling decisions in the order the master made them."""
+    decisions = _mapping(job.get("data_workers")).get("decisions")
+    return [
+        {
+            "at": _number(d.get("at")),
+            "previous": _int(d.get("previous")),
+            "count": _int(d.get("count")),
+            "rule": str(d.get("rule") or "")[:50],
+            "reason": str(d.get("reason") or ""),
+        }
+        for d in (decisions if isinstance(decisions, list) else ())
+        if isinstance(d, Mapping)
+    ]
+
+
 def final_plan(job: Mapping[str, Any], spec: JobSpec, plans: list[PlanRecord]) -> dict[str, Any]:
     """The plan the job ended with: the last plan the master applied, else the result's
     plan, else the status's, else the spec's."""
@@ -230,4 +281,6 @@ def record_from_status(
         plans=[plan_row(p) for p in plans],
         throughput=_throughput(profile),
         nodes=_nodes(job, profile),
+        data_workers=data_workers_of(job),
+        data_worker_decisions=data_worker_decisions(job),
     )

@@ -11,6 +11,10 @@ is created on first use (``CREATE TABLE IF NOT EXISTS``; safe to repeat and to r
 - ``rover_job_throughput``: throughput samples (``at``, ``plan``, samples/s, step time).
 - ``rover_job_nodes``: per node: role, steps, samples, step time, restarts, peak memory (MB),
   CPU used.
+- ``rover_job_data_workers``: a job with data workers: their mode, bounds, counts and the last
+  window's figures; ``rover_job_data_worker_decisions``: their scaling decisions (``at``,
+  ``previous``, ``count``, ``rule``, ``reason``). A store made before them gets them on first
+  use; its older jobs have none.
 
 ``record_job`` is an upsert keyed by job id: a retry, or ``execute_complete`` run again, rewrites
 the job's rows instead of adding a second record. Nothing secret is stored (``records.scrub``).
@@ -149,7 +153,33 @@ nodes = Table(
     Column("cpu_used", Float),  # cores, as last sampled
 )
 
-CHILD_TABLES = (plans, throughput, nodes)
+data_workers = Table(
+    "rover_job_data_workers",
+    metadata,
+    Column("job_id", String(200), ForeignKey("rover_jobs.job_id"), primary_key=True),
+    Column("mode", String(10)),  # fixed | auto
+    Column("target", Integer),
+    Column("running", Integer),
+    Column("min", Integer),
+    Column("max", Integer),
+    Column("input_wait", Float),  # the last window's, as fractions and samples/s
+    Column("ready_fill", Float),
+    Column("samples_per_s", Float),
+)
+
+data_worker_decisions = Table(
+    "rover_job_data_worker_decisions",
+    metadata,
+    Column("job_id", String(200), ForeignKey("rover_jobs.job_id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("at", Float),
+    Column("previous", Integer),
+    Column("count", Integer),
+    Column("rule", String(50)),
+    Column("reason", Text),
+)
+
+CHILD_TABLES = (plans, throughput, nodes, data_workers, data_worker_decisions)
 
 
 def safe_url(url: str | URL) -> str:
@@ -238,6 +268,16 @@ class HistoryStore:
                 insert(throughput),
                 [{"job_id": record.job_id, "seq": i, **s} for i, s in enumerate(record.throughput)],
             )
+        if record.data_workers is not None:
+            conn.execute(insert(data_workers).values(job_id=record.job_id, **record.data_workers))
+        if record.data_worker_decisions:
+            conn.execute(
+                insert(data_worker_decisions),
+                [
+                    {"job_id": record.job_id, "seq": i, **d}
+                    for i, d in enumerate(record.data_worker_decisions)
+                ],
+            )
         if record.nodes:
             columns = set(nodes.c.keys())
             conn.execute(
@@ -253,7 +293,9 @@ class HistoryStore:
 
     # -- reading -----------------------------------------------------------------------------
     def get_job(self, job_id: str) -> dict[str, Any] | None:
-        """The job's row with ``plans``, ``throughput`` and ``nodes`` lists; None if unknown."""
+        """The job's row with ``plans``, ``throughput`` and ``nodes`` lists and its
+        ``data_workers`` section as the status had it (None without data workers); None if
+        unknown."""
         self.ensure_schema()
         with self.engine.connect() as conn:
             row = conn.execute(select(jobs).where(jobs.c.job_id == job_id)).mappings().first()
@@ -269,6 +311,7 @@ class HistoryStore:
                 select(nodes).where(nodes.c.job_id == job_id).order_by(nodes.c.node_id)
             ).mappings()
             job["nodes"] = [_without(r, "job_id") for r in rows]
+            job["data_workers"] = _data_workers(conn, job_id)
         return job
 
     def list_jobs(
@@ -465,3 +508,20 @@ def _job_row(record: JobRecord, now: float) -> dict[str, Any]:
 
 def _without(row: Any, *keys: str) -> dict[str, Any]:
     return {k: v for k, v in dict(row).items() if k not in keys}
+
+
+def _data_workers(conn: Connection, job_id: str) -> dict[str, Any] | None:
+    """The job's ``data_workers`` section, decisions included; None if it had none."""
+    row = conn.execute(select(data_workers).where(data_workers.c.job_id == job_id)).mappings()
+    found = row.first()
+    if found is None:
+        return None
+    decisions = conn.execute(
+        select(data_worker_decisions)
+        .where(data_worker_decisions.c.job_id == job_id)
+        .order_by(data_worker_decisions.c.seq)
+    ).mappings()
+    return {
+        **_without(found, "job_id"),
+        "decisions": [_without(d, "job_id", "seq") for d in decisions],
+    }

@@ -23,6 +23,7 @@ from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.incremental import check_init_option
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.job_status import with_decisions_from
 from airflow_rover.core.policies import FailureEvidence, describe_floor
 from airflow_rover.core.spec import (
     AutoscaleConfig,
@@ -812,11 +813,14 @@ class ElasticTrainingOperator(BaseOperator):
 
     def _record(self, context: Context, job: dict[str, Any]) -> None:
         """Record the ended job in the history store: an upsert by job id, so a retry or a
-        second ``execute_complete`` replaces the record. A history failure is only logged."""
+        second ``execute_complete`` replaces the record (with every data-worker decision of the
+        job's ``state.json``: an event carries the last few). A history failure is only
+        logged."""
         try:
             ti = context["ti"]
             job_dir = self.hook_for(self.job_dir(context)).job_dir
             spec = job_dir.read_spec()
+            job = with_decisions_from(job, job_dir.read_json(job_dir.state_file))
             record = record_from_status(
                 job,
                 spec,

@@ -14,6 +14,7 @@ from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.history.launches import Launch
+from airflow_rover.plugins.data_worker_views import DataWorkersPanel, data_workers_panel
 
 RUNNING_STATES = frozenset(
     {"pending", "starting", "running", "recovering", "stopping", "unreachable"}
@@ -92,6 +93,11 @@ class JobPage:
     budget: BudgetShare | None
     plan_approval: bool
     logs: dict[str, str] = field(default_factory=dict)
+    data_workers: dict[str, Any] | None = None  # the status's section as is (the JSON API's)
+
+    @property
+    def data_workers_panel(self) -> DataWorkersPanel | None:
+        return data_workers_panel(self.data_workers)
 
 
 def plan_text(plan: Mapping[str, Any] | ResourcePlan | None) -> str:
@@ -250,4 +256,9 @@ def job_page(
         budget=budget_share(budget, status.get("plan"), held) if row.running else None,
         plan_approval=approval,
         logs=dict(logs or {}),
+        data_workers=_section(status.get("data_workers") or (ended or {}).get("data_workers")),
     )
+
+
+def _section(value: Any) -> dict[str, Any] | None:
+    return dict(value) if isinstance(value, Mapping) else None

@@ -45,8 +45,10 @@ _templates = Environment(
 _templates.filters["when"] = lambda t: (
     time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) if t else ""
 )
-_templates.filters["secs"] = lambda s: f"{s:.0f} s" if s is not None else ""
-_templates.filters["num"] = lambda v, d=1: f"{v:,.{d}f}" if v is not None else ""
+_templates.filters["secs"] = lambda s: f"{s:.0f} s" if isinstance(s, int | float) else ""
+_templates.filters["num"] = lambda v, d=1: (  # a missing figure (or an odd one) shows empty
+    f"{v:,.{d}f}" if isinstance(v, int | float) else ""
+)
 
 
 class StopBody(BaseModel):
