@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -25,6 +25,8 @@ from airflow_rover.core.spec import ClusterBudget, DataWorkersConfig, JobSpec, R
 from airflow_rover.history.budget_report import budget_report
 from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
+from airflow_rover.hooks.elastic_job import ElasticJobHook
+from airflow_rover.hooks.history_store import default_history_url
 from airflow_rover.operators.budget_admission import admission_request, check_fits_budget
 from airflow_rover.triggers.admission import BudgetAdmissionTrigger
 from airflow_rover.triggers.elastic_job import ElasticJobTrigger
@@ -161,15 +163,24 @@ def test_the_operator_asks_for_the_data_workers_and_checks_they_can_fit() -> Non
     assert BudgetAdmissionTrigger(**kwargs).row(NOW).data_workers == (2.0, 4096.0)
 
 
-def test_the_job_trigger_sizes_the_data_workers_from_the_spec(tmp_path: Path) -> None:
-    """Read from the job directory's spec once; a directory without one counts none."""
+def test_the_job_trigger_registers_the_data_workers_its_job_holds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The running job's row: the spec's size (read once from the job directory) times the
+    status's running count; a directory without a spec counts none."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     job_dir = JobDir(tmp_path / "job")
     job_dir.root.mkdir()
     job_dir.write_spec(
         JobSpec(job_id="j", train_data="/data/train", plan=plan(2), data_workers=DATA)
     )
-    budget = {"name": "default", "cpu": 10}
-    trigger = ElasticJobTrigger(str(job_dir.root), cluster_budget=budget)
-    assert asyncio.run(trigger._data_workers_of()) == DATA
-    missing = ElasticJobTrigger(str(tmp_path / "none"), cluster_budget=budget)
+    budget = ClusterBudget(name="shared", cpu=10)
+    trigger = ElasticJobTrigger(str(job_dir.root), cluster_budget=budget.model_dump())
+    reported = status("j", 2, {"mode": "auto", "running": 3})
+    hook = cast(ElasticJobHook, None)  # no proposal, no shrink: the hook is not called
+    asyncio.run(trigger._apply_within_budget(hook, reported, [], budget))
+    with RunningJobRegistry(HistoryStore(default_history_url())) as registry:
+        row = {r.job_id: r for r in registry.jobs("shared", include_stale=True)}["j"]
+    assert row.data_workers == (3.0, 6144.0) and row.plan == plan(2)
+    missing = ElasticJobTrigger(str(tmp_path / "none"), cluster_budget=budget.model_dump())
     assert asyncio.run(missing._data_workers_of()) is None
