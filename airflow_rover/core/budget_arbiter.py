@@ -16,6 +16,9 @@ Every trigger of a job that shares a budget asks ``allocate`` with the budget's 
    minimum plan (lowest weight first) when that frees enough for it; it is admitted once
    their triggers have applied the smaller plans.
 
+A job's data workers count beside its plan (``RunningJob.needs``): a running job holds them, a
+waiting job needs them to start; no plan change moves them.
+
 The gain of a running job's proposal is its master's ``expected_gain``, else linear in the
 worker count (0 for a PS-side change, which then gets only what no gain needs). A waiting
 job's gain is the samples/s it is expected to train at: its own estimate, else its workers
@@ -102,7 +105,7 @@ def allocate(
     waiting = sorted((j for j in fresh if j.waiting), key=_place_in_line)
     held = _Held(limits(budget))
     for job in running:
-        held.add(*Budget.used(job.plan))
+        held.add(*job.needs(job.plan))
     verdicts: dict[str, Verdict] = {}
     ups: list[RunningJob] = []
     for job in (j for j in running if j.proposal is not None):  # scale-downs only free
@@ -117,7 +120,7 @@ def allocate(
     if not ups and not waiting:
         return Decision(budget.name, verdicts, cpu_used=held.cpu, memory_mb_used=held.memory_mb)
     peer_rate = _rate_per_worker(running)
-    if held.fits(*_total([_delta(j) for j in ups] + [Budget.used(j.plan) for j in waiting])):
+    if held.fits(*_total([_delta(j) for j in ups] + [j.needs(j.plan) for j in waiting])):
         return _everything_fits(budget, held, ups, waiting, verdicts)
     return _contested(budget, held, running, ups, waiting, verdicts, peer_rate, prices, rho)
 
@@ -132,7 +135,7 @@ def _everything_fits(
     for job in ups:
         held.add(*_delta(job))
     for job in waiting:
-        held.add(*Budget.used(job.plan))
+        held.add(*job.needs(job.plan))
     used = f"{held.words(held.cpu, held.memory_mb)} of {held.words(*_limit(held))}"
     for job in ups:
         verdicts[job.job_id] = _verdict(
@@ -193,7 +196,7 @@ def _contested(
             held.add(*_delta(job))
     for job in waiting:
         if job.job_id in chosen:
-            held.add(*Budget.used(job.plan))
+            held.add(*job.needs(job.plan))
     ranked = sorted(scores, key=lambda job_id: -scores[job_id])
     rank = {job_id: f"rank {i + 1} of {len(ranked)}" for i, job_id in enumerate(ranked)}
     for job in ups:
@@ -240,13 +243,13 @@ def _at_minimum(
         plan = chosen.get(job.job_id)
         if plan is None:
             continue
-        held.add(*Budget.used(plan))
+        held.add(*job.needs(plan))
         score = _score(starts[job.job_id], job, 0.0, rho)
         admitted[job.job_id] = Admission(
             job.job_id,
             plan,
-            f"its plan ({held.words(*Budget.used(job.plan))}) does not fit budget "
-            f"{budget.name!r}: starts at its minimum plan ({held.words(*Budget.used(plan))}), "
+            f"its plan ({held.words(*job.needs(job.plan))}) does not fit budget "
+            f"{budget.name!r}: starts at its minimum plan ({held.words(*job.needs(plan))}), "
             f"RE*WG {score:.4g}{_weighted(job)}",
             score,
         )
@@ -265,7 +268,7 @@ def _shrinks(
     shrinks: dict[str, Shrink] = {}
     free_cpu, free_mem = held.left()
     for job in left_out:
-        need_cpu, need_mem = Budget.used(job.min_plan or job.plan)
+        need_cpu, need_mem = job.needs(job.min_plan or job.plan)
         lack_cpu, lack_mem = need_cpu - free_cpu, need_mem - free_mem
         victims = sorted(
             (
@@ -318,9 +321,9 @@ def _wait(
     rank: dict[str, str],
 ) -> Admission:
     plan = job.min_plan or job.plan
-    need = held.words(*Budget.used(plan))
+    need = held.words(*job.needs(plan))
     whole = held.words(*_limit(held))
-    if not _Held(held.limit).fits(*Budget.used(plan)):
+    if not _Held(held.limit).fits(*job.needs(plan)):
         reason = f"its plan needs {need}, more than budget {budget.name!r} has ({whole})"
     else:
         left = held.words(*(max(v, 0.0) for v in held.left()))
@@ -356,7 +359,13 @@ def _start(job: RunningJob, plan: ResourcePlan, peer_rate: float, prices: Prices
 
 def _waiting_option(job: RunningJob, start: Candidate) -> JobCandidates:
     return JobCandidates(
-        job.job_id, None, 0.0, job.remaining_samples, (start,), job_weight=job.weight
+        job.job_id,
+        None,
+        0.0,
+        job.remaining_samples,
+        (start,),
+        job_weight=job.weight,
+        start_cost=job.data_workers,
     )
 
 

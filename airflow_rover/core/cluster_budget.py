@@ -4,9 +4,10 @@ answers (``core.budget_arbiter`` decides; ``history.registry`` stores the rows).
 A budget (``ClusterBudget``) is cores and memory that all the nodes of its jobs may hold
 together. Every job that names it has one row: a waiting job (not launched: it holds nothing
 and asks for its starting plan) or a running one (it holds its plan and may ask for its
-master's pending proposal). Rows not refreshed within their TTL are ignored (their trigger is
-gone): a dead triggerer never holds the budget. Everything here is pure (no database, no
-Airflow).
+master's pending proposal). A job's data workers are outside its plan: a row carries what they
+hold (a running job's running ones, a waiting job's starting ones) beside it. Rows not
+refreshed within their TTL are ignored (their trigger is gone): a dead triggerer never holds
+the budget. Everything here is pure (no database, no Airflow).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pydantic import ValidationError
 
 from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.plans import PlanRecord, pending_plan
-from airflow_rover.core.spec import ClusterBudget, ResourcePlan
+from airflow_rover.core.spec import ClusterBudget, DataWorkersConfig, ResourcePlan
 from airflow_rover.core.states import JobState
 
 DEFAULT_TTL_S = 60.0  # a row this old (or 3 polls old, if longer) no longer counts
@@ -38,7 +39,9 @@ class RunningJob:
 
     A ``waiting`` job has not started: it holds nothing and asks for ``plan`` (or ``min_plan``,
     when it may start smaller). A running job holds ``plan``; ``min_plan`` is the smallest
-    plan the arbiter may shrink it to for a job of higher weight."""
+    plan the arbiter may shrink it to for a job of higher weight. ``data_workers``: (cores, MB)
+    of its data workers, which no plan sizes and no plan change moves: held by a running job
+    on top of its plan, asked for by a waiting one on top of the plan it starts with."""
 
     job_id: str
     budget: str
@@ -52,6 +55,7 @@ class RunningJob:
     waiting: bool = False
     min_plan: ResourcePlan | None = None
     waiting_since: float | None = None  # when a waiting job first asked (its place in line)
+    data_workers: tuple[float, float] = (0.0, 0.0)
 
     def fresh(self, now: float) -> bool:
         return now - self.updated_at <= self.ttl_s
@@ -60,6 +64,12 @@ class RunningJob:
     def holds(self) -> ResourcePlan | None:
         """The plan the job holds in the budget: none while it waits."""
         return None if self.waiting else self.plan
+
+    def needs(self, plan: ResourcePlan | None) -> tuple[float, float]:
+        """(cores, MB) the job holds, or asks for, with ``plan``: its nodes and its data
+        workers."""
+        cpu, memory_mb = Budget.used(plan)
+        return cpu + self.data_workers[0], memory_mb + self.data_workers[1]
 
     def admitted(self, plan: ResourcePlan) -> RunningJob:
         """The row of a waiting job once admitted with ``plan``: it holds the plan until its
@@ -85,9 +95,11 @@ def waiting_row(
     weight: float = 1.0,
     remaining_samples: float = 0.0,
     ttl_s: float = DEFAULT_TTL_S,
+    data_workers: tuple[float, float] = (0.0, 0.0),
 ) -> RunningJob:
     """The registry row of a job waiting for ``budget``; its samples/s is left to the
-    arbiter's estimate (its peers' rate per worker)."""
+    arbiter's estimate (its peers' rate per worker). ``data_workers``: what the data workers
+    it starts with need (``data_workers_request``)."""
     return RunningJob(
         job_id=job_id,
         budget=budget.name,
@@ -100,7 +112,23 @@ def waiting_row(
         waiting=True,
         min_plan=min_plan,
         waiting_since=waiting_since,
+        data_workers=data_workers,
     )
+
+
+def data_workers_request(config: DataWorkersConfig) -> tuple[float, float]:
+    """(cores, MB) the data workers a job starts with need (none when they are off)."""
+    return config.start * config.cpu, float(config.start * config.memory_mb)
+
+
+def data_workers_held(status: Mapping[str, Any], config: DataWorkersConfig) -> tuple[float, float]:
+    """(cores, MB) a running job's data workers hold: those its master's status reports
+    running (``data_workers.running``), each sized as the spec says; a status without the
+    count (a master not reporting yet) counts those the job starts with."""
+    running = (status.get("data_workers") or {}).get("running")
+    if not isinstance(running, int | float) or isinstance(running, bool) or running < 0:
+        return data_workers_request(config)
+    return int(running) * config.cpu, float(int(running) * config.memory_mb)
 
 
 def throughput_of(status: Mapping[str, Any]) -> float:
@@ -123,10 +151,12 @@ def running_job(
     budget: str,
     now: float,
     ttl_s: float = DEFAULT_TTL_S,
+    data_workers: DataWorkersConfig | None = None,
 ) -> RunningJob | None:
     """The registry row of a job from its master's status and its plan records; None when the
     status names no job or no plan. Only a running job offers its proposal (the master applies
-    plans only then)."""
+    plans only then). ``data_workers``: the spec's, which size the data workers it holds
+    (``data_workers_held``); None: it has none."""
     job_id, plan = status.get("job_id"), status.get("plan")
     if not job_id or not isinstance(plan, Mapping):
         return None
@@ -153,6 +183,9 @@ def running_job(
         updated_at=now,
         ttl_s=ttl_s,
         proposal=proposal,
+        data_workers=(0.0, 0.0)
+        if data_workers is None
+        else data_workers_held(status, data_workers),
     )
 
 

@@ -35,11 +35,12 @@ ENV_NODE_ID = "ROVER_NODE_ID"
 ENV_MASTER_ADDR = "ROVER_MASTER_ADDR"
 ENV_TOKEN_FILE = "ROVER_TOKEN_FILE"
 ENV_FLASH_DIR = "ROVER_FLASH_DIR"
-# Where a PS listens and what address it announces (pods: all interfaces, a stable DNS name and
-# port; local processes: loopback and a free port).
+# Where a PS or a data worker listens and what address it announces (pods: all interfaces, a
+# stable DNS name and port; local processes: loopback and a free port).
 ENV_BIND_HOST = "ROVER_BIND_HOST"
 ENV_ADVERTISE_HOST = "ROVER_ADVERTISE_HOST"
 ENV_PS_PORT = "ROVER_PS_PORT"
+ENV_DATA_PORT = "ROVER_DATA_PORT"
 STANDBY_PREFIX = "ps-standby-"  # node ids of spare PS processes (recovery.standby_ps)
 TRASH_PREFIX = ".trash-"  # directories being discarded (``discard_dirs``)
 

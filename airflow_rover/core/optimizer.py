@@ -229,6 +229,7 @@ class JobCandidates:
     remaining_samples: float
     candidates: tuple[Candidate, ...]
     job_weight: float = 1.0  # the job's weight (``autoscale.weight``): multiplies its priority
+    start_cost: tuple[float, float] = (0.0, 0.0)  # (cores, MB) a waiting job needs beside its plan
 
 
 @dataclass(frozen=True)
@@ -259,7 +260,7 @@ def weighted_greedy(
 ) -> dict[str, ResourcePlan]:
     """New plans for some of ``jobs``, largest RE * WG (times the job's weight) first, while the
     sum of every job's plan stays within ``budget`` (jobs without a new plan keep their current
-    one)."""
+    one); a waiting job chosen also takes its ``start_cost``."""
     cpu = sum(Budget.used(j.current)[0] for j in jobs)
     mem = sum(Budget.used(j.current)[1] for j in jobs)
     options = [
@@ -281,6 +282,8 @@ def weighted_greedy(
             continue
         old_cpu, old_mem = Budget.used(job.current)
         new_cpu, new_mem = Budget.used(cand.plan)
+        if job.current is None:
+            new_cpu, new_mem = new_cpu + job.start_cost[0], new_mem + job.start_cost[1]
         if cpu - old_cpu + new_cpu <= budget.cpu and mem - old_mem + new_mem <= budget.memory_mb:
             chosen[job.job_id] = cand.plan
             cpu += new_cpu - old_cpu

@@ -7,7 +7,12 @@ import logging
 import os
 import threading
 
-from airflow_rover.core.job_dir import ENV_ADVERTISE_HOST, ENV_BIND_HOST, NodeContext
+from airflow_rover.core.job_dir import (
+    ENV_ADVERTISE_HOST,
+    ENV_BIND_HOST,
+    ENV_DATA_PORT,
+    NodeContext,
+)
 from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.preprocessing import load_preprocess
@@ -19,7 +24,6 @@ from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
 
 log = logging.getLogger("airflow_rover.dataworker")
 
-ENV_DATA_PORT = "ROVER_DATA_PORT"
 LEAVE_GRACE_S = 170.0  # told to leave: the calls in flight finish, within this
 STOP_GRACE_S = 2.0  # stopped by a signal
 

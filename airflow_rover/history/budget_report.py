@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-from airflow_rover.core.optimizer import Budget
+from airflow_rover.core.cluster_budget import RunningJob
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.history.registry import RunningJobRegistry
 
@@ -20,12 +20,12 @@ def budget_report(registry: RunningJobRegistry, budget: str | None, last: int = 
             since = now - (job.waiting_since or job.updated_at)
             lines.append(
                 f"{job.budget}  {job.job_id}  waiting {since:.0f} s for "
-                f"{_plan(job.plan)} (weight {job.weight:g})"
+                f"{_plan(job.plan)}{_data(job)} (weight {job.weight:g})"
             )
         else:
-            cpu, memory_mb = Budget.used(job.plan)
+            cpu, memory_mb = job.needs(job.plan)
             lines.append(
-                f"{job.budget}  {job.job_id}  holds {_plan(job.plan)}: {cpu:g} cores, "
+                f"{job.budget}  {job.job_id}  holds {_plan(job.plan)}{_data(job)}: {cpu:g} cores, "
                 f"{memory_mb:g} MB (weight {job.weight:g}, {job.samples_per_second:.0f} samples/s)"
             )
     if not lines:
@@ -44,3 +44,9 @@ def budget_report(registry: RunningJobRegistry, budget: str | None, last: int = 
 
 def _plan(plan: ResourcePlan) -> str:
     return f"{plan.num_workers} workers + {plan.num_ps} PS"
+
+
+def _data(job: RunningJob) -> str:
+    """What the job's data workers hold (or need) beside its plan, if anything."""
+    cpu, memory_mb = job.data_workers
+    return f" + data workers ({cpu:g} cores, {memory_mb:g} MB)" if cpu or memory_mb else ""

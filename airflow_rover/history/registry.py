@@ -3,10 +3,11 @@
 Tables (created on first use, like the history's: ``CREATE TABLE IF NOT EXISTS``):
 
 - ``rover_running_jobs``: one row per running job that names a budget: the budget, the plan
-  it holds, its pending proposal (id, plan, expected gain when the master gives one, rule), its
-  remaining samples and samples/s, ``updated_at`` and ``ttl_s``. The job's trigger upserts the
-  row on every poll and deletes it when the job ends; a row older than its ``ttl_s`` is ignored
-  (and purged), so a triggerer that died never holds the budget.
+  it holds, its pending proposal (id, plan, expected gain when the master gives one, rule),
+  what its data workers hold beside the plan (cores, MB), its remaining samples and samples/s,
+  ``updated_at`` and ``ttl_s``. The job's trigger upserts the row on every poll and deletes it
+  when the job ends; a row older than its ``ttl_s`` is ignored (and purged), so a triggerer
+  that died never holds the budget.
   A job waiting to start has a row too (``waiting``): it holds nothing and asks for its plan.
 - ``rover_budget_locks``: one row per budget, updated first in every decision's transaction.
   That UPDATE takes the row's lock (PostgreSQL, MySQL) or the database's write lock (SQLite),
@@ -78,6 +79,8 @@ running_jobs = Table(
     Column("waiting", Boolean),  # not launched yet: holds nothing; NULL (older rows): running
     Column("min_plan", JSON),  # the smallest plan it may start at or be shrunk to
     Column("waiting_since", Float),
+    Column("data_workers_cpu", Float),  # its data workers' cores beside the plan; NULL: none
+    Column("data_workers_memory_mb", Float),
     Index("ix_rover_running_jobs_budget", "budget"),
 )
 
@@ -263,6 +266,8 @@ def _upsert(conn: Connection, job: RunningJob) -> None:
         "waiting": job.waiting,
         "min_plan": job.min_plan.model_dump() if job.min_plan else None,
         "waiting_since": job.waiting_since,
+        "data_workers_cpu": job.data_workers[0],
+        "data_workers_memory_mb": job.data_workers[1],
     }
     where = running_jobs.c.job_id == job.job_id
     if conn.execute(select(running_jobs.c.job_id).where(where)).first():
@@ -354,6 +359,10 @@ def _job(row: Any) -> RunningJob:
         waiting=bool(row["waiting"]),
         min_plan=ResourcePlan.model_validate(row["min_plan"]) if row["min_plan"] else None,
         waiting_since=row["waiting_since"],
+        data_workers=(
+            float(row["data_workers_cpu"] or 0.0),
+            float(row["data_workers_memory_mb"] or 0.0),
+        ),
     )
 
 

@@ -22,7 +22,12 @@ import re
 import socket
 from typing import Any
 
-from airflow_rover.core.cluster_budget import RunningJob, waiting_row, with_fewest_workers
+from airflow_rover.core.cluster_budget import (
+    RunningJob,
+    data_workers_request,
+    waiting_row,
+    with_fewest_workers,
+)
 from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.spec import AutoscaleConfig, ClusterBudget, JobSpec, ResourcePlan
 
@@ -83,14 +88,17 @@ def admission_request(
         weight=spec.autoscale.weight,
         remaining_samples=remaining_samples,
         ttl_s=ttl_s,
+        data_workers=data_workers_request(spec.data_workers),
     )
 
 
 def check_fits_budget(owner: str, spec: JobSpec, budget: ClusterBudget) -> None:
-    """ValueError when even the job's smallest starting plan exceeds the whole budget: it
-    would wait forever."""
+    """ValueError when even the job's smallest starting plan, with the data workers it starts
+    with, exceeds the whole budget: it would wait forever."""
     plan = minimum_plan(spec) or spec.plan
     cpu, memory_mb = Budget.used(plan)
+    data_cpu, data_memory_mb = data_workers_request(spec.data_workers)
+    cpu, memory_mb = cpu + data_cpu, memory_mb + data_memory_mb
     over = []
     if budget.cpu is not None and cpu > budget.cpu:
         over.append(f"{cpu:g} cores (the budget has {budget.cpu:g})")
@@ -98,7 +106,8 @@ def check_fits_budget(owner: str, spec: JobSpec, budget: ClusterBudget) -> None:
         over.append(f"{memory_mb:g} MB (the budget has {budget.memory_mb})")
     if over:
         raise ValueError(
-            f"{owner}: the plan needs {' and '.join(over)}: more than cluster_budget "
+            f"{owner}: the plan{' with its data workers' if data_cpu else ''} needs "
+            f"{' and '.join(over)}: more than cluster_budget "
             f"{budget.name!r} holds, so it could never start; lower plan (or allow starting "
             "smaller with autoscale.admit_at_minimum and min_workers), or raise the budget"
         )

@@ -544,6 +544,7 @@ class ElasticTrainingOperator(BaseOperator):
                 weight=request.weight,
                 remaining_samples=request.remaining_samples,
                 poll_interval=self.poll_interval,
+                data_workers=list(request.data_workers),
             ),
             method_name="execute_admitted",
             timeout=self.max_runtime,

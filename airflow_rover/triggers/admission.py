@@ -43,6 +43,7 @@ class BudgetAdmissionTrigger(BaseTrigger):
         weight: float = 1.0,
         remaining_samples: float = 0.0,
         poll_interval: float = 5.0,
+        data_workers: list[float] | tuple[float, float] = (0.0, 0.0),
     ) -> None:
         super().__init__()
         self.job_id = job_id
@@ -54,6 +55,8 @@ class BudgetAdmissionTrigger(BaseTrigger):
         self.weight = weight
         self.remaining_samples = remaining_samples
         self.poll_interval = poll_interval
+        cpu, memory_mb = data_workers  # what the data workers it starts with need
+        self.data_workers = (float(cpu), float(memory_mb))
         self._said: str | None = None  # the gist of the last reason logged
         self._reason: str | None = None  # why the job waited, on the last poll
 
@@ -70,6 +73,7 @@ class BudgetAdmissionTrigger(BaseTrigger):
                 "weight": self.weight,
                 "remaining_samples": self.remaining_samples,
                 "poll_interval": self.poll_interval,
+                "data_workers": list(self.data_workers),
             },
         )
 
@@ -85,6 +89,7 @@ class BudgetAdmissionTrigger(BaseTrigger):
             weight=self.weight,
             remaining_samples=self.remaining_samples,
             ttl_s=ttl_for(self.poll_interval),
+            data_workers=self.data_workers,
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:

@@ -28,15 +28,17 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_rover.core.cluster_budget import RunningJob, Shrink, Verdict, running_job, ttl_for
+from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import progress_line, without_history
 from airflow_rover.core.milestones import Milestone
 from airflow_rover.core.plans import PlanRecord, PlanState, plan_records
-from airflow_rover.core.spec import ClusterBudget
+from airflow_rover.core.spec import ClusterBudget, DataWorkersConfig
 from airflow_rover.core.states import TERMINAL_STATES, JobState
 from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
@@ -97,6 +99,8 @@ class ElasticJobTrigger(BaseTrigger):
         self._announced: int | None = None  # the proposal registered on an earlier poll
         self._waiting: int | None = None  # the proposal last reported as waiting
         self._shrunk_to: int | None = None  # the worker count a shrink order was applied for
+        self._data_workers: DataWorkersConfig | None = None  # the spec's, read once
+        self._spec_read = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         kwargs: dict[str, Any] = {
@@ -235,7 +239,8 @@ class ElasticJobTrigger(BaseTrigger):
         registry that cannot be reached applies nothing (the proposal waits), it never fails
         the task."""
         now = time.time()
-        row = running_job(job, plans, budget.name, now, ttl_for(self.poll_interval))
+        data_workers = await self._data_workers_of()
+        row = running_job(job, plans, budget.name, now, ttl_for(self.poll_interval), data_workers)
         if row is None:
             return
         proposal = row.proposal
@@ -276,6 +281,18 @@ class ElasticJobTrigger(BaseTrigger):
             self._report_waiting(proposal, budget, verdict)
             return
         await self._apply_selected(hook, registry, row, budget, verdict)
+
+    async def _data_workers_of(self) -> DataWorkersConfig | None:
+        """The spec's data workers, which size those the job holds (read once: no plan
+        changes them); None when the job directory has no readable spec (said once)."""
+        if not self._spec_read:
+            self._spec_read = True
+            try:
+                spec = await asyncio.to_thread(JobDir(Path(self.job_dir)).read_spec)
+                self._data_workers = spec.data_workers
+            except (OSError, ValueError) as exc:
+                self.log.warning("Job spec unreadable (%s): its data workers are not counted", exc)
+        return self._data_workers
 
     async def _shrink(
         self, hook: ElasticJobHook, registry: RunningJobRegistry, row: RunningJob, shrink: Shrink

@@ -29,6 +29,7 @@ from kubernetes import client
 from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import (
+    DataWorkersConfig,
     FeatureConfig,
     JobSpec,
     ResourcePlan,
@@ -145,40 +146,40 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
     api, v1 = cluster
     # Launch (the operator, through the provider's KubernetesHook).
     hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
-    hook.launch(SPEC)
+    data_workers = DataWorkersConfig(mode="fixed", count=1, cpu=0.5, memory_mb=1536)
+    spec = SPEC.model_copy(update={"data_workers": data_workers})
+    hook.launch(spec)
     assert api.calls() == [
         f"create pods/{NAMES.master_pod}",
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create services/{NAMES.data_service}",
         f"create networkpolicies/{NAMES.network_policy}",
     ]
     for request in list(api):
         kubernetes_validate.validate(request.data, "1.33", strict=True)
-    assert KubernetesJob.read(hook.job_dir) == JOB and hook.job_dir.read_spec() == SPEC
+    assert KubernetesJob.read(hook.job_dir) == JOB and hook.job_dir.read_spec() == spec
     # The job's certificate, made at launch: in its Secret, and in its directory for Airflow.
     assert secret_cert(v1) == hook.job_dir.tls_cert_file.read_bytes()
     assert stat.S_IMODE(hook.job_dir.tls_key_file.stat().st_mode) == 0o600
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
     uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
 
-    # The master starts its PS, then its workers.
+    # The master starts its PS, then its workers and its data worker.
     nodes = node_launcher(v1, hook, uid)
     mark = api.count()
-    for node_id, role in [
-        ("ps-0", "ps"),
-        ("ps-1", "ps"),
-        ("worker-0", "worker"),
-        ("worker-1", "worker"),
-    ]:
-        nodes.start(node_id, role)  # type: ignore[arg-type]
-    assert api.calls(mark) == [
-        f"create pods/{POD(n)}" for n in ("ps-0", "ps-1", "worker-0", "worker-1")
-    ]
+    started = ("ps-0", "ps-1", "worker-0", "worker-1", "data-0")
+    for node_id in started:
+        nodes.start(node_id, node_id.split("-")[0])  # type: ignore[arg-type]
+    assert api.calls(mark) == [f"create pods/{POD(n)}" for n in started]
+    for pod in (POD(n) for n in started):
+        kubernetes_validate.validate(stored(v1, pod), "1.33", strict=True)
     assert requests_of(v1, POD("ps-1")) == {"cpu": "2", "memory": "4096Mi"}
     assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "2048Mi"}
-    assert all(m.owner_uid(stored(v1, POD(n))) == uid for n in ("ps-0", "worker-1"))
-    running(v1, *(POD(n) for n in ("ps-0", "ps-1", "worker-0", "worker-1")))
+    assert requests_of(v1, POD("data-0")) == {"cpu": "500m", "memory": "1536Mi"}
+    assert all(m.owner_uid(stored(v1, POD(n))) == uid for n in ("ps-0", "worker-1", "data-0"))
+    running(v1, *(POD(n) for n in started))
     mark = api.count()
     assert set(nodes.exit_codes().values()) == {None}
     assert api.calls(mark) == ["list pods"]
@@ -220,7 +221,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
     # The job ends: the master deletes its nodes, then the trigger deletes the master's objects.
     mark = api.count()
     nodes.stop_all()
-    remaining = ("ps-0", "ps-1", "worker-0", "worker-1")
+    remaining = started
     assert api.calls(mark) == [
         "list pods",
         *(f"delete pods/{POD(n)}" for n in remaining),
@@ -238,6 +239,7 @@ def test_launch_scale_up_scale_down_hot_ps_and_cleanup(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete services/{NAMES.data_service}",
         f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert f"last lines of {NAMES.master_pod}" in hook.job_dir.log_file("master").read_text()
@@ -254,6 +256,7 @@ def ensure_reads() -> list[str]:
         f"fetch secrets/{NAMES.secret}",
         f"fetch services/{NAMES.master_service}",
         f"fetch services/{NAMES.ps_service}",
+        f"fetch services/{NAMES.data_service}",
         f"fetch networkpolicies/{NAMES.network_policy}",
     ]
 
@@ -312,6 +315,7 @@ def test_killing_the_task_removes_the_job(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete services/{NAMES.data_service}",
         f"delete networkpolicies/{NAMES.network_policy}",
     ]
     assert api.calls(mark) == cleanup
@@ -338,12 +342,14 @@ def test_a_retry_relaunches_in_the_same_directory(
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete services/{NAMES.data_service}",
         f"delete networkpolicies/{NAMES.network_policy}",
         f"fetch pods/{NAMES.master_pod}",  # gone?
         f"create pods/{NAMES.master_pod}",
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create services/{NAMES.data_service}",
         f"create networkpolicies/{NAMES.network_policy}",
     ]
     new_uid = v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid

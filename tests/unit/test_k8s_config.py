@@ -254,6 +254,7 @@ def test_launch_creates_the_master_pod_then_what_it_owns() -> None:
         f"create secrets/{NAMES.secret}",
         f"create services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
+        f"create services/{NAMES.data_service}",
         f"create networkpolicies/{NAMES.network_policy}",
     ]
 
@@ -271,7 +272,9 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
         ("create", "services", NAMES.master_service): None,
         ("read", "services", NAMES.master_service): mine,
         ("create", "services", NAMES.ps_service): None,
+        ("create", "services", NAMES.data_service): None,
         ("read", "services", NAMES.ps_service): mine,
+        ("read", "services", NAMES.data_service): mine,
         ("create", "networkpolicies", NAMES.network_policy): None,
         ("read", "networkpolicies", NAMES.network_policy): mine,
     }
@@ -296,6 +299,8 @@ def test_launch_again_keeps_what_exists_and_replaces_a_stale_leftover() -> None:
         f"read services/{NAMES.master_service}",
         f"create services/{NAMES.ps_service}",
         f"read services/{NAMES.ps_service}",
+        f"create services/{NAMES.data_service}",
+        f"read services/{NAMES.data_service}",
         f"create networkpolicies/{NAMES.network_policy}",
         f"read networkpolicies/{NAMES.network_policy}",
     ]
@@ -311,15 +316,17 @@ def test_ensure_only_reads_when_everything_is_there() -> None:
         ("read", "secrets", NAMES.secret): owned,
         ("read", "services", NAMES.master_service): owned,
         ("read", "services", NAMES.ps_service): owned,
+        ("read", "services", NAMES.data_service): owned,
         ("read", "networkpolicies", NAMES.network_policy): owned,
     }
     alive, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
-    assert alive and all(c.startswith("read ") for c in calls) and len(calls) == 5
+    assert alive and all(c.startswith("read ") for c in calls) and len(calls) == 6
     del answers[("read", "services", NAMES.ps_service)]
     _, calls = drive(k8s_job.ensure_steps(JOB, NAMES, SECRETS), answers)
-    assert calls[-3:] == [
+    assert calls[-4:] == [
         f"read services/{NAMES.ps_service}",
         f"create services/{NAMES.ps_service}",
+        f"read services/{NAMES.data_service}",
         f"read networkpolicies/{NAMES.network_policy}",
     ]
 
@@ -341,6 +348,7 @@ def test_cleanup_deletes_the_master_pod_and_what_it_owns() -> None:
         f"delete secrets/{NAMES.secret}",
         f"delete services/{NAMES.master_service}",
         f"delete services/{NAMES.ps_service}",
+        f"delete services/{NAMES.data_service}",
         f"delete networkpolicies/{NAMES.network_policy}",
     ]
 

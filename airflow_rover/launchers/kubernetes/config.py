@@ -26,6 +26,8 @@ ENV_MASTER_ADVERTISE = "ROVER_MASTER_ADVERTISE"
 ENV_POD_NAME = "ROVER_POD_NAME"
 ENV_POD_UID = "ROVER_POD_UID"
 ENV_NAMESPACE = "ROVER_NAMESPACE"
+DEFAULT_DATA_PORT = 7060
+"""The container port data worker pods serve batches on (``KubernetesConfig.data_port``)."""
 # A PS pod is reached at a stable DNS name, not on loopback: where it binds and what it announces.
 RESERVED_ENV_PREFIX = "ROVER_"
 
@@ -99,6 +101,13 @@ class KubernetesConfig(_Strict):
         "airflow-rover/client=true",
     )
     ps_port: int = Field(default=50051, ge=1024, le=65535)
+    data_port: int = Field(
+        default=DEFAULT_DATA_PORT,
+        ge=1024,
+        le=65535,
+        description="where data workers serve batches; the NetworkPolicy admits the job's "
+        "worker pods to it",
+    )
     node_selector: dict[str, str] = {}
     tolerations: tuple[Toleration, ...] = ()
     labels: dict[str, str] = {}

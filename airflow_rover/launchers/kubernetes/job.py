@@ -121,6 +121,7 @@ def cleanup_steps(names: m.JobNames, grace_s: int = MASTER_GRACE_S) -> Steps[str
     yield Op("delete", "secrets", names.secret)
     yield Op("delete", "services", names.master_service)
     yield Op("delete", "services", names.ps_service)
+    yield Op("delete", "services", names.data_service)
     yield Op("delete", "networkpolicies", names.network_policy)
     return tail
 

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_rover.core.job_dir import (
     ENV_ADVERTISE_HOST,
     ENV_BIND_HOST,
+    ENV_DATA_PORT,
     ENV_FLASH_DIR,
     ENV_JOB_DIR,
     ENV_MASTER_ADDR,
@@ -27,7 +28,7 @@ from airflow_rover.core.job_dir import (
     ENV_TOKEN_FILE,
 )
 from airflow_rover.core.job_tls import ENV_TLS_CERT_FILE, ENV_TLS_KEY_FILE
-from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.spec import DataWorkersConfig, ResourcePlan
 from airflow_rover.launchers.base import KEEPER_MODULE, ROLE_MODULES
 from airflow_rover.launchers.kubernetes.config import (
     ENV_MASTER_ADVERTISE,
@@ -59,7 +60,9 @@ TLS_CERT_PATH = f"{TOKEN_DIR}/{TLS_CERT_KEY}"
 TLS_KEY_PATH = f"{TOKEN_DIR}/{TLS_KEY_KEY}"
 FLASH_DIR = "/var/run/airflow-rover/flash"
 MAX_SLUG = 44  # "rover-" + slug + "-worker-1023" stays within a 63-character DNS label
-_NODE_ID = re.compile(r"^(ps|worker)-(\d{1,4})$|^evaluator$")
+_NODE_ID = re.compile(r"^(ps|worker|data)-(\d{1,4})$|^evaluator$")
+SERVING_ROLES: frozenset[str] = frozenset({"ps", "data"})
+"""Node roles that serve the job's other nodes over TLS (they get the key, a stable DNS name)."""
 
 
 def job_slug(job_id: str) -> str:
@@ -100,6 +103,10 @@ class JobNames:
         return f"{self.prefix}-ps"
 
     @property
+    def data_service(self) -> str:
+        return f"{self.prefix}-data"
+
+    @property
     def secret(self) -> str:
         return f"{self.prefix}-token"
 
@@ -115,9 +122,13 @@ class JobNames:
         return f"https://{self.master_service}.{self.namespace}.svc:{port}"
 
     def tls_hosts(self) -> list[str]:
-        """The names the job's certificate is for: its master's Service, and every PS under
-        the headless PS Service."""
-        return [f"{self.master_service}.{self.namespace}.svc", f"*.{self.ps_host_suffix}"]
+        """The names the job's certificate is for: its master's Service, and every PS and data
+        worker under their headless Services."""
+        return [
+            f"{self.master_service}.{self.namespace}.svc",
+            f"*.{self.ps_host_suffix}",
+            f"*.{self.data_host_suffix}",
+        ]
 
     @property
     def ps_host_suffix(self) -> str:
@@ -126,6 +137,23 @@ class JobNames:
     def ps_host(self, node_id: str) -> str:
         """The stable DNS name of a PS pod (its hostname under the headless PS Service)."""
         return f"{self.node_pod(node_id)}.{self.ps_host_suffix}"
+
+    @property
+    def data_host_suffix(self) -> str:
+        return f"{self.data_service}.{self.namespace}.svc"
+
+    def data_host(self, node_id: str) -> str:
+        """The stable DNS name of a data worker pod (its hostname under the headless data
+        Service): the address trainers reach it at."""
+        return f"{self.node_pod(node_id)}.{self.data_host_suffix}"
+
+    def node_subdomain(self, role: Role) -> str | None:
+        """The headless Service giving pods of ``role`` their DNS names (None: not reached)."""
+        return {"ps": self.ps_service, "data": self.data_service}.get(role)
+
+    def node_host(self, node_id: str, role: Role) -> str:
+        """The stable DNS name a serving node of ``role`` advertises."""
+        return self.ps_host(node_id) if role == "ps" else self.data_host(node_id)
 
     def job_selector(self) -> str:
         return f"{LABEL_JOB}={self.slug}"
@@ -148,7 +176,7 @@ class JobSecrets:
 
 def check_node_id(node_id: str) -> str:
     if not _NODE_ID.match(node_id):
-        raise ValueError(f"node id {node_id!r}: expected ps-<n>, worker-<n> or evaluator")
+        raise ValueError(f"node id {node_id!r}: expected ps-<n>, worker-<n>, data-<n> or evaluator")
     return node_id
 
 
@@ -169,10 +197,17 @@ def resources(cpu: float, memory_mb: int) -> dict[str, Any]:
     return {"requests": dict(amount), "limits": dict(amount)}
 
 
-def node_size(plan: ResourcePlan, role: Role) -> tuple[float, int]:
-    """(cores, MB) of a node of ``role`` under ``plan``; the evaluator is sized as a worker."""
+def node_size(
+    plan: ResourcePlan, role: Role, data_workers: DataWorkersConfig | None = None
+) -> tuple[float, int]:
+    """(cores, MB) of a node of ``role``: from ``plan``, the evaluator sized as a worker; a
+    data worker from the spec's ``data_workers`` (the plan does not size them)."""
     if role == "ps":
         return plan.ps_cpu, plan.ps_memory_mb
+    if role == "data":
+        if data_workers is None:
+            raise ValueError("a data worker's size comes from the spec's data_workers: give it")
+        return data_workers.cpu, data_workers.memory_mb
     return plan.worker_cpu, plan.worker_memory_mb
 
 
@@ -232,7 +267,7 @@ def _pod_spec(
     serves: bool,
     restart_policy: str = "Never",
 ) -> dict[str, Any]:
-    """``serves``: the pod serves the job's API or a PS, so it gets the TLS key too."""
+    """``serves``: the pod serves the job's API, a PS or batches, so it gets the TLS key too."""
     secret_keys = [TOKEN_KEY, TLS_CERT_KEY, *([TLS_KEY_KEY] if serves else [])]
     spec: dict[str, Any] = {
         "restartPolicy": restart_policy,
@@ -389,10 +424,34 @@ def ps_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
     }
 
 
+def data_service(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
+    """Headless Service giving each data worker pod a stable DNS name (the one it advertises
+    and the job's certificate names), as ``ps_service`` does for the PS."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(cfg, names, names.data_service, "data"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_JOB: names.slug, LABEL_COMPONENT: "data"},
+            "ports": [
+                {
+                    "name": "batches",
+                    "port": cfg.data_port,
+                    "targetPort": "batches",
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
 def network_policy(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
     """Who may connect to the job's pods: the job's own pods (to the master's API and the PS),
-    and pods labelled ``LABEL_CLIENT`` in Airflow's namespace (to the master's API: the
-    Airflow workers and triggerer). Nothing else reaches them, whatever it knows."""
+    the job's worker pods (to the data workers' port: only trainers fetch batches), and pods
+    labelled ``LABEL_CLIENT`` in Airflow's namespace (to the master's API: the Airflow workers
+    and triggerer). Nothing else reaches them, whatever it knows."""
     tcp = [{"protocol": "TCP", "port": cfg.master_port}, {"protocol": "TCP", "port": cfg.ps_port}]
     airflow: dict[str, Any] = {"podSelector": {"matchLabels": {LABEL_CLIENT: "true"}}}
     if cfg.airflow_namespace and cfg.airflow_namespace != cfg.namespace:
@@ -400,6 +459,8 @@ def network_policy(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
             "matchLabels": {LABEL_NAMESPACE_NAME: cfg.airflow_namespace}
         }
     job = {"matchLabels": {LABEL_JOB: names.slug}}
+    workers = {"matchLabels": {LABEL_JOB: names.slug, LABEL_COMPONENT: "worker"}}
+    data = [{"protocol": "TCP", "port": cfg.data_port}]
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -409,6 +470,7 @@ def network_policy(cfg: KubernetesConfig, names: JobNames) -> dict[str, Any]:
             "policyTypes": ["Ingress"],
             "ingress": [
                 {"from": [{"podSelector": job}], "ports": tcp},
+                {"from": [{"podSelector": workers}], "ports": data},
                 {"from": [airflow], "ports": tcp[:1]},
             ],
         },
@@ -423,6 +485,7 @@ def master_dependents(
         ("secrets", token_secret(cfg, names, secrets)),
         ("services", master_service(cfg, names)),
         ("services", ps_service(cfg, names)),
+        ("services", data_service(cfg, names)),
         ("networkpolicies", network_policy(cfg, names)),
     ]
 
@@ -443,14 +506,24 @@ def _node_env(
     }
 
 
-def _ps_env(cfg: KubernetesConfig, names: JobNames, node_id: str) -> dict[str, str]:
-    """What a PS is told besides: where it listens, the name it is reached by, its flash dir."""
-    return {
-        ENV_BIND_HOST: "0.0.0.0",
-        ENV_ADVERTISE_HOST: names.ps_host(node_id),
-        ENV_PS_PORT: str(cfg.ps_port),
-        ENV_FLASH_DIR: FLASH_DIR,
-    }
+def _serving_env(
+    cfg: KubernetesConfig, names: JobNames, node_id: str, role: Role
+) -> dict[str, str]:
+    """What a PS or data worker is told besides: where it listens, the name it is reached by
+    (a PS: its flash dir too)."""
+    env = {ENV_BIND_HOST: "0.0.0.0", ENV_ADVERTISE_HOST: names.node_host(node_id, role)}
+    if role == "ps":
+        env.update({ENV_PS_PORT: str(cfg.ps_port), ENV_FLASH_DIR: FLASH_DIR})
+    else:
+        env[ENV_DATA_PORT] = str(cfg.data_port)
+    return env
+
+
+def _ports(cfg: KubernetesConfig, role: Role) -> list[dict[str, Any]]:
+    """The container port of a serving node (named as its Service's targetPort)."""
+    if role == "ps":
+        return [{"name": "grpc", "containerPort": cfg.ps_port, "protocol": "TCP"}]
+    return [{"name": "batches", "containerPort": cfg.data_port, "protocol": "TCP"}]
 
 
 def _node_container(cfg: KubernetesConfig, role: Role, size: tuple[float, int]) -> dict[str, Any]:
@@ -480,32 +553,34 @@ def node_pod(
     master_uid: str,
     incarnation: int,
 ) -> dict[str, Any]:
-    """A PS, worker or evaluator pod: no service account token, the job token as a file, the
-    size from the plan (resizable in place)."""
+    """A PS, worker, evaluator or data worker pod: no service account token, the job token as
+    a file, the given size (resizable in place). A PS or data worker also listens on its port
+    under a stable DNS name (``SERVING_ROLES``)."""
     cpu, memory_mb = size
     name = names.node_pod(node_id)
     env = _node_env(cfg, names, node_id, job_dir, cpu)
     extra_mounts: list[dict[str, Any]] = []
     extra_volumes: list[dict[str, Any]] = []
     container = _node_container(cfg, role, size)
+    serves = role in SERVING_ROLES
+    if serves:
+        env.update(_serving_env(cfg, names, node_id, role))
+        container["ports"] = _ports(cfg, role)
     if role == "ps":
-        env.update(_ps_env(cfg, names, node_id))
-        container["ports"] = [{"name": "grpc", "containerPort": cfg.ps_port, "protocol": "TCP"}]
         # Flash checkpoints live in memory; the slot counts against the pod's memory limit.
         extra_volumes.append(
             {"name": "flash", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory_mb}Mi"}}
         )
         extra_mounts.append({"name": "flash", "mountPath": FLASH_DIR})
-    env.update(_tls_env(serves=role == "ps"))
+    env.update(_tls_env(serves=serves))
     container["env"] = _env(cfg, env)
     container["volumeMounts"] = _mounts(cfg, *extra_mounts)
-    spec = _pod_spec(
-        cfg, names, container, extra_volumes, service_account=None, serves=role == "ps"
-    )
+    spec = _pod_spec(cfg, names, container, extra_volumes, service_account=None, serves=serves)
     spec["terminationGracePeriodSeconds"] = 10
-    if role == "ps":
+    subdomain = names.node_subdomain(role)
+    if subdomain is not None:
         spec["hostname"] = name
-        spec["subdomain"] = names.ps_service
+        spec["subdomain"] = subdomain
     meta = metadata(
         cfg, names, name, role, **{LABEL_NODE: node_id, LABEL_INCARNATION: str(incarnation)}
     )

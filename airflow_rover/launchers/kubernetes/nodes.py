@@ -1,4 +1,5 @@
-"""The master's ``NodeLauncher`` on Kubernetes: one pod per PS, worker and evaluator.
+"""The master's ``NodeLauncher`` on Kubernetes: one pod per PS, worker, evaluator and
+data worker.
 
 It runs inside the master pod with the master's service account (pods only, its namespace).
 Pods are named ``rover-<job>-<node id>`` and owned by the master pod. Each master process is an
@@ -20,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.spec import DataWorkersConfig, ResourcePlan
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig
 from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
@@ -53,6 +54,7 @@ class KubernetesNodeLauncher(NodeLauncher):
         master_uid: str,
         incarnation: int,
         plan_of: Callable[[], ResourcePlan] | None = None,
+        data_workers_of: Callable[[], DataWorkersConfig] | None = None,
         poll_s: float = 2.0,
         wait_s: float = 60.0,
     ) -> None:
@@ -63,6 +65,7 @@ class KubernetesNodeLauncher(NodeLauncher):
         self.master_uid = master_uid
         self.incarnation = incarnation
         self._plan_of = plan_of or (lambda: job_dir.read_spec().plan)
+        self._data_workers_of = data_workers_of or (lambda: job_dir.read_spec().data_workers)
         self._poll_s = poll_s
         self._wait_s = wait_s
         self._started: dict[str, Role] = {}
@@ -148,7 +151,12 @@ class KubernetesNodeLauncher(NodeLauncher):
 
     # -- resizing ----------------------------------------------------------------------------
     def size_of(self, node_id: str, role: Role) -> tuple[float, int]:
-        return self._sizes.get(node_id) or m.node_size(self._plan_of(), role)
+        """A resized node's size, else its role's from the plan (a data worker's from the
+        spec's ``data_workers``)."""
+        if node_id in self._sizes:
+            return self._sizes[node_id]
+        data_workers = self._data_workers_of() if role == "data" else None
+        return m.node_size(self._plan_of(), role, data_workers)
 
     def resize(self, node_id: str, role: Role, cpu: float, memory_mb: int) -> ResizeOutcome:
         """Give a running node a new size: in place through the pod's ``resize`` subresource
