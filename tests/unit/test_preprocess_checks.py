@@ -18,9 +18,10 @@ from airflow.sdk.exceptions import AirflowFailException
 from test_operator_params import FakeJobHook, build, task_context
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
-from airflow_rover.core.spec import JobSpec
+from airflow_rover.core.spec import DataWorkersConfig, JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.features import resolve_features
+from airflow_rover.data.fingerprint import training_fingerprint
 from airflow_rover.data.preflight import PreflightError, check_data
 from airflow_rover.data.preprocessing import PreprocessError, load_preprocess
 from airflow_rover.data.reader import open_split
@@ -212,3 +213,17 @@ def test_the_single_process_yardstick_trains_and_scores_preprocessed_rows(data: 
 
     with pytest.raises(PreprocessError, match=r"^preprocess='user_preprocess:dropped_dense' "):
         train_single_process(spec(data, "user_preprocess:dropped_dense"))
+
+
+def test_preprocess_is_part_of_the_training_and_data_workers_are_not(data: Any) -> None:
+    """Another function trains another model (a re-run retrains); more or fewer data workers
+    prepare the same batches (a re-run returns the finished job)."""
+    plain = spec(data, None)
+    digests = {
+        training_fingerprint(plain.model_copy(update={"data_workers": dw}))
+        for dw in (DataWorkersConfig(), DataWorkersConfig(mode="fixed", count=2))
+    }
+    assert len(digests) == 1
+    bucketed = training_fingerprint(spec(data, "user_preprocess:bucketed"))
+    crossed = training_fingerprint(spec(data, "user_preprocess:crossed"))
+    assert len(digests | {bucketed, crossed}) == 3
