@@ -134,18 +134,17 @@ def element_inputs(
 
     inputs = {DENSE_INPUT: element["dense"]}
     samples = len(element["dense"])
-    for group, scalar in zip(encoder.groups, encoder.scalar, strict=True):
-        unique = element[f"unique/{group.name}"]
-        rows = initial_rows(group.name, unique, group.dim, seed, INIT_SCALE)
+    rows = [  # per group, the initial row of each unique id the element pulls
+        initial_rows(g.name, element[f"unique/{g.name}"], g.dim, seed, INIT_SCALE)
+        for g in encoder.groups
+    ]
+    for group, group_rows, scalar in zip(encoder.groups, rows, encoder.scalar, strict=True):
         inverse = element[f"inverse/{group.name}"]
         for k, table in enumerate(scalar):
-            inputs[table.name] = rows[inverse[:, k]]
+            inputs[table.name] = group_rows[inverse[:, k]]
     for g, table in encoder.lists:
-        group_name = encoder.groups[g].name
-        unique = element[f"unique/{group_name}"]
-        rows = initial_rows(group_name, unique, encoder.groups[g].dim, seed, INIT_SCALE)
+        looked_up = rows[g][element[f"list/{table.name}"]]
         segments = element[f"segments/{table.name}"]
-        looked_up = rows[element[f"list/{table.name}"]]
         inputs[table.name] = _pooled(looked_up, segments, samples, table.pooling)
     return inputs
 
