@@ -309,6 +309,51 @@ class DataWorkersConfig(_Strict):
         return self.min if self.count is None else self.count
 
 
+DATA_WORKERS_ACCEPTED = (
+    "None, 0 or 'off' (none: each trainer prepares its own input), a count n >= 1 (n data "
+    "workers), 'auto' (scaled within min..max by the trainers' input wait), or a dict of "
+    "DataWorkersConfig's fields (mode, count, min, max, cpu, memory_mb, ready_batches, "
+    "interval_s; min or max without mode: auto, count alone: fixed)"
+)
+
+
+def data_workers_fields(value: Any) -> Any:
+    """The short forms of ``data_workers`` as ``DataWorkersConfig``'s fields: ``None``, ``0``
+    or ``"off"``: off; ``n``: fixed n; ``"auto"``: auto with the default bounds; a dict without
+    ``mode``: auto with ``min``/``max``, fixed with ``count`` alone. Anything else raises
+    ValueError saying what is accepted."""
+    if isinstance(value, DataWorkersConfig):
+        return value
+    if value is None:
+        return {"mode": "off"}
+    if isinstance(value, str) and value.strip().lower() in ("off", "auto"):
+        return {"mode": value.strip().lower()}
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return {"mode": "fixed", "count": value} if value else {"mode": "off"}
+    if isinstance(value, dict):
+        if "mode" in value or not value or set(value) - set(DataWorkersConfig.model_fields):
+            return value  # validation names an unknown key with the accepted ones
+        if "min" in value or "max" in value:
+            return {**value, "mode": "auto"}
+        if "count" in value:
+            return {**value, "mode": "fixed"}
+        raise ValueError(
+            f"data_workers={value!r} turns no data workers on: give mode ('fixed' or 'auto'), "
+            "count, or min/max"
+        )
+    raise ValueError(f"data_workers={value!r}; accepted: {DATA_WORKERS_ACCEPTED}")
+
+
+def check_preprocess_ref(value: Any) -> str | None:
+    """None or an import path ``package.module:function``; anything else is rejected."""
+    if value is None or (isinstance(value, str) and _IMPORT_PATH.match(value)):
+        return value
+    raise ValueError(
+        f"preprocess={value!r}: expected an import path like 'mypkg.features:preprocess' "
+        "(a function taking and returning a Batch), or None"
+    )
+
+
 class ClusterBudget(_Strict):
     """Resources that running jobs of any DAG share: a scale-up of a job is applied only when
     the cluster arbiter (``core.cluster_budget``) selects it within this budget. Jobs with the
@@ -403,11 +448,12 @@ class JobSpec(_Strict):
     @field_validator("preprocess")
     @classmethod
     def _preprocess_ref(cls, value: str | None) -> str | None:
-        if value is None or _IMPORT_PATH.match(value):
-            return value
-        raise ValueError(
-            f"preprocess={value!r}: expected an import path like 'mypkg.features:preprocess'"
-        )
+        return check_preprocess_ref(value)
+
+    @field_validator("data_workers", mode="before")
+    @classmethod
+    def _data_workers_forms(cls, value: Any) -> Any:
+        return data_workers_fields(value)
 
     @property
     def resolved_features(self) -> FeatureConfig:
@@ -482,6 +528,11 @@ def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) 
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "value"
         message = err["msg"]
+        if err["type"] == "value_error":  # our own message, without pydantic's "Value error, "
+            message = str(err.get("ctx", {}).get("error", message))
+            if re.match(rf"{re.escape(where)}\b", message):  # it names the field already
+                parts.append(message)
+                continue
         if err["type"] == "extra_forbidden" and model is not None:
             message += f" (accepted: {', '.join(model.model_fields)})"
         parts.append(f"{where}: {message}")

@@ -12,6 +12,7 @@ from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.ledger import batch_accounting
 from airflow_rover.core.model_release import new_model_folder, publish_model
+from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.data_workers import DataWorkerRoom
@@ -97,24 +98,7 @@ class WrapUp:
         job.finish(JobState.SUCCEEDED, self._message())
 
     def _write_model_card(self, folder: Path) -> None:
-        spec = self.job.spec
-        features = spec.resolved_features
-        atomic_write_json(
-            folder / "model.json",
-            {
-                "job_id": spec.job_id,
-                "fingerprint": spec.fingerprint,
-                "model": spec.model,
-                "seed": spec.training.seed,  # untrained ids read as rows seeded by it
-                "features": features.model_dump(),
-                "embedding_groups": [
-                    {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}
-                    for g in EmbeddingPlacement.from_features(features).groups
-                ],
-                "num_ps": spec.plan.num_ps,
-                "partitions": [f"ps-{i}.npz" for i in range(spec.plan.num_ps)],
-            },
-        )
+        atomic_write_json(folder / "model.json", model_card(self.job.spec))
 
     def _result(self, rows: int, ledgers: list[tuple[set[int], int]]) -> dict[str, Any]:
         job, evaluation = self.job, self.evaluation
@@ -164,3 +148,25 @@ class WrapUp:
         if mirror is not None and (not mirror.flush(timeout=0) or mirror.last_error):
             message += f"; the last checkpoint was not copied to {job.spec.checkpoint_uri}"
         return message
+
+
+def model_card(spec: JobSpec) -> dict[str, Any]:
+    """``model.json``: what a saved model is and how to read it back (the serving export, a
+    job continuing it); ``preprocess`` when its features were preprocessed."""
+    features = spec.resolved_features
+    card: dict[str, Any] = {
+        "job_id": spec.job_id,
+        "fingerprint": spec.fingerprint,
+        "model": spec.model,
+        "seed": spec.training.seed,  # untrained ids read as rows seeded by it
+        "features": features.model_dump(),
+        "embedding_groups": [
+            {"name": g.name, "dim": g.dim, "tables": [t.__dict__ for t in g.tables]}
+            for g in EmbeddingPlacement.from_features(features).groups
+        ],
+        "num_ps": spec.plan.num_ps,
+        "partitions": [f"ps-{i}.npz" for i in range(spec.plan.num_ps)],
+    }
+    if spec.preprocess is not None:
+        card["preprocess"] = spec.preprocess
+    return card

@@ -22,14 +22,23 @@ class TaskLog(Protocol):
 
     def debug(self, event: Any, *args: Any, **kw: Any) -> Any: ...
 
+    def warning(self, event: Any, *args: Any, **kw: Any) -> Any: ...
+
 
 def ensure_saved_model(model_dir: str | Path, log: TaskLog) -> dict[str, Any]:
     """The SavedModel's ``export.json`` in the model folder ``model_dir`` points at, exporting
-    it first if that folder has none. Raises ``AirflowException`` with the exporter's error."""
+    it first if that folder has none. Raises ``AirflowException`` with the exporter's error.
+    A model trained on preprocessed features is exported all the same, with a warning that
+    its SavedModel takes them preprocessed."""
     folder = Path(model_dir).resolve()
     card = folder / "saved_model" / "export.json"
-    if card.exists():
-        return dict(json.loads(card.read_text()))
+    info = dict(json.loads(card.read_text())) if card.exists() else _export(folder, card, log)
+    if info.get("note"):
+        log.warning("SavedModel of %s: %s", folder, info["note"])
+    return info
+
+
+def _export(folder: Path, card: Path, log: TaskLog) -> dict[str, Any]:
     started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", EXPORT_MODULE, str(folder)],

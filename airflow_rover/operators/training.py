@@ -28,6 +28,7 @@ from airflow_rover.core.policies import FailureEvidence, describe_floor
 from airflow_rover.core.spec import (
     AutoscaleConfig,
     ClusterBudget,
+    DataWorkersConfig,
     FeatureConfig,
     JobSpec,
     RecoveryConfig,
@@ -91,12 +92,15 @@ from airflow_rover.operators.training_params import (
     check_polling,
     check_static_autoscale,
     check_static_checkpoint,
+    check_static_data_workers,
     check_static_model,
+    check_static_preprocess,
     check_static_specs,
     checkpoint_config,
     cluster_budget_of,
     dict_or_as_is,
     kubernetes_param,
+    rendered_data_workers,
     static_cluster_budget,
     static_data_schema,
     static_features,
@@ -135,6 +139,17 @@ class ElasticTrainingOperator(BaseOperator):
         ``$AIRFLOW_HOME/rover/jobs/<dag_id>/<run_id>/<task_id>``, on Kubernetes
         ``<kubernetes.job_volume_mount_path>/jobs/...``. (templated)
     :param model: a reference model (``"wide_deep"``) or ``"package.module:factory"``. (templated)
+    :param preprocess: ``"package.module:function"``, a function from each ``Batch`` read from
+        the data to the ``Batch`` the model trains on: the same rows and columns, ids within
+        each column's vocabulary, deterministic. Trainers, data workers, the evaluator and the
+        preflight run it; the SavedModel does not (it takes preprocessed features).
+        (templated; ``docs/data-workers.md``)
+    :param data_workers: processes that prepare the trainers' batches (read, preprocess,
+        look up ids) so that the trainers only train: ``None``, ``0`` or ``"off"``: none;
+        ``n``: n of them; ``"auto"``: as many as the trainers' input wait asks, within the
+        default bounds; or a dict of ``DataWorkersConfig``'s fields, e.g. ``{"mode": "auto",
+        "min": 1, "max": 4}`` (``min``/``max`` without ``mode``: auto), ``cpu``,
+        ``memory_mb``, ``ready_batches``, ``interval_s``. (templated)
     :param plan: initial resources: ``num_workers``, ``num_ps``, ``worker_cpu``,
         ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``; or a template rendering to such a
         dict, e.g. a ``WarmStartOperator``'s ``"{{ ti.xcom_pull('warm_start')['plan'] }}"``.
@@ -205,10 +220,12 @@ class ElasticTrainingOperator(BaseOperator):
         "eval_data",
         "output_dir",
         "model",
+        "preprocess",
         "plan",
         "training",
         "recovery",
         "autoscale",
+        "data_workers",
         "checkpoint_policy",
         "checkpoint_options",
         "checkpoint_uri",
@@ -226,6 +243,7 @@ class ElasticTrainingOperator(BaseOperator):
         "training": "json",
         "recovery": "json",
         "autoscale": "json",
+        "data_workers": "json",
         "checkpoint_options": "json",
         "cluster_budget": "json",
     }
@@ -242,6 +260,8 @@ class ElasticTrainingOperator(BaseOperator):
         data_schema: dict[str, Any] | DataSchema | None = None,
         output_dir: str | None = None,
         model: str = "wide_deep",
+        preprocess: str | None = None,
+        data_workers: dict[str, Any] | DataWorkersConfig | int | str | None = None,
         plan: dict[str, Any] | ResourcePlan | str | None = None,
         training: dict[str, Any] | TrainingConfig | None = None,
         recovery: dict[str, Any] | RecoveryConfig | None = None,
@@ -289,6 +309,12 @@ class ElasticTrainingOperator(BaseOperator):
         self.data_schema = static_data_schema(owner, data_schema)
         self.output_dir = output_dir
         self.model = model
+        self.preprocess = preprocess
+        self.data_workers: Any = (
+            data_workers.model_dump()
+            if isinstance(data_workers, DataWorkersConfig)
+            else data_workers
+        )
         self.plan: dict[str, Any] | str = as_param_dict(plan, ResourcePlan)
         self.training: dict[str, Any] = as_param_dict(training, TrainingConfig)
         self.recovery: dict[str, Any] = as_param_dict(recovery, RecoveryConfig)
@@ -319,6 +345,8 @@ class ElasticTrainingOperator(BaseOperator):
         check_static_autoscale(owner, self.autoscale, self.plan, cluster_budget)
         check_static_checkpoint(owner, checkpoint_policy, self.checkpoint_options)
         check_static_model(owner, model)
+        check_static_preprocess(owner, preprocess)
+        check_static_data_workers(owner, self.data_workers)
 
     @property
     def _owner(self) -> str:
@@ -339,6 +367,8 @@ class ElasticTrainingOperator(BaseOperator):
                     "data_format": self.data_format,
                     "data_schema": self.data_schema,
                     "model": self.model,
+                    "preprocess": self.preprocess or None,
+                    "data_workers": rendered_data_workers(self.data_workers),
                     "features": self.features,
                     "embedding_dim": self.embedding_dim,
                     "plan": dict_or_as_is(self.plan),

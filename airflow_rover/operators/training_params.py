@@ -4,11 +4,13 @@ Every error names the operator and the argument."""
 
 from __future__ import annotations
 
+import ast
+import json
 from datetime import timedelta
 from pathlib import PurePath
 from typing import Any
 
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError, field_validator
 
 from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.plan_limits import check_start_plan
@@ -16,16 +18,24 @@ from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import (
     AutoscaleConfig,
     ClusterBudget,
+    DataWorkersConfig,
     EmbeddingDim,
     FeatureConfig,
     RecoveryConfig,
     ResourcePlan,
     TrainingConfig,
     check_model_ref,
+    check_preprocess_ref,
+    data_workers_fields,
 )
 from airflow_rover.launchers.backends import BACKENDS
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig, check_static_config
-from airflow_rover.operators._validation import check_static_entries, has_template, parse_param
+from airflow_rover.operators._validation import (
+    check_static_entries,
+    describe,
+    has_template,
+    parse_param,
+)
 from airflow_rover.operators.budget_admission import AUTO_BUDGET
 from airflow_rover.operators.warm_start import rendered_dict
 from airflow_rover.storage.base import parse_checkpoint_uri
@@ -157,6 +167,63 @@ def check_static_model(owner: str, model: Any) -> None:
             check_model_ref(model)
         except ValueError as exc:
             raise ValueError(f"{owner}: {exc}") from None
+
+
+def check_static_preprocess(owner: str, preprocess: Any) -> None:
+    """The preprocessing's import path, unless it is a template."""
+    if not has_template(preprocess):
+        try:
+            check_preprocess_ref(preprocess)
+        except ValueError as exc:
+            raise ValueError(f"{owner}: {exc}") from None
+
+
+class _DataWorkersParam(BaseModel):
+    """``data_workers`` alone, in any of its forms, so that its errors name
+    ``data_workers.<field>``."""
+
+    data_workers: DataWorkersConfig
+
+    @field_validator("data_workers", mode="before")
+    @classmethod
+    def _forms(cls, value: Any) -> Any:
+        return data_workers_fields(value)
+
+
+def data_workers_config(owner: str, value: Any) -> DataWorkersConfig:
+    """``value`` in any accepted form (``core.spec.data_workers_fields``) as the config."""
+    try:
+        return _DataWorkersParam.model_validate({"data_workers": value}).data_workers
+    except ValidationError as exc:
+        raise ValueError(f"{owner}: {describe(exc, DataWorkersConfig)}") from None
+
+
+def check_static_data_workers(owner: str, value: Any) -> None:
+    """``data_workers`` unless it is a template; of a dict with templated values, its keys."""
+    if not has_template(value):
+        data_workers_config(owner, value)
+    elif isinstance(value, dict):
+        unknown = sorted(set(value) - set(DataWorkersConfig.model_fields))
+        if unknown:
+            raise ValueError(
+                f"{owner}: invalid data_workers: unknown keys {unknown} are not permitted; "
+                f"accepted: {', '.join(DataWorkersConfig.model_fields)}"
+            )
+
+
+def rendered_data_workers(value: Any) -> Any:
+    """A rendered ``data_workers``: a template renders to text, which may hold a count, None
+    or a dict (JSON or a Python literal); anything else is left for validation to name."""
+    if not isinstance(value, str) or value.strip().lower() in ("off", "auto"):
+        return value
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            parsed = parse(value)
+        except (ValueError, SyntaxError):
+            continue
+        if parsed is None or isinstance(parsed, int | dict):
+            return parsed
+    return value
 
 
 def as_param_dict(value: Any, model: type[BaseModel]) -> Any:

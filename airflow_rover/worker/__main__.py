@@ -159,11 +159,12 @@ def _train(
 
 def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:
     """Score the held-out split and report it to the master."""
+    from airflow_rover.data.preprocessing import load_preprocess
     from airflow_rover.worker.evaluation import evaluate
 
     if spec.eval_data is None:
         raise SystemExit("evaluator started for a job without eval_data")
-    report = evaluate(model, data)
+    report = evaluate(model, data, load_preprocess(spec.preprocess), spec.preprocess)
     master.report_evaluation(report)
     log.info(
         "evaluation: auc=%.4f logloss=%.4f on %d samples",

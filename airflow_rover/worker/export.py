@@ -11,6 +11,11 @@ hash (``core.hashing.initial_rows``), so the SavedModel scores every row as the 
 Per embedding group it holds an int32 slot per id of the group's id space and the trained
 rows, not a dense table: its size grows with the rows trained, plus 4 bytes per id.
 
+A job with a ``preprocess`` trained on the preprocessed features: the SavedModel cannot run
+that Python function, so it takes the preprocessed features, and its ``export.json`` says so
+(``preprocess``, ``note``): the dense features and id columns can be given preprocessed, a
+hashed column whose ids the function changes cannot.
+
 Run as ``python -m airflow_rover.worker.export <model folder>``.
 """
 
@@ -40,6 +45,21 @@ EXPORT_CARD = "export.json"
 
 def exported_path(folder: Path) -> Path:
     return folder / SAVED_MODEL
+
+
+def preprocess_note(card: dict[str, Any]) -> dict[str, str]:
+    """For a model trained with a ``preprocess``: that function and what it means for the
+    SavedModel's inputs; nothing for a model without one."""
+    ref = card.get("preprocess")
+    if not ref:
+        return {}
+    return {
+        "preprocess": ref,
+        "note": f"the model was trained on the output of preprocess={ref!r}, which the "
+        "SavedModel does not run: give it features already preprocessed by that function "
+        "(raw rows score as if unpreprocessed); it hashes its string and int inputs, so a "
+        "hashed column whose ids the function changes cannot be given here",
+    }
 
 
 def export_saved_model(folder: Path) -> dict[str, Any]:
@@ -76,7 +96,7 @@ def export_saved_model(folder: Path) -> dict[str, Any]:
         "trained_rows": int(sum(g.ids.size for g in groups)),
         "export_s": round(time.monotonic() - started, 3),
         "bytes": sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file()),
-    }
+    } | preprocess_note(card)
     (tmp / EXPORT_CARD).write_text(json.dumps(info, indent=2))
     if target.exists():
         shutil.rmtree(target)

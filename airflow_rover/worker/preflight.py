@@ -1,6 +1,6 @@
 """Everything checked before any process of a job starts, shared by the operator and the CLI:
-the data (``data.preflight``), then the model built once on a few rows of the training data and
-called as a worker calls it.
+the data (``data.preflight``), then the job's preprocessing run on a few rows of the training
+data and the model built once and called on them, as a worker does both.
 
 A model factory that raises, or a model that returns other than one logit per row, fails every
 worker on its first step and again on each restart; found here, it fails the task once, with the
@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.spec import FeatureConfig, JobSpec
+from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.preflight import PreflightError, check_data, check_model_importable
-from airflow_rover.data.reader import Batch, open_split
+from airflow_rover.data.preprocessing import PreprocessError, load_preprocess, prepared_elements
+from airflow_rover.data.reader import Batch, SampleReader, open_split
 from airflow_rover.worker.tensorflow_notes import tensorflow_stderr_to_debug
 
 if TYPE_CHECKING:
@@ -60,21 +61,25 @@ def preflight(spec: JobSpec) -> FeatureConfig:
 
 def check_model(spec: JobSpec, features: FeatureConfig) -> None:
     """Import ``spec.model``, build it from ``features`` as a worker does and call it on the
-    first rows of the training data; it must return one float logit per row, shape (rows, 1)."""
+    first rows of the training data, preprocessed by ``spec.preprocess`` (which must keep the
+    rows, the columns and the vocabularies); it must return one float logit per row, shape
+    (rows, 1)."""
     with tensorflow_stderr_to_debug():  # a user's module imports TensorFlow too
         check_model_importable(spec.model)
         _check_model(spec, features)
 
 
 def _check_model(spec: JobSpec, features: FeatureConfig) -> None:
-    model, package = build_model(spec.model, features)
     reader = open_split(spec, spec.train_data)
-    batch = reader.read(0, min(CHECK_ROWS, reader.num_samples))
-    if len(batch) == 0:
-        return  # no rows to call the model on
+    rows = min(CHECK_ROWS, reader.num_samples)
     columns = [c.name for c in reader.schema.categorical]
     lists = [c.name for c in reader.schema.lists]
-    inputs = model_inputs(features, columns, batch, spec.training.seed, lists)
+    encoder = ElementEncoder(features, columns, lists)
+    element = first_element(spec, reader, encoder, rows) if rows else None
+    model, package = build_model(spec.model, features)
+    if element is None:
+        return  # no rows to call the model on
+    inputs = element_inputs(encoder, element, spec.training.seed)
     try:
         logits, _ = model.stateless_call(
             [v.value for v in model.trainable_variables],
@@ -84,10 +89,28 @@ def _check_model(spec: JobSpec, features: FeatureConfig) -> None:
         )
     except Exception as exc:  # whatever the user's model raises
         raise PreflightError(
-            f"model={spec.model!r}: calling it on {len(batch)} rows of train_data as a worker "
+            f"model={spec.model!r}: calling it on {rows} rows of train_data as a worker "
             f"does raised {quote(exc)}{_where(exc, package)}"
         ) from None
-    check_output(spec.model, logits, len(batch))
+    check_output(spec.model, logits, rows)
+
+
+def first_element(
+    spec: JobSpec, reader: SampleReader, encoder: ElementEncoder, rows: int
+) -> dict[str, np.ndarray]:
+    """The step element of the first ``rows`` rows, made as a trainer or a data worker makes
+    it (``prepared_elements``): the job's preprocessing, checked, then the ids. A preprocess
+    that cannot be imported, raises, or breaks the columns or the vocabularies fails here."""
+    where = f"on {rows} rows of train_data, as a worker runs it"
+    try:
+        preprocess = load_preprocess(spec.preprocess)
+        return next(prepared_elements(reader, preprocess, encoder, 0, rows, rows, spec.preprocess))
+    except PreprocessError as exc:
+        raise PreflightError(f"{exc} ({where})") from None
+    except ValueError as exc:  # ids beyond a table's vocab_size (features smaller than data)
+        if spec.preprocess is None:
+            raise
+        raise PreflightError(f"preprocess={spec.preprocess!r}: {exc} ({where})") from None
 
 
 def model_inputs(
@@ -97,33 +120,41 @@ def model_inputs(
     seed: int,
     lists: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
-    """A worker's model inputs for ``batch``: its dense features and, per table, each row's
-    embedding as the PS initialises it, a list column's pooled (``PSModel._inputs``)."""
+    """A worker's model inputs for ``batch`` (no preprocessing): see ``element_inputs``."""
+    encoder = ElementEncoder(features, columns, lists)
+    return element_inputs(encoder, encoder.element(batch), seed)
+
+
+def element_inputs(
+    encoder: ElementEncoder, element: dict[str, np.ndarray], seed: int
+) -> dict[str, np.ndarray]:
+    """A worker's model inputs for a step element: its dense features and, per table, each
+    row's embedding as the PS initialises it, a list column's pooled (``PSModel._inputs``)."""
     from airflow_rover.worker.models import DENSE_INPUT
 
-    index = {name: i for i, name in enumerate(columns)}
-    list_index = {name: j for j, name in enumerate(lists)}
-    inputs = {DENSE_INPUT: batch.dense}
-    for group in EmbeddingPlacement.from_features(features).groups:
-        for table in group.tables:
-            if table.column in list_index:
-                ragged = batch.lists[list_index[table.column]]
-                fused = group.fused_values(table, ragged.values)
-                rows = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
-                inputs[table.name] = _pooled(rows, ragged.row_splits, table.pooling)
-            else:
-                fused = group.fused_ids(batch.categorical, index, (table,))[:, 0]
-                inputs[table.name] = initial_rows(group.name, fused, group.dim, seed, INIT_SCALE)
+    inputs = {DENSE_INPUT: element["dense"]}
+    samples = len(element["dense"])
+    rows = [  # per group, the initial row of each unique id the element pulls
+        initial_rows(g.name, element[f"unique/{g.name}"], g.dim, seed, INIT_SCALE)
+        for g in encoder.groups
+    ]
+    for group, group_rows, scalar in zip(encoder.groups, rows, encoder.scalar, strict=True):
+        inverse = element[f"inverse/{group.name}"]
+        for k, table in enumerate(scalar):
+            inputs[table.name] = group_rows[inverse[:, k]]
+    for g, table in encoder.lists:
+        looked_up = rows[g][element[f"list/{table.name}"]]
+        segments = element[f"segments/{table.name}"]
+        inputs[table.name] = _pooled(looked_up, segments, samples, table.pooling)
     return inputs
 
 
-def _pooled(rows: np.ndarray, row_splits: np.ndarray, pooling: str) -> np.ndarray:
+def _pooled(rows: np.ndarray, segments: np.ndarray, samples: int, pooling: str) -> np.ndarray:
     """Per sample the sum or mean of its rows (zeros for none), as ``worker.pooling.pool``."""
-    lengths = np.diff(row_splits)
-    out = np.zeros((lengths.size, rows.shape[1]), np.float32)
-    np.add.at(out, np.repeat(np.arange(lengths.size), lengths), rows)
+    out = np.zeros((samples, rows.shape[1]), np.float32)
+    np.add.at(out, segments, rows)
     if pooling == "mean":
-        out /= np.maximum(lengths, 1)[:, None]
+        out /= np.maximum(np.bincount(segments, minlength=samples), 1)[:, None]
     return out
 
 

@@ -21,6 +21,7 @@ from airflow_rover.core.metrics import roc_auc
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TrainingConfig
 from airflow_rover.core.training_optimizers import ADAGRAD_INITIAL_ACCUMULATOR, EPSILON
 from airflow_rover.data.features import resolve_features
+from airflow_rover.data.preprocessing import checked, load_preprocess
 from airflow_rover.data.reader import Batch, open_split
 from airflow_rover.worker.models import DENSE_INPUT, ModelFactory, load_factory
 
@@ -109,8 +110,19 @@ def train_single_process(spec: JobSpec) -> dict[str, float]:
     keras.utils.set_random_seed(spec.training.seed)
     features = resolve_features(spec)
     train_reader, eval_reader = open_split(spec, spec.train_data), open_split(spec, spec.eval_data)
-    train = train_reader.read(0, train_reader.num_samples)
-    held_out = eval_reader.read(0, eval_reader.num_samples)
+    preprocess = load_preprocess(spec.preprocess)  # the job's features, as on its workers
+    train = checked(
+        preprocess,
+        train_reader.read(0, train_reader.num_samples),
+        train_reader.schema,
+        spec.preprocess,
+    )
+    held_out = checked(
+        preprocess,
+        eval_reader.read(0, eval_reader.num_samples),
+        eval_reader.schema,
+        spec.preprocess,
+    )
     columns = [c.name for c in train_reader.schema.categorical]
     lists = [c.name for c in train_reader.schema.lists]
     model = in_graph_model(features, columns, load_factory(spec.model), spec.training.seed, lists)
