@@ -72,6 +72,10 @@ def _serve(ctx: NodeContext, master: MasterClient) -> None:
             server.stop(grace=None).wait()
             break
     log.info("%s stopped after %d batches", ctx.node_id, service.served.batches)
+    try:  # the last count, for the job's status (the master may be gone by now)
+        master.heartbeat(ctx.node_id, _beat(service))
+    except Exception as exc:
+        log.info("final heartbeat not delivered: %s", exc)
     master.close()
 
 
@@ -85,16 +89,19 @@ def _beat_until_told(
     """Report what was served until a heartbeat's reply says leave (True) or a signal stops
     the node (False)."""
     while not stop.wait(report_s):
-        served = service.served
-        beat = master_api.Heartbeat(
-            steps=served.batches, samples=served.samples, step_time_ms=served.ms_per_batch
-        )
         try:
-            if master.heartbeat(node_id, beat):
+            if master.heartbeat(node_id, _beat(service)):
                 return True
         except Exception as exc:  # a missed beat is not fatal
             log.warning("heartbeat failed: %s", exc)
     return False
+
+
+def _beat(service: DataWorkerService) -> master_api.Heartbeat:
+    served = service.served
+    return master_api.Heartbeat(
+        steps=served.batches, samples=served.samples, step_time_ms=served.ms_per_batch
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ RESULT_KEYS = (
     "accounting",
     "recovery",
     "durable_checkpoint",
+    "data_workers",
 )
 
 
