@@ -21,7 +21,9 @@ import pytest
 from airflow_server import AirflowUi
 from browser_login import login
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
@@ -198,6 +200,11 @@ def _running_job(ui: AirflowUi, log: Path) -> dict[str, Any]:
     return page
 
 
+def _clicked(element: WebElement) -> bool:
+    element.click()
+    return True
+
+
 def test_a_person_declines_approves_and_stops_a_running_job(
     airflow_ui: AirflowUi,
     browser: webdriver.Chrome,
@@ -216,11 +223,12 @@ def test_a_person_declines_approves_and_stops_a_running_job(
     declined = hook.request_plan(num_workers=2, reason="more workers, please")
     ops = airflow_ui.users["ops"]
     login(browser, airflow_ui.base_url, ops.name, ops.password, next_path=f"/rover/jobs/{job}")
-    wait = WebDriverWait(browser, 60)
+    # the panel refreshes itself every few seconds: a row read across a refresh is stale
+    wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
     row = f"#plans tr[data-plan-id='{declined.id}']"
     wait.until(lambda d: "waiting for approval" in d.find_element(By.CSS_SELECTOR, row).text)
     _screenshot(browser, "ui-job-approval.png", tmp_path)
-    browser.find_element(By.CSS_SELECTOR, f"{row} button.decline").click()
+    wait.until(lambda d: _clicked(d.find_element(By.CSS_SELECTOR, f"{row} button.decline")))
     wait.until(lambda d: "declined" in d.find_element(By.CSS_SELECTOR, row).text)
 
     approved = hook.request_plan(num_workers=2, reason="now, yes")
