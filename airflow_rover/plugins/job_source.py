@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from airflow_rover.core.job_dir import JobDir
-from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.history.launches import Launch, LaunchIndex
 from airflow_rover.history.registry import RunningJobRegistry
 from airflow_rover.history.store import HistoryStore
@@ -74,11 +73,11 @@ class JobSource:
             status = {"state": WAITING_FOR_BUDGET, "message": waiting}
         elif launch is not None and Path(launch.job_dir).is_dir():
             status = await ElasticJobHook(launch.job_dir).async_get_status()
-        held: list[ResourcePlan] = []
+        held: dict[str, tuple[float, float]] = {}
         budget = launch.cluster_budget if launch else None
         if budget:
             store = await self.store()
-            held = await asyncio.to_thread(_held_plans, store, str(budget["name"]))
+            held = await asyncio.to_thread(_held, store, str(budget["name"]))
         logs = await asyncio.to_thread(log_tails, launch, status) if launch else {}
         return job_page(launch, ended, status, held, logs)
 
@@ -116,9 +115,11 @@ def _waiting_reason(store: HistoryStore, job_id: str) -> str | None:
     return str(last["reason"]) if last and last["action"] == "wait" else "waiting for its budget"
 
 
-def _held_plans(store: HistoryStore, budget: str) -> list[ResourcePlan]:
-    """The plans the budget's jobs hold (a waiting job holds none)."""
-    return [job.holds for job in RunningJobRegistry(store).jobs(budget) if job.holds]
+def _held(store: HistoryStore, budget: str) -> dict[str, tuple[float, float]]:
+    """(cores, MB) each of the budget's jobs holds, data workers included (a waiting job
+    holds none)."""
+    jobs = RunningJobRegistry(store).jobs(budget)
+    return {job.job_id: job.needs(job.holds) for job in jobs if job.holds}
 
 
 def log_tails(launch: Launch, status: Mapping[str, Any] | None) -> dict[str, str]:

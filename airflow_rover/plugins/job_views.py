@@ -203,16 +203,18 @@ def throughput_points(
 
 def budget_share(
     budget: Mapping[str, Any] | None,
+    job_id: str | None,
     job_plan: Mapping[str, Any] | None,
-    held: Iterable[ResourcePlan],
+    held: Mapping[str, tuple[float, float]],
 ) -> BudgetShare | None:
-    """The job's share of its cluster budget; ``held``: the plans every registered job of the
-    budget holds (this one included when it is registered)."""
+    """The job's share of its cluster budget; ``held``: the (cores, MB) every registered job
+    of the budget holds, its data workers included (this job's when it is registered; else
+    its plan's)."""
     if not budget or not job_plan:
         return None
-    plans = list(held)
-    cpu, memory = Budget.used(ResourcePlan.model_validate(job_plan))
-    used = [Budget.used(p) for p in plans]
+    own = held.get(job_id) if job_id else None
+    cpu, memory = own or Budget.used(ResourcePlan.model_validate(job_plan))
+    used = list(held.values())
     return BudgetShare(
         name=str(budget.get("name") or "default"),
         cpu=budget.get("cpu"),
@@ -221,7 +223,7 @@ def budget_share(
         job_memory_mb=memory,
         all_cpu=sum(c for c, _ in used),
         all_memory_mb=sum(m for _, m in used),
-        jobs=len(plans),
+        jobs=len(used),
     )
 
 
@@ -229,7 +231,7 @@ def job_page(
     launch: Launch | None,
     ended: Mapping[str, Any] | None,
     status: Mapping[str, Any] | None,
-    held: Iterable[ResourcePlan] = (),
+    held: Mapping[str, tuple[float, float]] | None = None,
     logs: Mapping[str, str] | None = None,
 ) -> JobPage:
     """The job page of a job, from what is known of it."""
@@ -253,7 +255,11 @@ def job_page(
         nodes=list(status.get("nodes") or (ended or {}).get("nodes") or ()),
         checkpoints=list(recovery.pop("checkpoint_history", None) or ()),
         recovery=recovery,
-        budget=budget_share(budget, status.get("plan"), held) if row.running else None,
+        budget=(
+            budget_share(budget, row.job_id, status.get("plan"), held or {})
+            if row.running
+            else None
+        ),
         plan_approval=approval,
         logs=dict(logs or {}),
         data_workers=_section(status.get("data_workers") or (ended or {}).get("data_workers")),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from airflow_rover.core.optimizer import Budget
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.history.launches import Launch, LaunchIndex
 from airflow_rover.history.store import HistoryStore
@@ -122,13 +123,19 @@ def test_the_job_page_gathers_shards_points_checkpoints_and_budget() -> None:
     budget = {"name": "shared", "cpu": 16.0}
     other = ResourcePlan.model_validate({**PLAN, "num_workers": 3})
     mine = ResourcePlan.model_validate(PLAN)
-    page = job_page(launch(cluster_budget=budget), None, running_status(), [mine, other])
+    held = {"other-job": Budget.used(other), "rover-daily.train-0123456789": Budget.used(mine)}
+    page = job_page(launch(cluster_budget=budget), None, running_status(), held)
     assert page.shards == {"todo": 3, "doing": 2, "done": 5, "quarantined": 0}
     assert page.throughput == [(111.0, 500.0), (113.0, 800.0), (115.0, 812.5)]
     assert page.checkpoints == [{"id": 1}] and "checkpoint_history" not in page.recovery
     assert page.recovery["pls"] == 0.02
     assert page.budget is not None
     assert (page.budget.job_cpu, page.budget.all_cpu, page.budget.jobs) == (5.0, 12.0, 2)
+    # what the registry says the job holds counts: its data workers' cores besides its plan
+    held["rover-daily.train-0123456789"] = (7.0, 9216.0)
+    page = job_page(launch(cluster_budget=budget), None, running_status(), held)
+    assert page.budget is not None
+    assert (page.budget.job_cpu, page.budget.all_cpu) == (7.0, 14.0)
 
 
 def test_an_ended_job_draws_the_samples_the_history_kept() -> None:
