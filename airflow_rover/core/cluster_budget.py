@@ -13,7 +13,7 @@ the budget. Everything here is pure (no database, no Airflow).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -129,6 +129,30 @@ def data_workers_held(status: Mapping[str, Any], config: DataWorkersConfig) -> t
     if not isinstance(running, int | float) or isinstance(running, bool) or running < 0:
         return data_workers_request(config)
     return int(running) * config.cpu, float(int(running) * config.memory_mb)
+
+
+def data_worker_cap(
+    rows: Iterable[RunningJob],
+    budget: ClusterBudget,
+    job: RunningJob,
+    config: DataWorkersConfig,
+    now: float,
+) -> int:
+    """The most data workers ``job`` may run now: those it runs, plus as many as fit in what
+    the budget has left once every fresh row's holding (and every waiting job's ask: a job
+    that waits for room comes before data workers) is counted; within ``[min, max]``."""
+    free = limits(budget)
+    used_cpu = used_mb = 0.0
+    for row in rows:
+        if row.fresh(now) and row.job_id != job.job_id:
+            cpu, mb = row.needs(row.plan)  # a waiting row: what it asks for
+            used_cpu, used_mb = used_cpu + cpu, used_mb + mb
+    cpu, mb = job.needs(job.plan)
+    left_cpu, left_mb = free.cpu - used_cpu - cpu, free.memory_mb - used_mb - mb
+    running = round(job.data_workers[0] / config.cpu) if config.cpu > 0 else 0
+    more = min(left_cpu / config.cpu, left_mb / config.memory_mb)
+    extra = 0 if more <= 0 else (config.max if math.isinf(more) else math.floor(more))
+    return max(config.min, min(config.max, running + extra))
 
 
 def throughput_of(status: Mapping[str, Any]) -> float:

@@ -63,6 +63,7 @@ class DataAutoscaler:
         self._before: InputWindow | None = None  # the window before the step being judged
         self._full = 0  # windows in a row with a full queue and trainers not waiting
         self._capped = 0  # windows in a row waiting at the ceiling
+        self.budget_cap: int | None = None  # the most a shared cluster budget leaves room for
 
     def decide(self, window: InputWindow) -> DataWorkerDecision | None:
         """The next count after ``window``, or None to keep it. A window measured with another
@@ -92,6 +93,8 @@ class DataAutoscaler:
 
     def _step_up(self, window: InputWindow) -> DataWorkerDecision | None:
         waited = f"the trainers waited {window.input_wait:.0%} of the time for input"
+        if self.budget_cap is not None and self.count >= self.budget_cap:
+            return None  # no room in the cluster budget: the status says so
         if self.count < self.ceiling:
             self._capped = 0
             return self._step(window, +1, "input-wait", f"{waited}: adding a data worker")

@@ -181,6 +181,14 @@ class ElasticJobHook(BaseHook):
             reply = await client.post(self._url(path), json=body, headers=self._headers())
             return _plan_record(reply)
 
+    async def async_cap_data_workers(self, cap: int | None) -> None:
+        """Tell the job how many data workers its cluster budget leaves room for."""
+        async with self._async_client() as client:
+            reply = await client.post(
+                self._url("/data-workers/cap"), json={"cap": cap}, headers=self._headers()
+            )
+            reply.raise_for_status()
+
     # -- status ------------------------------------------------------------------------------
     def get_status(self) -> dict[str, Any]:
         api_status = None

@@ -138,6 +138,10 @@ def _job_routes(master: JobMaster) -> APIRouter:
         except ValueError as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
 
+    @router.post("/data-workers/cap")
+    def cap_data_workers(body: master_api.DataWorkerCap) -> dict[str, Any]:
+        return master.cap_data_workers(body.cap)
+
     @router.post("/stop")
     def stop(body: master_api.StopRequest) -> dict[str, str]:
         master.request_stop(body.reason, body.final)

@@ -81,6 +81,12 @@ class DataWorkerRoom:
         """Where trainers may ask for batches now."""
         return [n.address for n in self._live() if n.state == NodeState.RUNNING and n.address]
 
+    def cap(self, count: int | None) -> None:
+        """The most data workers the job's cluster budget leaves room for (None: no budget);
+        set by the job's trigger. It stops steps up, it never removes a data worker."""
+        if self.autoscaler is not None:
+            self.autoscaler.budget_cap = count
+
     def leaving(self, node_id: str) -> bool:
         """Whether the data worker ``node_id`` should finish its calls and exit."""
         return node_id in self._draining
@@ -205,6 +211,8 @@ class DataWorkerRoom:
         }
         if config.mode == "auto":
             out.update({"min": config.min, "max": config.max})
+            if self.autoscaler is not None and self.autoscaler.budget_cap is not None:
+                out["budget_cap"] = self.autoscaler.budget_cap
         if self.last is not None:
             out.update(
                 {

@@ -228,6 +228,12 @@ class JobMaster:
             raise KeyError(f"no plan {plan_id}")
         return record
 
+    def cap_data_workers(self, cap: int | None) -> dict[str, Any]:
+        """The cluster budget's room for data workers (the trigger's); the section after."""
+        with self._lock:
+            self.data_workers.cap(cap)
+            return self.data_workers.status()
+
     def request_stop(self, reason: str, final: bool = False) -> None:
         """Stop the job; ``final``: a person decided it, so the task fails without a retry
         (its status's ``failure`` says so)."""

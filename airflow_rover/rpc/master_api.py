@@ -108,6 +108,12 @@ class DeclineRequest(_Body):
     reason: str = Field(min_length=1, max_length=500)
 
 
+class DataWorkerCap(_Body):
+    """The most data workers a job's cluster budget leaves room for (None: no limit)."""
+
+    cap: int | None = Field(default=None, ge=0, le=64)
+
+
 class StopRequest(_Body):
     reason: str = Field(default="stop requested", max_length=500)
     # a person's decision: the job's failure says no retry should resume it

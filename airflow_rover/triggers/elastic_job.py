@@ -33,7 +33,14 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_rover.core.cluster_budget import RunningJob, Shrink, Verdict, running_job, ttl_for
+from airflow_rover.core.cluster_budget import (
+    RunningJob,
+    Shrink,
+    Verdict,
+    data_worker_cap,
+    running_job,
+    ttl_for,
+)
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_status import progress_line, without_history
 from airflow_rover.core.milestones import Milestone
@@ -101,6 +108,7 @@ class ElasticJobTrigger(BaseTrigger):
         self._shrunk_to: int | None = None  # the worker count a shrink order was applied for
         self._data_workers: DataWorkersConfig | None = None  # the spec's, read once
         self._spec_read = False
+        self._data_worker_cap: int | None = None  # the last cap the master was told
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         kwargs: dict[str, Any] = {
@@ -265,6 +273,7 @@ class ElasticJobTrigger(BaseTrigger):
                 exc,
             )
             return
+        await self._cap_data_workers(hook, registry, row, budget, data_workers, now)
         shrink = decision.shrinks.get(row.job_id)
         if shrink is not None:
             try:
@@ -281,6 +290,28 @@ class ElasticJobTrigger(BaseTrigger):
             self._report_waiting(proposal, budget, verdict)
             return
         await self._apply_selected(hook, registry, row, budget, verdict)
+
+    async def _cap_data_workers(
+        self,
+        hook: ElasticJobHook,
+        registry: RunningJobRegistry,
+        row: RunningJob,
+        budget: ClusterBudget,
+        config: DataWorkersConfig | None,
+        now: float,
+    ) -> None:
+        """Auto-scaled data workers grow only into what the budget has left (the master scales
+        them itself, between polls)."""
+        if config is None or config.mode != "auto":
+            return
+        try:
+            rows = await asyncio.to_thread(registry.jobs, budget.name, now)
+            cap = data_worker_cap(rows, budget, row, config, now)
+            if cap != self._data_worker_cap:
+                await hook.async_cap_data_workers(cap)
+                self._data_worker_cap = cap
+        except Exception as exc:  # the next poll tries again
+            self.log.warning("Could not tell job %s its room for data workers: %s", row.job_id, exc)
 
     async def _data_workers_of(self) -> DataWorkersConfig | None:
         """The spec's data workers, which size those the job holds (read once: no plan

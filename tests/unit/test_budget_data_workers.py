@@ -14,6 +14,7 @@ import pytest
 from airflow_rover.core.budget_arbiter import allocate
 from airflow_rover.core.cluster_budget import (
     RunningJob,
+    data_worker_cap,
     data_workers_held,
     data_workers_request,
     running_job,
@@ -177,10 +178,45 @@ def test_the_job_trigger_registers_the_data_workers_its_job_holds(
     budget = ClusterBudget(name="shared", cpu=10)
     trigger = ElasticJobTrigger(str(job_dir.root), cluster_budget=budget.model_dump())
     reported = status("j", 2, {"mode": "auto", "running": 3})
-    hook = cast(ElasticJobHook, None)  # no proposal, no shrink: the hook is not called
-    asyncio.run(trigger._apply_within_budget(hook, reported, [], budget))
+    caps = CapsTold()  # no proposal, no shrink: the job is only told its room
+    asyncio.run(trigger._apply_within_budget(cast(ElasticJobHook, caps), reported, [], budget))
+    assert caps.told == [4]  # 10 cores - 3 (plan) - 3 (data workers) = 4 more: max 4
     with RunningJobRegistry(HistoryStore(default_history_url())) as registry:
         row = {r.job_id: r for r in registry.jobs("shared", include_stale=True)}["j"]
     assert row.data_workers == (3.0, 6144.0) and row.plan == plan(2)
     missing = ElasticJobTrigger(str(tmp_path / "none"), cluster_budget=budget.model_dump())
     assert asyncio.run(missing._data_workers_of()) is None
+
+
+class CapsTold:
+    """Where the trigger tells the job its room for data workers (the master's API stands
+    behind it in ``test_data_worker_room.py``)."""
+
+    def __init__(self) -> None:
+        self.told: list[int | None] = []
+
+    async def async_cap_data_workers(self, cap: int | None) -> None:
+        self.told.append(cap)
+
+
+def test_auto_data_workers_grow_only_into_what_the_budget_has_left() -> None:
+    """The job runs 3 data workers (1 core, 2048 MB each) beside a 3-core plan; the others'
+    holdings and a waiting job's ask come first; never below ``min`` nor above ``max``."""
+    budget = ClusterBudget(name="default", cpu=10)
+    me = running("me", 2, (3.0, 6144.0))
+    assert data_worker_cap([me], budget, me, DATA, NOW) == 4  # 4 cores left, max 4
+    other = running("other", 1, (0.0, 0.0))  # 2 cores
+    assert data_worker_cap([me, other], budget, me, DATA, NOW) == 4  # 3 + 2, max 4
+    big = running("big", 3, (0.0, 0.0))  # 4 cores: nothing left
+    assert data_worker_cap([me, big], budget, me, DATA, NOW) == 3  # only those it runs
+    waits = waiting_row("next", budget, plan(1), NOW, NOW)  # asks for 2 cores
+    assert data_worker_cap([me, other, waits], budget, me, DATA, NOW) == 3
+    stale = RunningJob(**{**big.__dict__, "updated_at": NOW - 3600})
+    assert data_worker_cap([me, stale], budget, me, DATA, NOW) == 4  # gone: not counted
+    by_memory = ClusterBudget(name="default", memory_mb=3 * MB + 6144 + 2048)
+    assert data_worker_cap([me], by_memory, me, DATA, NOW) == 4  # 2048 MB left: one more
+    unlimited = ClusterBudget(name="default", cpu=None, memory_mb=None)
+    assert data_worker_cap([me], unlimited, me, DATA, NOW) == DATA.max
+    floor = DataWorkersConfig(mode="auto", min=2, max=4)
+    crowded = running("me", 2, (0.0, 0.0))
+    assert data_worker_cap([crowded, big, other], budget, crowded, floor, NOW) == 2

@@ -124,3 +124,26 @@ def test_windows_are_read_between_heartbeats_and_drive_the_policy(
     assert "waited 50%" in room.decisions[0].reason
     room.tick(trainers, now=t0 + 13)  # the room starts the new one at its next tick
     assert data_started(job) == ["data-0"]
+
+
+def test_the_budget_s_room_stops_steps_up_and_shows(make_job: Callable[..., Job]) -> None:
+    """The trigger's cap (``POST /data-workers/cap``): trainers that wait get no data worker
+    beyond it; it removes none."""
+    job = make_job(data_workers=DataWorkersConfig(mode="auto", min=0, max=3, interval_s=1))
+    start_running(job)
+    section = job.post("/data-workers/cap", {"cap": 0})
+    assert section["budget_cap"] == 0
+    room = job.master.data_workers
+    trainer = job.master.nodes["worker-0"]
+    for at, samples, waited in ((1000.0, 0, 0.0), (1010.0, 2560, 6.0)):
+        trainer.samples, trainer.steps, trainer.input_wait_s, trainer.beat_at = (
+            samples,
+            samples // 64,
+            waited,
+            at,
+        )
+        room.tick([trainer], now=at + 0.5)
+    assert room.last is not None and room.last.input_wait == 0.6
+    assert room.decisions == [] and room.target == 0  # no room in the budget
+    job.post("/data-workers/cap", {"cap": None})
+    assert "budget_cap" not in job.status()["data_workers"]

@@ -117,6 +117,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/plans", {"num_workers": 9}),
     ("POST", "/plans/1/apply", None),
     ("POST", "/plans/1/decline", {"reason": "too dear"}),
+    ("POST", "/data-workers/cap", {"cap": 64}),
     ("POST", "/stop", {"reason": "intruder"}),
 ]
 BAD_HEADERS = [
