@@ -36,7 +36,7 @@ class NodeInfo:
         return self.exit_code is None and not self.stopping
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "id": self.node_id,
             "role": self.role,
             "state": str(self.state),
@@ -47,6 +47,9 @@ class NodeInfo:
             "exit_code": self.exit_code,
             "restarts": self.restarts,
         }
+        if self.role == "worker":  # a trainer's input wait, for any window a reader picks
+            out["input_wait_s"] = round(self.input_wait_s, 3)
+        return out
 
 
 class NodeSet:

@@ -308,10 +308,15 @@ def test_heartbeat_records_progress(make_job) -> None:
     start_running(job)
     assert job.post("/nodes/worker-0/heartbeat", {"steps": 3, "samples": 192, "step_time_ms": 2.5})
     assert job.post(
-        "/nodes/worker-0/heartbeat", {"steps": 6, "samples": 384, "step_time_ms": 2.0}
+        "/nodes/worker-0/heartbeat",
+        {"steps": 6, "samples": 384, "step_time_ms": 2.0, "input_wait_s": 1.25},
     ) == {"stop": False}
-    node = next(n for n in job.status()["nodes"] if n["id"] == "worker-0")
+    nodes = {n["id"]: n for n in job.status()["nodes"]}
+    node = nodes["worker-0"]
     assert (node["steps"], node["samples"], node["step_time_ms"]) == (6, 384, 2.0)
+    # A trainer's input wait (seconds, in all) is in its node, for any window a reader picks.
+    assert node["input_wait_s"] == 1.25
+    assert "input_wait_s" not in nodes["ps-0"]
 
 
 def test_lease_done_cycle_until_all_shards_are_done(make_job) -> None:
