@@ -8,8 +8,10 @@ step speeds the job up as the last did (data workers are data-parallel, nothing 
 them) and corrects itself from what it measures: a step up that did not raise the trainers'
 samples/s by ``MIN_GAIN`` is taken back and sets a ceiling (sublinear speedup: the cores or the
 trainers are the bottleneck now); a step down that cost more than ``MIN_GAIN`` is taken back and
-sets a floor. With ``low`` 0 the trainers prepare their input themselves, GoldMiner's fallback
-when data workers do not pay. A ceiling is probed again after ``REPROBE_WINDOWS`` windows in
+sets a floor. A step is judged by the mean of ``JUDGE_WINDOWS`` windows after it against as
+many before it: one window's rate swings by more than ``MIN_GAIN`` on a busy machine. With
+``low`` 0 the trainers prepare their input themselves, GoldMiner's fallback when data workers do
+not pay. A ceiling is probed again after ``REPROBE_WINDOWS`` windows in
 which the trainers still waited, since the job's neighbours on the machine change.
 """
 
@@ -23,6 +25,7 @@ WAIT_LOW = 0.03  # ... and this little, with a full queue, have some to spare
 FILL_FULL = 0.8  # a queue of ready batches this full (mean over the window) is full
 FULL_WINDOWS = 2  # windows in a row the queue must stay full before a step down
 MIN_GAIN = 0.05  # a step must change samples/s by this fraction to count
+JUDGE_WINDOWS = 3  # a step is judged by the mean of this many windows after it (and before)
 REPROBE_WINDOWS = 10
 
 
@@ -52,7 +55,7 @@ class DataWorkerDecision:
 
 
 class DataAutoscaler:
-    """One step at a time within ``[low, high]``, each judged by the window after it."""
+    """One step at a time within ``[low, high]``, each judged by the windows after it."""
 
     def __init__(self, low: int, high: int, start: int) -> None:
         if not 0 <= low <= start <= high:
@@ -60,7 +63,9 @@ class DataAutoscaler:
         self.low, self.high = low, high
         self.count = start
         self.ceiling, self.floor = high, low
-        self._before: InputWindow | None = None  # the window before the step being judged
+        self._recent: list[InputWindow] = []  # the last windows at this count, oldest first
+        self._before: list[InputWindow] | None = None  # windows before the step being judged
+        self._after: list[InputWindow] = []  # ... and after it, so far
         self._full = 0  # windows in a row with a full queue and trainers not waiting
         self._capped = 0  # windows in a row waiting at the ceiling
         self.budget_cap: int | None = None  # the most a shared cluster budget leaves room for
@@ -71,7 +76,9 @@ class DataAutoscaler:
         if window.data_workers != self.count:
             return None
         if self._before is not None:
-            return self._judge(window)
+            self._after.append(window)
+            return self._judge() if len(self._after) >= JUDGE_WINDOWS else None
+        self._recent = [*self._recent, window][-JUDGE_WINDOWS:]
         if window.input_wait > WAIT_HIGH:
             self._full = 0
             return self._step_up(window)
@@ -113,29 +120,37 @@ class DataAutoscaler:
     def _step(self, window: InputWindow, delta: int, rule: str, reason: str) -> DataWorkerDecision:
         previous = self.count
         self.count += delta
-        self._before = window
+        self._before, self._after, self._recent = self._recent or [window], [], []
         return DataWorkerDecision(window.at, self.count, previous, rule, reason)
 
-    def _judge(self, window: InputWindow) -> DataWorkerDecision | None:
+    def _judge(self) -> DataWorkerDecision | None:
         """Keep the last step, or take it back and remember the bound it found."""
-        before, self._before = self._before, None
-        assert before is not None
-        if before.samples_per_s <= 0:
+        before, after = self._before, self._after
+        assert before is not None and after
+        self._before, self._after, self._recent = None, [], after
+        window = after[-1]
+        rate_before = sum(w.samples_per_s for w in before) / len(before)
+        rate_after = sum(w.samples_per_s for w in after) / len(after)
+        if rate_before <= 0:
             return None
-        gain = window.samples_per_s / before.samples_per_s - 1
-        went_up = window.data_workers > before.data_workers
+        gain = rate_after / rate_before - 1
+        went_up = window.data_workers > before[-1].data_workers
         speeds = (
-            f"{before.data_workers} -> {window.data_workers} data workers: "
-            f"{before.samples_per_s:,.0f} -> {window.samples_per_s:,.0f} samples/s ({gain:+.0%})"
+            f"{before[-1].data_workers} -> {window.data_workers} data workers: "
+            f"{rate_before:,.0f} -> {rate_after:,.0f} samples/s ({gain:+.0%}, mean of "
+            f"{len(before)} and {len(after)} windows)"
         )
         if went_up and gain < MIN_GAIN:
-            self.ceiling = before.data_workers
+            self.ceiling = before[-1].data_workers
             return self._revert(window, before, f"{speeds}; back, no more than {self.ceiling}")
         if not went_up and gain < -MIN_GAIN:
-            self.floor = before.data_workers
+            self.floor = before[-1].data_workers
             return self._revert(window, before, f"{speeds}; back, no fewer than {self.floor}")
         return None
 
-    def _revert(self, window: InputWindow, before: InputWindow, reason: str) -> DataWorkerDecision:
-        previous, self.count = self.count, before.data_workers
+    def _revert(
+        self, window: InputWindow, before: list[InputWindow], reason: str
+    ) -> DataWorkerDecision:
+        previous, self.count = self.count, before[-1].data_workers
+        self._recent = []
         return DataWorkerDecision(window.at, self.count, previous, "revert", reason)
