@@ -151,7 +151,10 @@ class DataWorkerRoom:
             self._window = (now, beats)
             return
         since, before = self._window
-        common = [node for node in beats if node in before and beats[node].at > before[node].at]
+        if beats.keys() != before.keys():  # a trainer joined (its first beat) or left: a
+            self._window = (now, beats)  # window of some trainers would read as all of them
+            return
+        common = [node for node in beats if beats[node].at > before[node].at]
         steps = sum(beats[n].steps - before[n].steps for n in common)
         if now - since < self.config.interval_s or steps < MIN_STEPS * len(beats):
             return

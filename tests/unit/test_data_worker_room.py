@@ -11,6 +11,7 @@ from master_rig import Job, start_running
 from airflow_rover.core.data_autoscaler import DataWorkerDecision
 from airflow_rover.core.spec import DataWorkersConfig
 from airflow_rover.master.data_workers import DRAIN_TIMEOUT_S
+from airflow_rover.master.nodes import NodeInfo
 
 
 def data_started(job: Job) -> list[str]:
@@ -147,3 +148,26 @@ def test_the_budget_s_room_stops_steps_up_and_shows(make_job: Callable[..., Job]
     assert room.decisions == [] and room.target == 0  # no room in the budget
     job.post("/data-workers/cap", {"cap": None})
     assert "budget_cap" not in job.status()["data_workers"]
+
+
+def test_a_window_holds_every_trainer_or_is_not_taken(make_job: Callable[..., Job]) -> None:
+    """A window opened before a trainer's first heartbeat would count the others alone: in
+    bench/data_workers.py (2 trainers) the first window read 7,371 samples/s for 15,000."""
+    job = make_job(data_workers=DataWorkersConfig(mode="auto", min=0, max=2, interval_s=1))
+    start_running(job)
+    room = job.master.data_workers
+    trainers = [NodeInfo("worker-0", "worker"), NodeInfo("worker-1", "worker")]
+
+    def beat(at: float, *samples: int) -> None:
+        for node, count in zip(trainers, samples, strict=True):
+            if count >= 0:
+                node.samples, node.steps, node.beat_at = count, count // 100, at
+
+    beat(100.0, 0, -1)  # worker-1 has not reported yet
+    room.tick(trainers, now=100.0)
+    beat(101.0, 1000, 0)
+    room.tick(trainers, now=101.0)
+    assert room.last is None  # worker-0 alone: not a window of the job
+    beat(102.0, 2000, 1000)
+    room.tick(trainers, now=102.0)
+    assert room.last is not None and room.last.samples_per_s == 2000.0
