@@ -109,3 +109,28 @@ def test_a_window_between_thresholds_changes_nothing() -> None:
 def test_bounds_are_checked() -> None:
     with pytest.raises(ValueError, match="low 2 <= start 1"):
         DataAutoscaler(2, 4, 1)
+
+
+def test_a_step_that_ends_the_waiting_at_no_cost_is_kept() -> None:
+    """GoldMiner stops at the ideal queue state: trainers that hardly wait. A step up that
+    brought the wait under WAIT_HIGH is kept though it gained under MIN_GAIN, unless it cost
+    samples/s."""
+    policy = DataAutoscaler(0, 4, 2)
+    policy.decide(window(2, 14_000, 0.19))
+    assert judged(policy, *[window(3, 14_150, 0.09)] * JUDGE_WINDOWS) is None  # +1%, 9%: kept
+    assert policy.count == 3
+    costly = DataAutoscaler(0, 4, 2)
+    costly.decide(window(2, 14_000, 0.19))
+    back = judged(costly, *[window(3, 13_700, 0.08)] * JUDGE_WINDOWS)  # -2%
+    assert back is not None and (back.count, back.rule) == (2, "revert")
+
+
+def test_a_fallback_to_the_trainers_is_for_good() -> None:
+    """Data workers that did not pay at all (a ceiling of 0) are not tried again: each try
+    costs the windows it is judged by."""
+    policy = DataAutoscaler(0, 3, 0)
+    assert policy.decide(window(0, 15_000, 0.55)).count == 1  # type: ignore[union-attr]
+    back = judged(policy, *[window(1, 7_000, 0.7)] * JUDGE_WINDOWS)
+    assert back is not None and back.count == 0 and policy.ceiling == 0
+    for _ in range(3 * REPROBE_WINDOWS):
+        assert policy.decide(window(0, 15_000, 0.55)) is None
