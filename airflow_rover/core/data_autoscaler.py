@@ -8,9 +8,9 @@ step speeds the job up as the last did (data workers are data-parallel, nothing 
 them) and corrects itself from what it measures: a step up that did not raise the trainers'
 samples/s by ``MIN_GAIN`` is taken back and sets a ceiling (sublinear speedup: the cores or the
 trainers are the bottleneck now); a step down that cost more than ``MIN_GAIN`` is taken back and
-sets a floor. A step up that did not gain ``MIN_GAIN`` but lost nothing and left the trainers
-waiting no more than ``WAIT_HIGH`` is kept: that is GoldMiner's ideal queue state, where it
-stops scaling. A step is judged by the mean of ``JUDGE_WINDOWS`` windows after it against as
+sets a floor. A step up that gained under ``MIN_GAIN`` is kept when it left the trainers waiting
+no more than ``WAIT_HIGH`` at no real cost (lost under ``MIN_GAIN``, as a step down may):
+that is GoldMiner's ideal queue state, where it stops scaling. A step is judged by the mean of ``JUDGE_WINDOWS`` windows after it against as
 many before it: one window's rate swings by more than ``MIN_GAIN`` on a busy machine. With
 ``low`` 0 the trainers prepare their input themselves, GoldMiner's fallback when data workers do
 not pay, for good. A ceiling of one or more is probed again after ``REPROBE_WINDOWS`` windows in
@@ -143,8 +143,8 @@ class DataAutoscaler:
             f"{len(before)} and {len(after)} windows)"
         )
         waits = sum(w.input_wait for w in after) / len(after)
-        if went_up and gain < MIN_GAIN and waits <= WAIT_HIGH and gain >= 0:
-            return None  # GoldMiner's ideal state: the trainers hardly wait, at no cost
+        if went_up and gain < MIN_GAIN and waits <= WAIT_HIGH and gain > -MIN_GAIN:
+            return None  # GoldMiner's ideal state: the trainers hardly wait, at no real cost
         if went_up and gain < MIN_GAIN:
             self.ceiling = before[-1].data_workers
             return self._revert(window, before, f"{speeds}; back, no more than {self.ceiling}")
