@@ -10,11 +10,13 @@ samples/s by ``MIN_GAIN`` is taken back and sets a ceiling (sublinear speedup: t
 trainers are the bottleneck now); a step down that cost more than ``MIN_GAIN`` is taken back and
 sets a floor. A step up that gained under ``MIN_GAIN`` is kept when it left the trainers waiting
 no more than ``WAIT_HIGH`` at no real cost (lost under ``MIN_GAIN``, as a step down may):
-that is GoldMiner's ideal queue state, where it stops scaling. A step is judged by the mean of ``JUDGE_WINDOWS`` windows after it against as
-many before it: one window's rate swings by more than ``MIN_GAIN`` on a busy machine. With
-``low`` 0 the trainers prepare their input themselves, GoldMiner's fallback when data workers do
-not pay, for good. A ceiling of one or more is probed again after ``REPROBE_WINDOWS`` windows in
-which the trainers still waited, since the job's neighbours on the machine change.
+that is GoldMiner's ideal queue state, where it stops scaling. The first window after a change
+is left out (the trainers' queues refill, a new data worker reads its first shard); a step is
+then judged by the mean of ``JUDGE_WINDOWS`` windows after it against as many before it: one
+window's rate swings by more than ``MIN_GAIN`` on a busy machine. With ``low`` 0 the trainers
+prepare their input themselves, GoldMiner's fallback when data workers do not pay, for good. A
+ceiling of one or more is probed again after ``REPROBE_WINDOWS`` windows in which the trainers
+still waited, since the job's neighbours on the machine change.
 """
 
 from __future__ import annotations
@@ -71,11 +73,15 @@ class DataAutoscaler:
         self._full = 0  # windows in a row with a full queue and trainers not waiting
         self._capped = 0  # windows in a row waiting at the ceiling
         self.budget_cap: int | None = None  # the most a shared cluster budget leaves room for
+        self._settling = False  # the first window after a change is not measured
 
     def decide(self, window: InputWindow) -> DataWorkerDecision | None:
         """The next count after ``window``, or None to keep it. A window measured with another
         count than the current one (a step not yet in effect) is ignored."""
         if window.data_workers != self.count:
+            return None
+        if self._settling:  # the queues refill, a new data worker reads its first shard
+            self._settling = False
             return None
         if self._before is not None:
             self._after.append(window)
@@ -123,6 +129,7 @@ class DataAutoscaler:
         previous = self.count
         self.count += delta
         self._before, self._after, self._recent = self._recent or [window], [], []
+        self._settling = True
         return DataWorkerDecision(window.at, self.count, previous, rule, reason)
 
     def _judge(self) -> DataWorkerDecision | None:
@@ -157,5 +164,5 @@ class DataAutoscaler:
         self, window: InputWindow, before: list[InputWindow], reason: str
     ) -> DataWorkerDecision:
         previous, self.count = self.count, before[-1].data_workers
-        self._recent = []
+        self._recent, self._settling = [], True
         return DataWorkerDecision(window.at, self.count, previous, "revert", reason)

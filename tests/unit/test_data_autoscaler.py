@@ -19,12 +19,19 @@ def window(count: int, rate: float, wait: float, fill: float = 0.5, at: float = 
 
 
 def judged(policy: DataAutoscaler, *windows: InputWindow) -> DataWorkerDecision | None:
-    """Feed ``windows`` (``JUDGE_WINDOWS`` of them after a step): no decision until the last,
-    which gives the judgement."""
+    """Feed ``windows`` (``JUDGE_WINDOWS`` of them after a step), after a first window that
+    is left out (it reads 0 samples/s here: were it counted, every step would be undone): no
+    decision until the last, which gives the judgement."""
     assert len(windows) == JUDGE_WINDOWS
+    settled(policy, windows[0].data_workers)
     for w in windows[:-1]:
         assert policy.decide(w) is None
     return policy.decide(windows[-1])
+
+
+def settled(policy: DataAutoscaler, count: int) -> None:
+    """The window left out after a change."""
+    assert policy.decide(window(count, 0.0, 0.9)) is None
 
 
 def test_steps_up_while_the_trainers_wait_and_each_step_pays() -> None:
@@ -43,6 +50,7 @@ def test_a_step_up_that_does_not_pay_is_taken_back_and_caps_the_count() -> None:
     back = judged(policy, *[window(2, 1020, 0.35)] * JUDGE_WINDOWS)  # +2%: the cores are full
     assert back is not None and (back.previous, back.count, back.rule) == (2, 1, "revert")
     assert "+2%" in back.reason and "no more than 1" in back.reason
+    settled(policy, 1)
     for _ in range(REPROBE_WINDOWS - 1):  # still waiting, but capped
         assert policy.decide(window(1, 1000, 0.4)) is None
     again = policy.decide(window(1, 1000, 0.4))
@@ -64,6 +72,7 @@ def test_a_full_queue_with_idle_waits_steps_down_and_a_costly_step_down_is_undon
     assert down is not None and (down.count, down.rule) == (2, "queue-full")
     back = judged(policy, *[window(2, 800, 0.2)] * JUDGE_WINDOWS)  # -20%: it was needed
     assert back is not None and (back.count, back.rule) == (3, "revert")
+    settled(policy, 3)
     for _ in range(FULL_WINDOWS + 2):  # the floor holds
         assert policy.decide(window(3, 1000, 0.01, fill=0.95)) is None
 
