@@ -14,7 +14,7 @@ Figures per configuration, steady state only: the trainers' samples/s and the fr
 time spent waiting for their next batch, over a window of ``--measure-s`` seconds that opens
 ``--warmup-s`` after every trainer has reported training (and, with data workers, once all of
 them serve). ``auto``'s window opens once it has settled (its count served for
-``JUDGE_WINDOWS`` + 1.5 intervals with no decision; at most ``--settle-s``); its decisions,
+``JUDGE_WINDOWS`` + 5.5 intervals with no decision; at most ``--settle-s``); its decisions,
 with their reasons, and its whole-run rate (search included) are printed too. Goals: auto's
 samples/s within 10% of the best static configuration's; the trainers' input wait under 10% once
 auto has settled.
@@ -75,8 +75,9 @@ NUM_TRAIN = 100_000
 EPOCHS = 100  # more than any run trains: the bench stops each job once it has measured it
 INTERVAL_S = 4.0  # auto: seconds between two scaling decisions
 # auto is settled once its count has served this many intervals with no decision: a step is
-# judged JUDGE_WINDOWS windows after it serves, and a kept one may be followed by another
-SETTLED_INTERVALS = JUDGE_WINDOWS + 1.5
+# judged JUDGE_WINDOWS windows after the one it leaves out, and a kept one may be followed by
+# another at the next window; a window lasts an interval or more (5 steps, all serving)
+SETTLED_INTERVALS = JUDGE_WINDOWS + 5.5
 POLL_S = 0.5
 GOAL_RATIO = 0.9  # auto's samples/s against the best static configuration's
 GOAL_WAIT = 0.10  # the trainers' input wait once auto has settled
