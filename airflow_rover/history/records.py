@@ -82,14 +82,15 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _number(value: Any) -> float | None:
+def number_or_none(value: Any) -> float | None:
+    """A number a status or record holds (a bool or a string is none)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
 
 
-def _int(value: Any) -> int | None:
-    number = _number(value)
+def int_or_none(value: Any) -> int | None:
+    number = number_or_none(value)
     return None if number is None else int(number)
 
 
@@ -118,7 +119,7 @@ def _plan_history(
 ) -> list[PlanRecord]:
     """The initial plan, then every plan the master proposed (applied or not)."""
     first = PlanRecord(
-        at=_number(job.get("started_at")),
+        at=number_or_none(job.get("started_at")),
         plan=initial,
         reason="initial plan",
         state=PlanState.INITIAL,
@@ -134,10 +135,10 @@ def _throughput(profile: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []
     return [
         {
-            "at": _number(s.get("at")),
+            "at": number_or_none(s.get("at")),
             "plan": scrub(dict(s["plan"])) if isinstance(s.get("plan"), Mapping) else None,
-            "samples_per_second": _number(s.get("samples_per_second")),
-            "step_time_ms": _number(s.get("step_time_ms")),
+            "samples_per_second": number_or_none(s.get("samples_per_second")),
+            "step_time_ms": number_or_none(s.get("step_time_ms")),
         }
         for s in samples
         if isinstance(s, Mapping)
@@ -154,18 +155,18 @@ def _nodes(job: Mapping[str, Any], profile: Mapping[str, Any]) -> list[dict[str,
             nodes[str(node["id"])] = {
                 "node_id": str(node["id"]),
                 "role": node.get("role"),
-                "steps": _int(node.get("steps")),
-                "samples": _int(node.get("samples")),
-                "step_time_ms": _number(node.get("step_time_ms")),
-                "restarts": _int(node.get("restarts")),
-                "exit_code": _int(node.get("exit_code")),
+                "steps": int_or_none(node.get("steps")),
+                "samples": int_or_none(node.get("samples")),
+                "step_time_ms": number_or_none(node.get("step_time_ms")),
+                "restarts": int_or_none(node.get("restarts")),
+                "exit_code": int_or_none(node.get("exit_code")),
             }
     for node_id in sorted({*peaks, *cpu}, key=str):
         entry = nodes.setdefault(
             str(node_id), {"node_id": str(node_id), "role": str(node_id).split("-")[0]}
         )
-        entry["peak_memory_mb"] = _number(peaks.get(node_id))
-        entry["cpu_used"] = _number(cpu.get(node_id))
+        entry["peak_memory_mb"] = number_or_none(peaks.get(node_id))
+        entry["cpu_used"] = number_or_none(cpu.get(node_id))
     return list(nodes.values())
 
 
@@ -194,7 +195,7 @@ def data_workers_of(job: Mapping[str, Any]) -> dict[str, Any] | None:
         if kind is str:
             out[name] = str(value)[:10] if value is not None else None
         else:
-            number = _number(value)
+            number = number_or_none(value)
             out[name] = None if number is None else kind(number)
     return out
 
@@ -204,9 +205,9 @@ def data_worker_decisions(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     decisions = _mapping(job.get("data_workers")).get("decisions")
     return [
         {
-            "at": _number(d.get("at")),
-            "previous": _int(d.get("previous")),
-            "count": _int(d.get("count")),
+            "at": number_or_none(d.get("at")),
+            "previous": int_or_none(d.get("previous")),
+            "count": int_or_none(d.get("count")),
             "rule": str(d.get("rule") or "")[:50],
             "reason": str(d.get("reason") or ""),
         }
@@ -250,7 +251,7 @@ def record_from_status(
     records = plan_records(job.get("plans"))
     initial = initial_plan(records, spec)
     plans = _plan_history(job, records, initial)
-    total = _int(progress.get("samples_total"))
+    total = int_or_none(progress.get("samples_total"))
     epochs = spec.training.epochs
     dataset = total // epochs if total else None
     return JobRecord(
@@ -269,14 +270,14 @@ def record_from_status(
         train_data=spec.train_data,
         training=spec.training.model_dump(),
         message=str(job.get("message") or "")[:4000],
-        started_at=_number(job.get("started_at")),
-        finished_at=_number(job.get("finished_at")),
-        duration_s=_number(job.get("duration_s")),
-        samples_trained=_int(result.get("samples_trained")),
-        samples_per_second=_number(result.get("samples_per_second")),
-        train_seconds=_number(result.get("train_seconds")),
-        auc=_number(result.get("auc")),
-        logloss=_number(result.get("logloss")),
+        started_at=number_or_none(job.get("started_at")),
+        finished_at=number_or_none(job.get("finished_at")),
+        duration_s=number_or_none(job.get("duration_s")),
+        samples_trained=int_or_none(result.get("samples_trained")),
+        samples_per_second=number_or_none(result.get("samples_per_second")),
+        train_seconds=number_or_none(result.get("train_seconds")),
+        auc=number_or_none(result.get("auc")),
+        logloss=number_or_none(result.get("logloss")),
         result=scrub(dict(result)),
         plans=[plan_row(p) for p in plans],
         throughput=_throughput(profile),

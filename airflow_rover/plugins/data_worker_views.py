@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_rover.history.records import int_or_none, number_or_none
+
 
 @dataclass(frozen=True)
 class DataWorkerDecisionLine:
@@ -38,24 +40,13 @@ class DataWorkersPanel:
     decisions: list[DataWorkerDecisionLine]  # newest first
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def _count(value: Any) -> int | None:
-    number = _number(value)
-    return None if number is None else int(number)
-
-
 def decision_lines(decisions: Any) -> list[DataWorkerDecisionLine]:
     """The decisions as timeline lines, newest first (entries that are not mappings skipped)."""
     lines = [
         DataWorkerDecisionLine(
-            at=_number(d.get("at")),
-            previous=_count(d.get("previous")),
-            count=_count(d.get("count")),
+            at=number_or_none(d.get("at")),
+            previous=int_or_none(d.get("previous")),
+            count=int_or_none(d.get("count")),
             rule=str(d.get("rule") or ""),
             reason=str(d.get("reason") or ""),
         )
@@ -75,12 +66,12 @@ def data_workers_panel(section: Any) -> DataWorkersPanel | None:
         return None
     return DataWorkersPanel(
         mode=mode,
-        target=_count(section.get("target")),
-        running=_count(section.get("running")),
-        min=_count(section.get("min")),
-        max=_count(section.get("max")),
-        input_wait=_number(section.get("input_wait")),
-        ready_fill=_number(section.get("ready_fill")),
-        samples_per_s=_number(section.get("samples_per_s")),
+        target=int_or_none(section.get("target")),
+        running=int_or_none(section.get("running")),
+        min=int_or_none(section.get("min")),
+        max=int_or_none(section.get("max")),
+        input_wait=number_or_none(section.get("input_wait")),
+        ready_fill=number_or_none(section.get("ready_fill")),
+        samples_per_s=number_or_none(section.get("samples_per_s")),
         decisions=decision_lines(section.get("decisions")),
     )
