@@ -1,13 +1,7 @@
-"""The policies ``bench/simulator.py`` compares, each as its paper or code describes it.
+"""The policies ``bench/simulator.py`` compares airflow-rover's autoscaler with (that one is
+the master's own class: ``bench/_master_policy.py``), each as its paper or code describes it.
 
-- ``Static``: one configuration for the whole job; the oracle is the best static plan of the
-  bounds and budget (exhaustive search over the true model, started at time 0).
-- ``AirflowRover``: airflow-rover's optimizer, the real ``airflow_rover.core`` modules: fit
-  ``ThroughputModel`` (NNLS) online from the iteration times it observes, candidates from
-  ``pareto_plans`` (NSGA-II), the choice by ``best_plan``, and ``post_scaling.hot_ps`` on the
-  per-PS CPU the profiler reports. Cold start: 1 worker + 2 PS, prior = the paper's
-  coefficients (shape only, scaled to the first observation). Warm start: the plan of
-  ``core.warm_start`` over similar past jobs, prior = their fitted coefficients.
+- ``Static``: one configuration for the whole job (the oracle: the world's best plan).
 - ``DLRoverHeuristic``: what DLRover's local optimizer ships (``../shared/PEERS.md``).
 - ``Optimus``: its own async speed model ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)`` fitted
   with NNLS; adds the one PS or worker with the best marginal gain per core each interval.
@@ -21,61 +15,39 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.optimize import nnls
 
-from airflow_rover.core.optimizer import (
-    Candidate,
-    PlanBounds,
-    Prices,
-    ScalingCosts,
-    best_plan,
-    pareto_plans,
-    throughput_gain,
-)
-from airflow_rover.core.post_scaling import JobProfile, NodeProfile, hot_ps
-from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
-from bench._simcore import (
-    INIT_S,
-    POD_START_S,
-    Config,
-    JobView,
-    Limits,
-    Report,
-    Workload,
-    grid_throughput,
-)
-
-CPU_CHOICES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)
+from airflow_rover.core.optimizer import PlanBounds
+from bench._simcore import Config, JobView, Report
+from bench._world import World
 
 
 @dataclass(frozen=True)
 class Setting:
     """What every policy of a run shares: the job's CPU budget and the plans it may have."""
 
-    budget: float = 200.0
-    bounds: PlanBounds = field(
-        default_factory=lambda: PlanBounds(max_workers=32, max_ps=16, cpu_choices=CPU_CHOICES)
-    )
-    prices: Prices = field(default_factory=Prices)
-    # What a change costs (the simulator's truth, see _simcore): workers join after pod start
-    # + init while the others train; a PS change trains on for the pod start, then pauses.
-    costs: ScalingCosts = field(
-        default_factory=lambda: ScalingCosts(
-            worker_start_s=POD_START_S + INIT_S, ps_start_s=POD_START_S, ps_reload_s=INIT_S
+    budget: float
+    bounds: PlanBounds
+
+    @classmethod
+    def of(cls, world: World) -> Setting:
+        plans = world.plans()
+        return cls(
+            world.budget,
+            PlanBounds(
+                max_workers=max(c.workers for c in plans),
+                max_ps=max(c.num_ps for c in plans),
+                worker_cpus=tuple(sorted({c.worker_cpu for c in plans})),
+                ps_cpus=tuple(sorted({size for c in plans for size in c.ps_cpu})),
+            ),
         )
-    )
 
     @property
     def max_cpu(self) -> float:
-        return max(self.bounds.cpu_choices)
-
-    @property
-    def limits(self) -> Limits:
-        return Limits(self.bounds.max_workers, self.bounds.max_ps, self.max_cpu)
+        return max(*self.bounds.worker_cpus, *self.bounds.ps_cpus)
 
 
 def mean_steps(reports: Sequence[Report]) -> float:
@@ -98,214 +70,6 @@ class Static:
 
     def next_check_s(self) -> float:
         return 1e9
-
-
-def oracle_config(wl: Workload, setting: Setting) -> Config:
-    """The uniform plan of the bounds with the most steps/s within the budget (exhaustive)."""
-    b = setting.bounds
-    w, p, wc, pc, thr = grid_throughput(wl, b.max_workers, b.max_ps, b.cpu_choices)
-    ok = w * wc + p * pc <= setting.budget + 1e-9
-    i = int(np.argmax(np.where(ok, thr, -1.0)))
-    return Config(int(w[i]), float(wc[i]), (float(pc[i]),) * int(p[i]))
-
-
-# -- airflow-rover --------------------------------------------------------------------------------
-@dataclass
-class Decision:
-    t: float
-    plan: ResourcePlan
-    reason: str
-
-
-class AirflowRover:
-    """Fit, propose (NSGA-II), choose, and fix hot PS; one plan per ``min_interval_s`` at most.
-
-    The choice: among the Pareto candidates within the budget, those gaining at least
-    ``gain_tolerance`` of the best predicted gain (and ``min_rel_gain`` of today's throughput,
-    so a near-optimal job stays put); a worker-only change among them if there is one (no PS
-    reload), else ``best_plan`` (the most efficient, i.e. the cheapest near-best plan).
-    """
-
-    def __init__(
-        self,
-        name: str,
-        shape: JobShape,
-        setting: Setting,
-        start: ResourcePlan,
-        prior: Coefficients | None = None,
-        prior_weight: float = 0.01,
-        seed: int = 0,
-        min_interval_s: float = 180.0,
-        check_s: float = 60.0,
-        min_rel_gain: float = 0.03,
-        gain_tolerance: float = 0.99,
-        generations: int = 40,
-        population: int = 40,
-    ) -> None:
-        self.name = name
-        self.shape = shape
-        self.setting = setting
-        self.start = start
-        self.prior = prior
-        self.prior_weight = prior_weight
-        self.seed = seed
-        self.min_interval_s = min_interval_s
-        self.check_s = check_s
-        self.min_rel_gain = min_rel_gain
-        self.gain_tolerance = gain_tolerance
-        self.generations = generations
-        self.population = population
-        self.last_plan_t = -math.inf
-        self.ps_floor = 0.0  # PS cores the hot-PS rule asked for: no plan goes below
-        self.model: ThroughputModel | None = None
-        self.observations: list[tuple[ResourcePlan, float]] = []
-        self.decisions: list[Decision] = []
-
-    def initial(self) -> Config:
-        return Config.of(self.start)
-
-    def next_check_s(self) -> float:
-        return self.check_s
-
-    def _prior(self, first: Sequence[Report]) -> Coefficients:
-        if self.prior is not None:
-            return self.prior
-        # Cold: the paper's coefficients give the shape, the first observation the scale.
-        paper = ThroughputModel(Coefficients.paper(), self.shape)
-        plan = first[0].config.plan(self.start)
-        scale = statistics.fmean(r.iteration_s for r in first) / paper.iteration_time(plan)
-        self.prior = Coefficients(*(float(v) * scale for v in Coefficients.paper().as_array()))
-        return self.prior
-
-    def _learn_hot_share(self, recent: Sequence[Report]) -> None:
-        """The busiest PS's share of the PS CPU tells how much load no PS count spreads."""
-        if recent and recent[-1].config.num_ps >= 2:
-            loads = [
-                statistics.fmean(r.ps_cpu_used[j] for r in recent)
-                for j in range(recent[-1].config.num_ps)
-            ]
-            self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
-
-    def fit(self, reports: Sequence[Report]) -> ThroughputModel:
-        first = [r for r in reports if r.config == reports[0].config]
-        self.observations = [(r.config.plan(self.start), r.iteration_s) for r in reports]
-        self.model = ThroughputModel.fit(
-            self.shape, self.observations, prior=self._prior(first), prior_weight=self.prior_weight
-        )
-        return self.model
-
-    def _profile(self, current: ResourcePlan, recent: Sequence[Report]) -> JobProfile:
-        cfg = recent[-1].config
-        ps = [
-            NodeProfile(f"ps-{j}", "ps", statistics.fmean(r.ps_cpu_used[j] for r in recent), 0.0)
-            for j in range(cfg.num_ps)
-        ]
-        workers = [
-            NodeProfile(
-                f"worker-{i}",
-                "worker",
-                statistics.fmean(r.worker_cpu_used for r in recent),
-                0.0,
-                step_time_ms=1000 * statistics.fmean(r.iteration_s for r in recent),
-            )
-            for i in range(cfg.workers)
-        ]
-        return JobProfile(
-            current,
-            tuple(ps + workers),
-            max_workers=self.setting.bounds.max_workers,
-            max_cpu=self.setting.max_cpu,
-        )
-
-    def _within(self, plan: ResourcePlan) -> bool:
-        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        return cores <= self.setting.budget + 1e-9 and plan.ps_cpu >= self.ps_floor
-
-    def decide(self, view: JobView) -> Config | None:
-        recent = view.recent(6)
-        if view.now - self.last_plan_t < self.min_interval_s or len(recent) < 3:
-            return None
-        current = view.config.plan(self.start)
-        self._learn_hot_share(recent)
-        model = self.fit(view.reports)
-        hot = hot_ps(self._profile(current, recent))
-        if hot is not None:
-            self.ps_floor = max(self.ps_floor, hot.plan.ps_cpu)
-        feasible = self._candidates(model, current, view.remaining, self.setting.costs)
-        choice = self._choose(feasible, current, mean_steps(recent))
-        if choice is None or choice == current:
-            return None
-        reason = hot.reason if hot is not None else "model"
-        self.decisions.append(Decision(view.now, choice, reason))
-        self.last_plan_t = view.now
-        return Config.of(choice)
-
-    def refine_start(self, model: ThroughputModel, total: float) -> ResourcePlan:
-        """Before the launch every plan costs the same to start, so the history's model may
-        move the smoothed plan for free: Algorithm 1 blends the similar jobs' layouts field by
-        field (5 x 24 and 4 x 32 cores make 5 x 28, a layout none of them ran)."""
-        free = ScalingCosts(worker_start_s=0.0, ps_start_s=0.0, ps_reload_s=0.0)
-        feasible = self._candidates(model, self.start, total, free)
-        choice = self._choose(feasible, self.start, model.throughput(self.start))
-        if choice is not None:
-            self.start = choice
-        return self.start
-
-    def _candidates(
-        self, model: ThroughputModel, current: ResourcePlan, remaining: float, costs: ScalingCosts
-    ) -> list[Candidate]:
-        """The Pareto plans within the budget, repaired to the PS floor when there is one."""
-        candidates = pareto_plans(
-            model,
-            current,
-            remaining,
-            self.setting.bounds,
-            self.setting.prices,
-            costs,
-            seed=self.seed + len(self.decisions),
-            generations=self.generations,
-            population=self.population,
-        )
-        if self.ps_floor > 0:  # the hot-PS rule's floor: fewer, bigger PS of the same capacity
-            repaired = {self._repair(c.plan) for c in candidates} | {self._repair(current)}
-            candidates = [
-                Candidate(
-                    plan,
-                    self.setting.prices.cost(plan),
-                    throughput_gain(model, current, plan, remaining, costs),
-                )
-                for plan in sorted(repaired, key=lambda p: tuple(p.model_dump().values()))
-            ]
-        return [c for c in candidates if self._within(c.plan)]
-
-    def _repair(self, plan: ResourcePlan) -> ResourcePlan:
-        """``plan`` with PS of at least ``ps_floor`` cores: as many PS cores in fewer PS, and
-        workers trimmed to the budget."""
-        if plan.ps_cpu >= self.ps_floor:
-            return plan
-        num_ps = max(1, round(plan.num_ps * plan.ps_cpu / self.ps_floor))
-        room = self.setting.budget - num_ps * self.ps_floor
-        workers = max(1, min(plan.num_workers, int(room // plan.worker_cpu)))
-        return plan.model_copy(
-            update={"num_ps": num_ps, "ps_cpu": self.ps_floor, "num_workers": workers}
-        )
-
-    def _choose(
-        self, feasible: Sequence[Candidate], current: ResourcePlan, now_thr: float
-    ) -> ResourcePlan | None:
-        if not feasible:
-            return None
-        if current.ps_cpu < self.ps_floor:
-            # The hot-PS rule says the PS must grow: the best plan that does it, gain or not.
-            return max(feasible, key=lambda c: c.gain).plan
-        top = max(c.gain for c in feasible)
-        min_gain = max(self.min_rel_gain * now_thr, top - (1 - self.gain_tolerance) * abs(top))
-        useful = [c for c in feasible if c.gain >= min_gain]
-        same_ps = [
-            c for c in useful if (c.plan.num_ps, c.plan.ps_cpu) == (current.num_ps, current.ps_cpu)
-        ]
-        chosen = best_plan(same_ps or useful, current, min_gain)
-        return chosen.plan if chosen is not None else None
 
 
 # -- DLRover's shipped heuristic ------------------------------------------------------------------

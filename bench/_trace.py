@@ -39,9 +39,16 @@ from airflow_rover.core.optimizer import (
 )
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+from airflow_rover.core.throughput import (
+    REFERENCE_BATCH,
+    REFERENCE_DIM,
+    Coefficients,
+    JobShape,
+    ThroughputModel,
+)
 from airflow_rover.master.autoscaler import MIN_MODEL_GAIN
-from bench._simcore import INIT_S, POD_START_S, TIME_UNIT_S, Config, transition
+from bench._simcore import INIT_S, POD_START_S, Config, transition
+from bench.worlds.dlrover_rm import TIME_UNIT_S
 
 CPU = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 MAX_WORKERS, MAX_PS, JOB_CPU = 32, 16, 200.0
@@ -54,7 +61,7 @@ KINDS = {  # per-term multipliers of the paper's coefficients (as bench/simulato
     "wide_deep": np.array([1.0, 24.0, 1.0, 1.0, 1.0]),
     "xdeepfm": np.array([12.0, 1.0, 1.0, 1.0, 1.0]),
 }
-SHAPE = JobShape(batch_size=1, model_size=0.25, bandwidth=1.0, embedding_dim=1)
+SHAPE = JobShape(REFERENCE_BATCH, model_size=0.25, bandwidth=1.0, embedding_dim=REFERENCE_DIM)
 BUDGET_NAME = "trace"
 POLICIES = ("fifo", "arbiter")
 
@@ -154,6 +161,7 @@ def make_jobs(n: int, seed: int, mean_gap_s: float) -> list[TraceJob]:
         coef = PAPER * KINDS[kind] * rng.uniform(0.8, 1.2, size=5) * TIME_UNIT_S
         model = ThroughputModel(Coefficients(*map(float, coef)), SHAPE)
         steps = float(np.clip(rng.lognormal(np.log(60_000), 1.0), 5_000, 1_000_000))
+        steps *= REFERENCE_BATCH  # counted in samples, as the model's throughput
         plans, thr = front(model)
         jobs.append(TraceJob(i, t, steps, model, plans, thr, plans[-1], last_t=t))
     return jobs

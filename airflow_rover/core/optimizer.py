@@ -28,11 +28,12 @@ from airflow_rover.core.throughput import ThroughputModel
 
 @dataclass(frozen=True)
 class PlanBounds:
-    """The plans a job may have: counts, and CPU sizes to choose from."""
+    """The plans a job may have: counts, and the CPU sizes each role may choose from."""
 
     max_workers: int = 32
     max_ps: int = 16
-    cpu_choices: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    worker_cpus: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
+    ps_cpus: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     min_workers: int = 1
     min_ps: int = 1
 
@@ -42,6 +43,8 @@ class PlanBounds:
                 f"PlanBounds: workers {self.min_workers}..{self.max_workers}, "
                 f"PS {self.min_ps}..{self.max_ps}: each needs 1 <= min <= max"
             )
+        if not self.worker_cpus or not self.ps_cpus:
+            raise ValueError("PlanBounds: worker_cpus and ps_cpus each need a size")
 
     @property
     def lower(self) -> np.ndarray:
@@ -49,16 +52,36 @@ class PlanBounds:
 
     @property
     def upper(self) -> np.ndarray:
-        top = len(self.cpu_choices) - 1
-        return np.array([self.max_workers, self.max_ps, top, top])
+        return np.array(
+            [self.max_workers, self.max_ps, len(self.worker_cpus) - 1, len(self.ps_cpus) - 1]
+        )
+
+    @property
+    def size(self) -> int:
+        """How many plans lie within the bounds."""
+        workers = self.max_workers - self.min_workers + 1
+        return workers * (self.max_ps - self.min_ps + 1) * len(self.worker_cpus) * len(self.ps_cpus)
+
+    def every(self) -> np.ndarray:
+        """Every genome of the bounds, one per row."""
+        return np.array(
+            list(
+                itertools.product(
+                    range(self.min_workers, self.max_workers + 1),
+                    range(self.min_ps, self.max_ps + 1),
+                    range(len(self.worker_cpus)),
+                    range(len(self.ps_cpus)),
+                )
+            )
+        )
 
     def plan(self, w: int, p: int, wc: int, pc: int, like: ResourcePlan) -> ResourcePlan:
         return like.model_copy(
             update={
                 "num_workers": int(w),
                 "num_ps": int(p),
-                "worker_cpu": self.cpu_choices[int(wc)],
-                "ps_cpu": self.cpu_choices[int(pc)],
+                "worker_cpu": self.worker_cpus[int(wc)],
+                "ps_cpu": self.ps_cpus[int(pc)],
             }
         )
 
@@ -173,15 +196,8 @@ def pareto_plans(
     is exact, and found without NSGA-II's hunt for unseen offspring in a nearly covered space)."""
     bounds, prices, costs = bounds or PlanBounds(), prices or Prices(), costs or ScalingCosts()
     problem = _PlanProblem(model, current, bounds, prices, remaining_samples, costs)
-    if _space_size(bounds) <= population * generations:
-        sizes = range(len(bounds.cpu_choices))
-        every = itertools.product(
-            range(bounds.min_workers, bounds.max_workers + 1),
-            range(bounds.min_ps, bounds.max_ps + 1),
-            sizes,
-            sizes,
-        )
-        genomes = np.array(list(every))
+    if bounds.size <= population * generations:
+        genomes = bounds.every()
     else:
         algorithm = NSGA2(
             pop_size=population,
@@ -199,11 +215,6 @@ def pareto_plans(
         gain = throughput_gain(model, current, plan, remaining_samples, costs)
         seen[plan] = Candidate(plan, prices.cost(plan), gain)
     return sorted(non_dominated(list(seen.values())), key=lambda c: (c.cost, -c.gain))
-
-
-def _space_size(bounds: PlanBounds) -> int:
-    workers = bounds.max_workers - bounds.min_workers + 1
-    return workers * (bounds.max_ps - bounds.min_ps + 1) * len(bounds.cpu_choices) ** 2
 
 
 def non_dominated(candidates: Sequence[Candidate]) -> list[Candidate]:
@@ -304,3 +315,27 @@ def best_plan(
         return (c.plan.num_ps, c.plan.ps_cpu) != (current.num_ps, current.ps_cpu)
 
     return max(useful, key=lambda c: (round(c.efficiency, 6), not ps_changed(c)))
+
+
+def choose_plan(
+    candidates: Sequence[Candidate],
+    current: ResourcePlan,
+    throughput_now: float,
+    min_rel_gain: float,
+    tolerance: float = 0.01,
+) -> Candidate | None:
+    """For one job within its budget: a plan that gains nearly the most (within ``tolerance``
+    of the best gain, and at least ``min_rel_gain`` of today's samples/s, so a job near its
+    best stays put); among those one that leaves the PS alone if there is one (no pause), and
+    of them the most efficient (``best_plan``): the cheapest near-best plan."""
+    if not candidates:
+        return None
+    top = max(c.gain for c in candidates)
+    min_gain = max(min_rel_gain * throughput_now, top - tolerance * abs(top))
+    useful = [c for c in candidates if c.gain >= min_gain and c.plan != current]
+    same_ps = [c for c in useful if not _touches_ps(current, c.plan)]
+    return best_plan(same_ps or useful, current, min_gain)
+
+
+def _touches_ps(current: ResourcePlan, plan: ResourcePlan) -> bool:
+    return (plan.num_ps, plan.ps_cpu) != (current.num_ps, current.ps_cpu)

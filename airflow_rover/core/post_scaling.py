@@ -1,5 +1,6 @@
 """Runtime fixes a model cannot foresee (DLRover section 4.2 "adjust", DLRover-RM 4.3): a hot PS,
-idle PS CPU, a straggling worker, a PS about to run out of memory.
+a straggling worker, a PS about to run out of memory. (How many workers the PS carry is the
+throughput model's call, not a rule's.)
 
 Each rule reads a ``JobProfile`` (what the master's profiler measured) and either proposes a
 plan with its reason or stays silent; ``post_scaling`` runs them in order and returns every
@@ -20,7 +21,6 @@ from airflow_rover.core.spec import ResourcePlan
 
 HOT_PS_RATIO = 2.0  # a PS using this many times the median PS CPU...
 HOT_PS_BUSY = 0.85  # ...and at least this share of its own cores is hot
-IDLE_PS_BUSY = 0.5  # every PS below this share of its cores: room for more workers
 STRAGGLER_RATIO = 2.0  # a worker this many times slower than the median straggles
 OOM_HORIZON_S = 600.0  # act when a PS would run out of memory within this horizon
 OOM_HEADROOM = 1.25
@@ -86,27 +86,6 @@ def hot_ps(profile: JobProfile) -> Proposal | None:
     )
 
 
-def idle_ps(profile: JobProfile) -> Proposal | None:
-    """Every PS has idle cores: add workers, ``dw = min(s_total / s_hat, sqrt(K)) - w`` with
-    s_total the PS cores, s_hat the PS CPU one worker uses, K = ``max_workers`` squared."""
-    ps, w = profile.role("ps"), profile.plan.num_workers
-    if not ps or any(n.cpu_used >= IDLE_PS_BUSY * profile.plan.ps_cpu for n in ps):
-        return None
-    used = sum(n.cpu_used for n in ps)
-    if used <= 0:
-        return None
-    s_hat = used / w
-    s_total = profile.plan.num_ps * profile.plan.ps_cpu
-    target = min(int(s_total / s_hat), profile.max_workers)
-    if target <= w:
-        return None
-    return Proposal(
-        profile.plan.model_copy(update={"num_workers": target}),
-        "idle_ps",
-        f"PS use {used:.2f} of {s_total:g} cores ({s_hat:.2f} per worker): workers {w} -> {target}",
-    )
-
-
 def straggler(profile: JobProfile) -> Proposal | None:
     """A worker much slower than the median: the shard queue already gives it smaller slices;
     this rule names it so the plan's history says why (the plan itself is unchanged)."""
@@ -158,7 +137,7 @@ def predicted_oom(profile: JobProfile) -> Proposal | None:
 
 
 Rule = Callable[[JobProfile], Proposal | None]
-RULES: tuple[Rule, ...] = (predicted_oom, hot_ps, idle_ps, straggler)
+RULES: tuple[Rule, ...] = (predicted_oom, hot_ps, straggler)
 
 
 def post_scaling(profile: JobProfile, rules: Sequence[Rule] = RULES) -> list[Proposal]:

@@ -9,7 +9,9 @@ bandwidth ``B`` and embedding width ``D``, one iteration of one worker takes
 the PS load cannot be spread: ``JobShape.hot_share``, estimated from per-PS CPU)
 
 (``b``: the sum of the paper's four constant terms, which the data cannot tell apart), and the
-job trains ``w * m / T`` samples per second. All coefficients are >= 0. ``fit`` finds them from
+job trains ``w * m / T`` samples per second. ``m`` and ``D`` enter in units of the paper's
+batch (512) and of a reference width (16), so that its coefficients keep their proportions
+for any job: they are the cold start's prior. All coefficients are >= 0. ``fit`` finds them from
 observed iteration times with non-negative least squares on relative errors (each row divided
 by its observed time), a linear stand-in for the paper's RMSLE that NNLS can solve exactly.
 """
@@ -26,26 +28,28 @@ from airflow_rover.core.spec import JobSpec, ResourcePlan
 
 TERMS = ("grad", "upd", "sync", "emb")
 HOT_SHARE_FLOOR = 0.05
+REFERENCE_BATCH = 512  # DLRover-RM's evaluation batch: m = 1 in the paper's units
+REFERENCE_DIM = 16  # D = 1 in the paper's units
 
 
 @dataclass(frozen=True)
 class JobShape:
     """What the model needs to know about a job besides its plan."""
 
-    batch_size: int
-    model_size: float  # dense parameters, in the unit the coefficients were fitted with (MB)
-    bandwidth: float  # per node (MB/s)
+    batch_size: int  # samples
+    model_size: float  # dense parameters over ``bandwidth``: the sync term's unit
+    bandwidth: float
     embedding_dim: int
     hot_share: float = 0.0  # load that stays on one PS however many there are (hot rows)
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobShape:
         """A job's shape as its master models it: step times are fitted directly, so the dense
-        size and bandwidth only set the unit of the sync term."""
+        size and bandwidth only set the unit of the sync term (the paper's proportions)."""
         return cls(
             spec.training.batch_size,
-            model_size=1.0,
-            bandwidth=1000.0,
+            model_size=0.25,
+            bandwidth=1.0,
             embedding_dim=spec.embedding_dim,
         )
 
@@ -83,12 +87,19 @@ class Coefficients:
     def as_array(self) -> np.ndarray:
         return np.array([self.grad, self.upd, self.sync, self.emb, self.bias])
 
+    def scaled_to(self, shape: JobShape, plan: ResourcePlan, seconds: float) -> Coefficients:
+        """These coefficients in proportion, scaled so that ``plan`` takes ``seconds`` per
+        iteration: a cold start's prior from its first observation."""
+        predicted = float(features(plan, shape) @ self.as_array())
+        factor = seconds / predicted if predicted > 0 else 1.0
+        return Coefficients(*(float(v) * factor for v in self.as_array()))
+
 
 def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
     """The four load terms of an iteration under ``plan`` (without coefficients), plus 1. The
     PS terms follow the busiest PS (``JobShape.ps_share``): the iteration waits for it."""
     w, share = plan.num_workers, shape.ps_share(plan.num_ps)
-    m, d = shape.batch_size, shape.embedding_dim
+    m, d = shape.batch_size / REFERENCE_BATCH, shape.embedding_dim / REFERENCE_DIM
     return np.array(
         [
             m / plan.worker_cpu,

@@ -45,7 +45,8 @@ from typing import Any, Literal
 
 import annotated_types
 
-from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, best_plan, pareto_plans
+from airflow_rover.core.autoscale_prior import prior_from
+from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, choose_plan, pareto_plans
 from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.spec import AutoscaleConfig, FeatureConfig, JobSpec, ResourcePlan
 from airflow_rover.core.throughput import JobShape, ThroughputModel
@@ -332,7 +333,8 @@ def refinement_for(spec: JobSpec, capacity_cpu: float | None) -> Refinement:
     bounds = PlanBounds(
         max_workers=int(limits.high("num_workers")),
         max_ps=int(limits.high("num_ps")),
-        cpu_choices=tuple(sorted({spec.plan.worker_cpu, spec.plan.ps_cpu})),
+        worker_cpus=(spec.plan.worker_cpu,),
+        ps_cpus=(spec.plan.ps_cpu,),
         min_workers=int(limits.low("num_workers")),
         min_ps=int(limits.low("num_ps")),
     )
@@ -371,7 +373,10 @@ def refine(
     plans = {plan for plan, _ in observations}
     if decision.source != "history" or len(plans) < 2:
         return decision
-    model = ThroughputModel.fit(how.shape, observations)
+    prior = prior_from(how.shape, observations).coefficients
+    model = ThroughputModel(prior, how.shape) if prior is not None else None
+    if model is None:
+        return decision
     start = decision.plan
     free = ScalingCosts(worker_start_s=0.0, ps_start_s=0.0, ps_reload_s=0.0)
     candidates = [
@@ -380,7 +385,7 @@ def refine(
         if how.fits(c.plan)
     ]
     now = model.throughput(start)
-    best = best_plan(candidates, start, how.min_rel_gain * now)
+    best = choose_plan(candidates, start, now, how.min_rel_gain)
     if best is None:
         return decision
     message = (

@@ -2,12 +2,18 @@
 
 Every ``autoscale.interval_s`` the master samples each node's CPU and memory (psutil, through
 the launcher's pids) and the job's throughput and step times. Once a plan has run for
-``sampling_s``, the autoscaler asks the post-scaling rules (hot PS, idle PS, predicted OOM:
-``core.post_scaling``) and, when the job has run under at least two plans, the fitted
-throughput model and its Pareto candidates (``core.optimizer``) for a better plan. A proposal is
-only proposed: the trigger applies it (``POST /plans/{id}/apply``), so Airflow stays in charge.
-Every plan it proposes, and every plan asked for, lies within the job's autoscale bounds
-(``core.plan_limits``): a rule's plan is moved into them, the Pareto search spans only them.
+``sampling_s``, the autoscaler asks the runtime rules (predicted OOM, hot PS, stragglers:
+``core.post_scaling``), then the throughput model (``core.throughput``) for a better plan. The
+model exists from the first observation: NNLS over the iteration times seen so far, pulled
+towards a prior (the coefficients of similar past jobs when warm-started, else the paper's
+scaled to the first observation), and NSGA-II (``core.optimizer``) searches node counts and,
+where the launcher resizes nodes, node sizes. What a change costs (new workers starting, a PS
+resize's pause) is what this job, or similar past jobs, measured.
+
+A proposal is only proposed: the trigger applies it (``POST /plans/{id}/apply``), so Airflow
+stays in charge. Every plan it proposes, and every plan asked for, lies within the job's
+autoscale bounds (``core.plan_limits``). The clock is the caller's, so the simulator
+(``bench/simulator.py``) drives this very class.
 """
 
 from __future__ import annotations
@@ -18,15 +24,16 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psutil
 
+from airflow_rover.core.autoscale_prior import PRIOR_WEIGHT, Prior
 from airflow_rover.core.optimizer import (
     PlanBounds,
     ScalingCosts,
-    best_plan,
+    choose_plan,
     pareto_plans,
     throughput_gain,
 )
@@ -34,12 +41,16 @@ from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.plans import PlanRecord, PlanState, pending_plan
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
-from airflow_rover.core.throughput import JobShape, ThroughputModel
+from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
 
 log = logging.getLogger(__name__)
 
 MEMORY_TREND_SAMPLES = 30
-MIN_MODEL_GAIN = 0.10  # a model-based plan must promise at least 10% more samples/s
+MIN_MODEL_GAIN = 0.03  # a model-based plan must promise at least 3% more samples/s
+GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: take the cheapest
+SEARCH_GENERATIONS = 40
+SEARCH_POPULATION = 40
+CPU_SIZES = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # node sizes the search tries
 URGENT_RULES = frozenset({"predicted_oom"})  # may replace a proposal the trigger has not applied
 
 
@@ -97,27 +108,61 @@ class Autoscaler:
         shape: JobShape,
         capacity_cpu: float | None = None,
         start: ResourcePlan | None = None,
+        *,
+        now: float | None = None,
+        prior: Prior | None = None,
+        resizable: bool = False,
     ) -> None:
         self.config = config
-        self.shape = shape
+        self.prior = prior or Prior()
+        self.shape = replace(shape, hot_share=self.prior.hot_share)
+        self.resizable = resizable  # whether the launcher resizes nodes: the search tries sizes
         # the bounds, resolved against the plan the job started with (``start``)
         self.limits = plan_limits(config, start or ResourcePlan())
         # the budget: the job's own, else what the launcher can host (a machine's cores)
         self.cpu_budget = config.cpu_budget if config.cpu_budget is not None else capacity_cpu
         self.plans: list[PlanRecord] = []
         self.throughput: list[dict[str, Any]] = []
-        self._plan_since = time.time()
-        self._last_change = 0.0
+        self._plan_since = time.time() if now is None else now
+        self._last_change = -math.inf
         self._last_decline = -math.inf
-        self.profiler_nodes: dict[str, NodeSample] = {}
+        self._change: tuple[float, bool] | None = None  # (applied at, PS changed) being timed
+        self._search: tuple[tuple[Any, ...], Proposal | None] | None = None  # the last search
+        self.measured: dict[str, list[float]] = {"worker_start_s": [], "ps_reload_s": []}
 
     def plan_changed(self, now: float) -> None:
         """The plan's workers are (re)starting: sample it afresh from now."""
         self._plan_since = now
 
-    def applied(self, now: float) -> None:
+    def applied(self, now: float, ps_changed: bool = False) -> None:
+        """A plan was applied: its workers (re)start from now; timed until they all run."""
         self._last_change = now
+        self._change = (now, ps_changed)
         self.plan_changed(now)
+
+    def ps_resized(self, pause_s: float) -> None:
+        """A PS resize held training for ``pause_s`` while the rows moved."""
+        self.measured["ps_reload_s"].append(pause_s)
+
+    def costs(self) -> ScalingCosts:
+        """Seconds a change costs: the median of what this job measured, else what similar
+        past jobs measured, else the defaults."""
+        known = self.prior.costs or ScalingCosts()
+        worker = self.measured["worker_start_s"]
+        reload = self.measured["ps_reload_s"]
+        return ScalingCosts(
+            worker_start_s=statistics.median(worker) if worker else known.worker_start_s,
+            ps_start_s=statistics.median(worker) if worker else known.ps_start_s,
+            ps_reload_s=statistics.median(reload) if reload else known.ps_reload_s,
+        )
+
+    def _time_change(self) -> None:
+        """The plan's workers all run since ``_plan_since``: that is when the change ended."""
+        if self._change is not None:
+            at, ps_changed = self._change
+            if not ps_changed:
+                self.measured["worker_start_s"].append(max(0.0, self._plan_since - at))
+            self._change = None
 
     def declined(self, now: float) -> None:
         """A person declined a proposal: ``decline_cooldown_s`` before the next one."""
@@ -129,6 +174,7 @@ class Autoscaler:
         """A throughput sample, kept only once the plan has run for its sampling period."""
         if now - self._plan_since < self.config.sampling_s or not step_times:
             return
+        self._time_change()
         self.throughput.append(
             {
                 "at": now,
@@ -145,8 +191,8 @@ class Autoscaler:
         self,
         now: float,
         plan: ResourcePlan,
-        profiler: Profiler,
-        step_times: dict[str, float],
+        nodes: Mapping[str, NodeSample],
+        step_times: Mapping[str, float],
         remaining_samples: float,
     ) -> PlanRecord | None:
         """A new proposal, or None (too early, one is already waiting, or nothing to gain)."""
@@ -171,13 +217,13 @@ class Autoscaler:
                     step_time_ms=step_times.get(node_id, 0.0),
                     memory_trend=tuple(sample.trend),
                 )
-                for node_id, sample in profiler.nodes.items()
+                for node_id, sample in nodes.items()
                 if sample.role in ("ps", "worker")
             ),
             max_workers=int(self.limits.high("num_workers")),
             max_cpu=self.limits.high("ps_cpu"),
         )
-        self.profiler_nodes = profiler.nodes
+        self._learn_hot_share(nodes)
         if waiting is not None:  # only an urgent rule may replace a proposal still waiting
             choice = self._from_rules(profile, only=URGENT_RULES)
             if choice is None:
@@ -248,62 +294,105 @@ class Autoscaler:
             plan = plan.model_copy(update={"num_workers": plan.num_workers - 1})
         return plan if plan != current and self._fits(plan) else None
 
-    def _model(self, plan: ResourcePlan) -> ThroughputModel | None:
-        """The throughput model fitted on the iteration times seen under each plan; None until
-        the job has run two distinct plans (one cannot tell the terms apart) or today's."""
+    def model(self) -> ThroughputModel | None:
+        """The throughput model fitted on the median iteration time seen under each plan,
+        pulled towards the prior; None before the first observation."""
         by_plan: dict[ResourcePlan, list[float]] = collections.defaultdict(list)
         for sample in self.throughput:
             by_plan[ResourcePlan.model_validate(sample["plan"])].append(sample["step_time_ms"])
-        if len(by_plan) < 2 or plan not in by_plan:
+        if not by_plan:
             return None
         observations = [(p, statistics.median(ms) / 1000.0) for p, ms in by_plan.items()]
-        self._learn_hot_share()
-        return ThroughputModel.fit(self.shape, observations)
+        prior = self.prior.coefficients
+        if prior is None:  # cold: the paper's proportions at the first plan's speed
+            prior = Coefficients.paper().scaled_to(self.shape, *observations[0])
+        return ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT)
 
     def _expected_gain(
         self, plan: ResourcePlan, new: ResourcePlan, remaining_samples: float
     ) -> float | None:
         """Samples/s the change gains over the rest of the job by the fitted model (counting
         the change's cost); None without a model."""
-        model = self._model(plan)
+        model = self.model()
         if model is None:
             return None
-        return throughput_gain(model, plan, new, remaining_samples, ScalingCosts())
+        return throughput_gain(model, plan, new, remaining_samples, self.costs())
+
+    def bounds(self, plan: ResourcePlan) -> PlanBounds:
+        """The plans the search spans: counts within the autoscale bounds; sizes too where the
+        launcher resizes nodes, else today's."""
+        lim = self.limits
+        return PlanBounds(
+            max_workers=int(lim.high("num_workers")),
+            max_ps=int(lim.high("num_ps")),
+            worker_cpus=self._sizes("worker_cpu", plan.worker_cpu),
+            ps_cpus=self._sizes("ps_cpu", plan.ps_cpu),
+            min_workers=int(lim.low("num_workers")),
+            min_ps=int(lim.low("num_ps")),
+        )
+
+    def _sizes(self, field_name: str, current: float) -> tuple[float, ...]:
+        if not self.resizable:
+            return (current,)
+        low, high = self.limits.low(field_name), self.limits.high(field_name)
+        if self.cpu_budget is not None:
+            high = min(high, self.cpu_budget)
+        return tuple(sorted({c for c in CPU_SIZES if low <= c <= high} | {current}))
 
     def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
-        """The most efficient Pareto plan of the fitted model, at today's node sizes."""
-        model = self._model(plan)
-        if model is None:
+        """The plan of the Pareto front that gains nearly the most, cheapest first; the last
+        search's answer while the model, the costs and the job's size left are much the same
+        (NSGA-II need not run every interval to say the same again)."""
+        model = self.model()
+        if model is None or "pareto" in self._declined(plan) or not self.limits.admits(plan):
             return None
-        if plan.worker_cpu != plan.ps_cpu:
-            return None  # node sizes are not resized here: counts only, at today's size
-        if not self.limits.admits(plan):
-            return None  # sizes outside the bounds: the Pareto search keeps today's sizes
-        bounds = PlanBounds(
-            max_workers=int(self.limits.high("num_workers")),
-            max_ps=int(self.limits.high("num_ps")),
-            cpu_choices=(plan.worker_cpu,),
-            min_workers=int(self.limits.low("num_workers")),
-            min_ps=int(self.limits.low("num_ps")),
+        key = (
+            plan,
+            tuple(float(f"{c:.2g}") for c in model.coefficients.as_array()),
+            round(model.shape.hot_share, 2),
+            tuple(round(c / 10) for c in asdict(self.costs()).values()),
+            round(math.log2(max(remaining_samples, 1.0))),
         )
+        if self._search is not None and self._search[0] == key:
+            return self._search[1]
+        choice = self._search_model(model, plan, remaining_samples)
+        self._search = (key, choice)
+        return choice
+
+    def _search_model(
+        self, model: ThroughputModel, plan: ResourcePlan, remaining_samples: float
+    ) -> Proposal | None:
         candidates = [
-            c for c in pareto_plans(model, plan, remaining_samples, bounds) if self._fits(c.plan)
+            c
+            for c in pareto_plans(
+                model,
+                plan,
+                remaining_samples,
+                self.bounds(plan),
+                costs=self.costs(),
+                seed=len(self.plans),
+                generations=SEARCH_GENERATIONS,
+                population=SEARCH_POPULATION,
+            )
+            if self._fits(c.plan)
         ]
-        best = best_plan(candidates, plan, MIN_MODEL_GAIN * model.throughput(plan))
-        if best is None or "pareto" in self._declined(plan):
+        now = model.throughput(plan)
+        best = choose_plan(candidates, plan, now, MIN_MODEL_GAIN, GAIN_TOLERANCE)
+        if best is None:
             return None
         return Proposal(
             best.plan,
             "pareto",
-            f"fitted model: {model.throughput(plan):.0f} -> "
-            f"{model.throughput(best.plan):.0f} samples/s for cost {best.cost:.1f} "
-            f"(Pareto point {candidates.index(best) + 1} of {len(candidates)})",
+            f"fitted model: {now:.0f} -> {model.throughput(best.plan):.0f} samples/s for cost "
+            f"{best.cost:.1f} (Pareto point {candidates.index(best) + 1} of {len(candidates)})",
         )
 
-    def _learn_hot_share(self) -> None:
-        """How much PS load one PS keeps however many there are, from the PS CPU profile."""
-        loads = [s.cpu_used for s in self.profiler_nodes.values() if s.role == "ps"]
-        self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
+    def _learn_hot_share(self, nodes: Mapping[str, NodeSample]) -> None:
+        """How much PS load one PS keeps however many there are, from the PS CPU profile (with
+        one PS it cannot tell: the prior's share stays)."""
+        loads = [s.cpu_used for s in nodes.values() if s.role == "ps"]
+        if len(loads) >= 2:
+            self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
 
     def settings(self) -> dict[str, Any]:
         """On or off, the resolved bounds and the job's weight in a shared budget."""
@@ -316,6 +405,8 @@ class Autoscaler:
     def report(self, profiler: Profiler) -> dict[str, Any]:
         return {
             "throughput": self.throughput[-200:],
+            "scaling_costs": {k: round(v, 1) for k, v in asdict(self.costs()).items()},
+            "hot_share": round(self.shape.hot_share, 3),
             "peak_memory_mb": {n: round(s.peak_memory_mb, 1) for n, s in profiler.nodes.items()},
             "cpu_used": {n: round(s.cpu_used, 3) for n, s in profiler.nodes.items()},
         }

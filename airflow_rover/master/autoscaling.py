@@ -42,7 +42,7 @@ class Autoscaling:
         if queue.counts()["todo"] > 0 and rate is not None:  # the tail is no sample
             self.autoscaler.record(now, plan, rate, list(step_times.values()))
         remaining = queue.total_samples - queue.done_samples
-        self.autoscaler.propose(now, plan, self.profiler, step_times, remaining)
+        self.autoscaler.propose(now, plan, self.profiler.nodes, step_times, remaining)
 
     def _rate_since_last_tick(self, nodes: NodeSet, now: float) -> float | None:
         """Samples/s the workers trained since the last tick (per-node counters, so a worker

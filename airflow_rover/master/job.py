@@ -92,7 +92,11 @@ class JobMaster:
         self.wrap_up = WrapUp(self)
         self.data_workers = DataWorkerRoom(self, spec.data_workers)
         self.autoscaler = Autoscaler(
-            spec.autoscale, JobShape.of(spec), launcher.capacity_cpu, start=spec.plan
+            spec.autoscale,
+            JobShape.of(spec),
+            launcher.capacity_cpu,
+            start=spec.plan,
+            resizable=launcher.can(Capability.RESIZE),
         )
         profiles = launcher.can(Capability.PROFILE)
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)

@@ -229,7 +229,8 @@ class PlanExecutor:
             pause_s=round(now - (resize.paused_at or started), 3),
         )
         self.resize = None
-        job.autoscaler.applied(now)
+        job.autoscaler.applied(now, ps_changed=True)
+        job.autoscaler.ps_resized(now - (resize.paused_at or started))
         job.checkpointer.start_soon()  # the next checkpoint is of the new PS set
         job.message = "training"
         log.info("plan %d applied: %s", resize.record.id, resize.record.note)

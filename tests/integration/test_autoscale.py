@@ -1,5 +1,6 @@
-"""A real local job started with a poor plan (1 worker, 1 PS): its optimizer sees the PS idle and
-proposes more workers, the trigger applies the plan, and the measured throughput rises."""
+"""A real local job started with a poor plan (1 worker, 1 PS): from its first observations its
+throughput model (the paper's proportions at the measured speed) proposes more workers, the
+trigger applies the plan, and the measured throughput rises."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def test_the_trigger_applies_the_optimizers_plan_and_throughput_rises(tmp_path: 
     job = event["job"]
     applied = [p for p in job["plans"] if p["state"] == "applied"]
     assert applied, job["plans"]
-    assert applied[0]["rule"] == "idle_ps"
+    assert applied[0]["rule"] == "pareto"
     assert applied[0]["plan"]["num_workers"] == 2
     assert {n["id"] for n in job["nodes"]} >= {"worker-0", "worker-1"}
     rates: dict[int, list[float]] = {}

@@ -1,5 +1,6 @@
 """The master's autoscaler: one proposal waits at a time, only an urgent rule (a predicted OOM)
-replaces it, and proposals carry the fitted model's expected gain for the cluster arbiter."""
+replaces it, the model proposes from the first observation, and proposals carry the fitted
+model's expected gain for the cluster arbiter."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import collections
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape
-from airflow_rover.master.autoscaler import Autoscaler, NodeSample, Profiler
+from airflow_rover.master.autoscaler import Autoscaler, NodeSample
 
 NOW = 1_000_000.0  # the tests' clock; each autoscaler's plan started 1000 s before it
 CONFIG = AutoscaleConfig(sampling_s=0, min_plan_interval_s=0, max_workers=8, cpu_budget=64)
@@ -18,17 +19,20 @@ def plan(workers: int, ps: int = 1, ps_memory_mb: int = 1024) -> ResourcePlan:
     return ResourcePlan(num_workers=workers, num_ps=ps, ps_memory_mb=ps_memory_mb)
 
 
-def profiler(ps_cpu: float = 0.9, ps_memory_growth_mb_s: float = 0.0) -> Profiler:
+def profiler(ps_cpu: float = 0.9, ps_memory_growth_mb_s: float = 0.0) -> dict[str, NodeSample]:
     """Two workers and one PS as the profiler saw them; the PS memory grows as given."""
-    prof = Profiler(lambda _node: None)
     trend = collections.deque((NOW - 10 * i, 600 + ps_memory_growth_mb_s * -10 * i)
                               for i in reversed(range(12)))  # fmt: skip
-    prof.nodes = {
+    return {
         "ps-0": NodeSample("ps", cpu_used=ps_cpu, memory_mb=trend[-1][1], trend=trend),
         "worker-0": NodeSample("worker", cpu_used=1.0, memory_mb=900),
         "worker-1": NodeSample("worker", cpu_used=1.0, memory_mb=900),
     }
-    return prof
+
+
+def observed(autoscaler: Autoscaler, workers: int = 2, ms: float = 20.0) -> None:
+    """One throughput sample of ``plan(workers)`` at ``ms`` per step."""
+    autoscaler.record(NOW, plan(workers), workers * 512 / (ms / 1000), [ms])
 
 
 STEPS = {"worker-0": 10.0, "worker-1": 10.0}
@@ -82,14 +86,40 @@ def test_proposals_carry_the_fitted_models_expected_gain() -> None:
     proposal = autoscaler.propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e7)
     assert proposal is not None and proposal.plan.num_workers > 2
     assert proposal.expected_gain is not None and proposal.expected_gain > 0
-    # Without a model (one plan seen) there is no expected gain to give.
+    # Without a model (nothing observed yet) there is no expected gain to give.
     unfitted = fresh()
-    first = unfitted.propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e7)
-    assert first is not None and "expected_gain" not in first.to_json()
+    first = unfitted.propose(NOW, plan(2), profiler(ps_memory_growth_mb_s=2.0), STEPS, 1e7)
+    assert first is not None and first.rule == "predicted_oom"
+    assert "expected_gain" not in first.to_json()
+
+
+def test_the_model_proposes_from_the_first_observation() -> None:
+    """One plan seen: the paper's coefficients scaled to it are the model, and NSGA-II's plan
+    is proposed at once (workers up to the maximum: default 4 for a job started with 2)."""
+    autoscaler = bounded()
+    observed(autoscaler)
+    assert autoscaler.model() is not None
+    proposal = autoscaler.propose(NOW, plan(2), profiler(), STEPS, 1e7)
+    assert proposal is not None and proposal.rule == "pareto"
+    assert proposal.plan.num_workers == 4 and "fitted model" in proposal.reason
+    # Node sizes stay as they are where the launcher cannot resize nodes.
+    assert (proposal.plan.worker_cpu, proposal.plan.ps_cpu) == (1.0, 1.0)
+
+
+def test_where_nodes_resize_the_search_tries_node_sizes() -> None:
+    """A resizing launcher: the bounds offer every size between the autoscale bounds."""
+    config = AutoscaleConfig(max_worker_cpu=8, min_ps_cpu=2, max_ps_cpu=4, cpu_budget=64)
+    autoscaler = Autoscaler(config, SHAPE, start=plan(2, ps_memory_mb=1024).model_copy(
+        update={"ps_cpu": 2.0}), resizable=True)  # fmt: skip
+    bounds = autoscaler.bounds(autoscaler.limits.clamp(plan(2)))
+    assert bounds.worker_cpus == (0.5, 1.0, 2.0, 4.0, 8.0)
+    assert bounds.ps_cpus == (2.0, 4.0)
+    fixed = bounded().bounds(plan(2))
+    assert fixed.worker_cpus == (1.0,) and fixed.ps_cpus == (1.0,)
 
 
 # -- the autoscale bounds ----------------------------------------------------------------------
-SHAPE = JobShape(512, 1.0, 1000.0, 16)
+SHAPE = JobShape(512, 0.25, 1.0, 16)
 
 
 def bounded(**bounds: float) -> Autoscaler:
@@ -101,12 +131,12 @@ def bounded(**bounds: float) -> Autoscaler:
     return autoscaler
 
 
-def three_ps(hot_cpu: float) -> Profiler:
+def three_ps(hot_cpu: float) -> dict[str, NodeSample]:
     """``profiler()`` with two more PS that idle while ps-0 uses ``hot_cpu`` cores."""
-    prof = profiler(ps_cpu=hot_cpu)
+    nodes = profiler(ps_cpu=hot_cpu)
     for node in ("ps-1", "ps-2"):
-        prof.nodes[node] = NodeSample("ps", cpu_used=0.05, memory_mb=600)
-    return prof
+        nodes[node] = NodeSample("ps", cpu_used=0.05, memory_mb=600)
+    return nodes
 
 
 def test_the_oom_rule_raises_ps_memory_only_up_to_its_maximum() -> None:
@@ -132,15 +162,6 @@ def test_the_hot_ps_rule_stays_within_the_ps_cores_maximum() -> None:
     capped = bounded(max_ps_cpu=1.5).propose(NOW, two, three_ps(0.95), STEPS, 1e6)
     assert capped is not None and capped.rule == "hot_ps" and capped.plan.ps_cpu == 1.5
     assert bounded(max_ps_cpu=1.0).propose(NOW, two, three_ps(0.95), STEPS, 1e6) is None
-
-
-def test_the_idle_ps_rule_adds_workers_only_up_to_the_maximum() -> None:
-    """Idle PS would carry many workers: the rule stops at ``max_workers`` (default: 4 for a
-    job that started with 2)."""
-    assert bounded().propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6).plan.num_workers == 4  # type: ignore[union-attr]
-    three = bounded(max_workers=3).propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6)
-    assert three is not None and three.rule == "idle_ps" and three.plan.num_workers == 3
-    assert bounded(max_workers=2).propose(NOW, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6) is None
 
 
 def test_pareto_plans_lie_between_the_minimum_and_the_maximum() -> None:
@@ -177,6 +198,7 @@ def test_no_proposal_ever_leaves_the_bounds() -> None:
         for prof in profiles:
             for current in (plan(2), plan(2, ps=3)):
                 autoscaler = bounded(**bounds)
+                observed(autoscaler)
                 proposal = autoscaler.propose(NOW, current, prof, STEPS, 1e6)
                 if proposal is not None:
                     seen += 1
@@ -201,8 +223,9 @@ def test_a_declined_proposal_starts_the_decline_cooldown() -> None:
     (0) the next tick may propose again."""
     for cooldown, expected in ((0.0, True), (600.0, False)):
         autoscaler = bounded(decline_cooldown_s=cooldown)
-        first = autoscaler.propose(NOW - 60, plan(2), profiler(ps_cpu=0.1), STEPS, 1e6)
-        assert first is not None and first.rule == "idle_ps"
+        observed(autoscaler)
+        first = autoscaler.propose(NOW - 60, plan(2), profiler(ps_cpu=0.1), STEPS, 1e8)
+        assert first is not None and first.rule == "pareto"
         first.decline("declined: not now")
         autoscaler.declined(NOW - 60)
         # the declined rule is not proposed again for this plan; the OOM rule may be

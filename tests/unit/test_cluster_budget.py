@@ -243,7 +243,7 @@ def test_the_master_keeps_one_proposal_pending_and_proposes_nothing_else() -> No
         AutoscaleConfig(sampling_s=0, min_plan_interval_s=0), JobShape(512, 10.0, 1000.0, 16)
     )
     autoscaler.plans.append(PlanRecord(id=1, plan=ResourcePlan(), previous=ResourcePlan()))
-    assert autoscaler.propose(NOW, plan(2), None, {}, 1000) is None  # type: ignore[arg-type]
+    assert autoscaler.propose(NOW, plan(2), {}, {}, 1000) is None
     assert len(autoscaler.plans) == 1
 
 

@@ -28,7 +28,7 @@ from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputMode
 # Normalised features (one batch, reference width): the paper's coefficients, in 10 ms.
 SHAPE = JobShape(batch_size=1, model_size=0.25, bandwidth=1.0, embedding_dim=1)
 MODEL = ThroughputModel(Coefficients(*(Coefficients.paper().as_array() * 0.01)), SHAPE)
-BOUNDS = PlanBounds(max_workers=16, max_ps=8, cpu_choices=(1.0, 2.0, 4.0, 8.0))
+BOUNDS = PlanBounds(max_workers=16, max_ps=8)
 CURRENT = ResourcePlan(num_workers=1, num_ps=1, worker_cpu=4.0, ps_cpu=4.0)
 REMAINING = 200_000.0
 
@@ -54,7 +54,7 @@ def test_nsga2_output_is_within_bounds_sorted_and_consistent(front: list[Candida
     for c in front:
         assert 1 <= c.plan.num_workers <= BOUNDS.max_workers
         assert 1 <= c.plan.num_ps <= BOUNDS.max_ps
-        assert {c.plan.worker_cpu, c.plan.ps_cpu} <= set(BOUNDS.cpu_choices)
+        assert c.plan.worker_cpu in BOUNDS.worker_cpus and c.plan.ps_cpu in BOUNDS.ps_cpus
         assert c.cost == pytest.approx(prices.cost(c.plan))
         assert c.gain == pytest.approx(throughput_gain(MODEL, CURRENT, c.plan, REMAINING, costs))
     assert len({c.plan for c in front}) == len(front)
@@ -70,7 +70,7 @@ def test_a_space_smaller_than_the_search_gets_the_exact_front() -> None:
     """8 x 4 x 2 x 2 = 128 plans, fewer than 60 x 60 evaluations: every plan is scored, so the
     front is exactly the non-dominated set of all plans, and NSGA-II on the same space (a
     smaller search, forced) finds nothing that beats it."""
-    small = PlanBounds(max_workers=8, max_ps=4, cpu_choices=(2.0, 4.0))
+    small = PlanBounds(max_workers=8, max_ps=4, worker_cpus=(2.0, 4.0), ps_cpus=(2.0, 4.0))
     exact = pareto_plans(MODEL, CURRENT, REMAINING, small)
     every = [
         Candidate(
@@ -191,7 +191,14 @@ def test_a_jobs_weight_can_outrank_the_job_closer_to_the_end() -> None:
 def test_candidates_keep_the_minimum_counts(generations: int, population: int) -> None:
     """With ``min_workers``/``min_ps`` no candidate has fewer, whether every plan is scored
     (a small space) or NSGA-II searches (forced with a tiny search)."""
-    bounds = PlanBounds(max_workers=12, max_ps=6, cpu_choices=(1.0, 4.0), min_workers=3, min_ps=2)
+    bounds = PlanBounds(
+        max_workers=12,
+        max_ps=6,
+        worker_cpus=(1.0, 4.0),
+        ps_cpus=(1.0, 4.0),
+        min_workers=3,
+        min_ps=2,
+    )
     front = pareto_plans(
         MODEL, CURRENT, REMAINING, bounds, seed=1, generations=generations, population=population
     )

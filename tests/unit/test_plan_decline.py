@@ -18,7 +18,7 @@ from master_rig import AUTH, Job, P, start_running
 from airflow_rover.core.plans import PlanRecord, PlanState
 from airflow_rover.core.spec import AutoscaleConfig
 from airflow_rover.hooks.elastic_job import ElasticJobHook
-from airflow_rover.master.autoscaler import NodeSample, Profiler
+from airflow_rover.master.autoscaler import NodeSample
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 from lone_master import lone_master, small_job
@@ -135,9 +135,8 @@ def test_a_decline_starts_the_masters_decline_cooldown(make_job) -> None:
     plan_id = _propose(job, num_workers=3)
     job.post(f"/plans/{plan_id}/decline", {"reason": "not tonight"})
     now = time.time()
-    growing = Profiler(lambda _node: None)
     trend = collections.deque((now - 10 * i, 600.0 + 50 * (12 - i)) for i in reversed(range(12)))
-    growing.nodes = {"ps-0": NodeSample("ps", cpu_used=0.9, memory_mb=840, trend=trend)}
+    growing = {"ps-0": NodeSample("ps", cpu_used=0.9, memory_mb=840, trend=trend)}
     autoscaler, plan = job.master.autoscaler, job.master.spec.plan
     assert autoscaler.propose(now + 60, plan, growing, {}, 1e6) is None
     later = autoscaler.propose(now + 3660, plan, growing, {}, 1e6)

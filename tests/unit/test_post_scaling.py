@@ -10,7 +10,6 @@ from airflow_rover.core.post_scaling import (
     JobProfile,
     NodeProfile,
     hot_ps,
-    idle_ps,
     post_scaling,
     predicted_oom,
     straggler,
@@ -55,7 +54,7 @@ def with_nodes(*nodes: NodeProfile, plan: ResourcePlan = PLAN) -> JobProfile:
     return JobProfile(plan, tuple(base.values()))
 
 
-@pytest.mark.parametrize("rule", [hot_ps, idle_ps, straggler, predicted_oom])
+@pytest.mark.parametrize("rule", [hot_ps, straggler, predicted_oom])
 def test_no_rule_fires_on_a_healthy_job(rule) -> None:
     assert rule(healthy()) is None
     assert post_scaling(healthy()) == []
@@ -83,15 +82,6 @@ def test_hot_ps_stays_silent_when_all_ps_are_equally_busy_or_at_the_largest_size
     big = PLAN.model_copy(update={"ps_cpu": 8.0})
     at_max = JobProfile(big, (_ps(0, 7.9), _ps(1, 1.0), _ps(2, 1.0)), max_cpu=8.0)
     assert hot_ps(at_max) is None  # nothing bigger to ask for
-
-
-def test_idle_ps_adds_workers() -> None:
-    profile = with_nodes(_ps(0, 0.8), _ps(1, 0.8), _ps(2, 0.8))
-    proposal = idle_ps(profile)
-    assert proposal is not None and proposal.rule == "idle_ps"
-    # 2.4 cores used by 4 workers = 0.6 per worker; 12 PS cores carry ~20 workers.
-    assert 19 <= proposal.plan.num_workers <= 20
-    assert proposal.plan.num_ps == PLAN.num_ps and proposal.plan.ps_cpu == PLAN.ps_cpu
 
 
 def test_straggler_names_the_slow_worker() -> None:

@@ -469,7 +469,7 @@ def plan_of(workers: int, ps: int) -> ResourcePlan:
 
 REFINE = Refinement(
     TRUTH.shape,
-    PlanBounds(max_workers=8, max_ps=8, cpu_choices=(4.0,)),
+    PlanBounds(max_workers=8, max_ps=8, worker_cpus=(4.0,), ps_cpus=(4.0,)),
     fits=lambda plan: (plan.num_workers + plan.num_ps) * 4.0 <= 40.0,
 )
 
