@@ -222,7 +222,7 @@ def smallest_plan(status: Mapping[str, Any], plan: ResourcePlan) -> ResourcePlan
 
 def with_fewest_workers(plan: ResourcePlan, min_workers: int) -> ResourcePlan:
     """``plan`` down to ``min_workers`` workers (unchanged if it has no more)."""
-    return plan.model_copy(update={"num_workers": min(plan.num_workers, min_workers)})
+    return plan.with_counts(num_workers=min(plan.num_workers, min_workers))
 
 
 def weight_of(status: Mapping[str, Any]) -> float:

@@ -92,11 +92,7 @@ class Prices:
     memory_gb: float = 0.1  # per GB
 
     def cost(self, plan: ResourcePlan) -> float:
-        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        memory_gb = (
-            plan.num_workers * plan.worker_memory_mb + plan.num_ps * plan.ps_memory_mb
-        ) / 1024
-        return cores * self.cpu + memory_gb * self.memory_gb
+        return plan.total_cores * self.cpu + plan.total_memory_mb / 1024 * self.memory_gb
 
 
 @dataclass(frozen=True)
@@ -253,10 +249,7 @@ class Budget:
         """(cores, MB) ``plan`` holds; nothing for None (a job not started)."""
         if plan is None:
             return 0.0, 0.0
-        return (
-            plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu,
-            plan.num_workers * plan.worker_memory_mb + plan.num_ps * plan.ps_memory_mb,
-        )
+        return plan.total_cores, float(plan.total_memory_mb)
 
 
 def weight(

@@ -41,26 +41,41 @@ class PlanLimits:
         return not self.outside(plan)
 
     def outside(self, plan: ResourcePlan) -> list[str]:
-        """One phrase per field of ``plan`` outside its bounds, naming the bound."""
+        """One phrase per field of ``plan`` (or node size) outside its bounds, naming it."""
         found = []
-        for name, (low, high) in self.ranges.items():
-            value = getattr(plan, name)
+        values = [(name, f"plan.{name}", getattr(plan, name)) for name in self.ranges]
+        for entry in plan.sizes:
+            for name, what, value in _node_fields(plan, entry.node):
+                values.append((name, f"plan.sizes {entry.node} {what}", value))
+        for name, what, value in values:
+            if name not in self.ranges:
+                continue
+            low, high = self.ranges[name]
             low_name, high_name = BOUNDED_FIELDS[name]
             if value < low:
-                found.append(f"plan.{name}={value:g} is below autoscale.{low_name}={low:g}")
+                found.append(f"{what}={value:g} is below autoscale.{low_name}={low:g}")
             elif value > high:
-                found.append(f"plan.{name}={value:g} is above autoscale.{high_name}={high:g}")
+                found.append(f"{what}={value:g} is above autoscale.{high_name}={high:g}")
         return found
 
+    def _within(self, name: str, value: float) -> float:
+        if name not in self.ranges:
+            return value
+        low, high = self.ranges[name]
+        return type(value)(min(max(value, low), high))
+
     def clamp(self, plan: ResourcePlan) -> ResourcePlan:
-        """``plan`` with every bounded field moved into its bounds."""
+        """``plan`` with every bounded field, and every node's size, moved into its bounds."""
         update = {}
-        for name, (low, high) in self.ranges.items():
+        for name in self.ranges:
             value = getattr(plan, name)
-            if value < low or value > high:
-                clamped = min(max(value, low), high)
-                update[name] = type(value)(clamped)
-        return plan.model_copy(update=update) if update else plan
+            if self._within(name, value) != value:
+                update[name] = self._within(name, value)
+        clamped = plan.model_copy(update=update) if update else plan
+        for entry in plan.sizes:
+            cpu, memory = ((name, value) for name, _, value in _node_fields(plan, entry.node))
+            clamped = clamped.with_size(entry.node, self._within(*cpu), int(self._within(*memory)))
+        return clamped
 
     def toward(self, current: ResourcePlan, proposed: ResourcePlan) -> ResourcePlan:
         """``proposed`` with each field it changes from ``current`` moved into the bounds, as
@@ -73,7 +88,18 @@ class PlanLimits:
                 continue
             bounded = getattr(self.clamp(proposed), name)
             update[name] = bounded if (bounded - old) * (new - old) > 0 else old
-        return proposed.model_copy(update=update) if update else proposed
+        result = proposed.model_copy(update=update) if update else proposed
+        for node in proposed.node_ids():
+            if node not in current.node_ids() or proposed.size_of(node) == current.size_of(node):
+                continue
+            sizes = []
+            for (name, _, old), (_, _, new) in zip(
+                _node_fields(current, node), _node_fields(proposed, node), strict=True
+            ):
+                bounded = self._within(name, new)
+                sizes.append(bounded if (bounded - old) * (new - old) > 0 else old)
+            result = result.with_size(node, sizes[0], int(sizes[1]))
+        return result
 
     def as_dict(self) -> dict[str, float | None]:
         """The bounds by their ``AutoscaleConfig`` names (None: no maximum), for the status."""
@@ -83,6 +109,13 @@ class PlanLimits:
             out[low_name] = low if low > 0 else None
             out[high_name] = high if math.isfinite(high) else None
         return out
+
+
+def _node_fields(plan: ResourcePlan, node: str) -> list[tuple[str, str, float]]:
+    """(the plan field that bounds it, its name, its value) of ``node``'s cores and memory."""
+    role = node.split("-")[0]
+    cpu, memory_mb = plan.size_of(node)
+    return [(f"{role}_cpu", "cpu", cpu), (f"{role}_memory_mb", "memory_mb", memory_mb)]
 
 
 def plan_limits(config: AutoscaleConfig, start: ResourcePlan) -> PlanLimits:

@@ -57,31 +57,33 @@ class Proposal:
 
 
 def hot_ps(profile: JobProfile) -> Proposal | None:
-    """A PS far busier than the others (unbalanced parameters): give the PS the cores the hot
-    one needs, ``min(s_hot / s_total * s_hat * w, C_max)`` (DLRover), s_hat = PS CPU per worker."""
+    """A PS far busier than the others (unbalanced parameters): give the hot one alone the
+    cores it needs, ``min(s_hot / s_total * s_hat * w, C_max)`` (DLRover), s_hat = PS CPU per
+    worker; the other PS keep their size."""
     ps = profile.role("ps")
     if len(ps) < 2:
         return None
     median = statistics.median(n.cpu_used for n in ps)
     hot = max(ps, key=lambda n: n.cpu_used)
-    busy = hot.cpu_used >= HOT_PS_BUSY * profile.plan.ps_cpu
+    hot_cores = profile.plan.size_of(hot.node_id)[0]
+    busy = hot.cpu_used >= HOT_PS_BUSY * hot_cores
     if not busy or hot.cpu_used < HOT_PS_RATIO * max(median, 1e-6):
         return None
     total = sum(n.cpu_used for n in ps)
     w = profile.plan.num_workers
     per_worker = total / w
     cores = min(hot.cpu_used / total * per_worker * w * HOT_PS_RATIO, profile.max_cpu)
-    cores = max(cores, profile.plan.ps_cpu * 2)  # at least double, or it is no fix
+    cores = max(cores, hot_cores * 2)  # at least double, or it is no fix
     cores = min(float(math.ceil(cores)), profile.max_cpu)
-    if cores <= profile.plan.ps_cpu:
+    if cores <= hot_cores:
         return None
     # The median PS may use no CPU at all (idle PS): say so rather than divide by zero.
     versus = f"{hot.cpu_used / median:.1f}x the median PS" if median > 0 else "the others idle"
     return Proposal(
-        profile.plan.model_copy(update={"ps_cpu": cores}),
+        profile.plan.with_size(hot.node_id, cpu=cores),
         "hot_ps",
         f"{hot.node_id} uses {hot.cpu_used:.2f} cores, {versus}; "
-        f"PS cores {profile.plan.ps_cpu:g} -> {cores:g}",
+        f"{hot.node_id} cores {hot_cores:g} -> {cores:g}, the other PS as they are",
         (hot.node_id,),
     )
 

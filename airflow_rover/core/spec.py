@@ -14,8 +14,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -101,15 +103,161 @@ EmbeddingDim = Annotated[int, Field(gt=0, le=1024)]
 PsCount = Annotated[int, Field(ge=1, le=256)]
 
 
+NodeCores = Annotated[float, Field(gt=0, le=256)]
+NodeMemoryMb = Annotated[int, Field(ge=256)]
+_SIZED_NODE = re.compile(r"^(ps|worker)-(0|[1-9]\d*)$")
+
+
+def node_role_index(node_id: str) -> tuple[str, int]:
+    """("ps" or "worker", index) of a PS or worker id; an evaluator is sized as a worker."""
+    role, _, index = node_id.rpartition("-")
+    if role == "evaluator" and index.isdigit():
+        return "worker", int(index)
+    if not _SIZED_NODE.match(node_id):
+        raise ValueError(f"node {node_id!r}: expected 'ps-N' or 'worker-N' (N = 0, 1, ...)")
+    return role, int(index)
+
+
+class NodeSize(_Strict):
+    """One node sized apart from its role (a hot PS's bigger node, a node that came back from
+    an OOM with more memory); a field left out is the role's."""
+
+    node: str = Field(pattern=_SIZED_NODE.pattern, description="'ps-N' or 'worker-N'")
+    cpu: NodeCores | None = None
+    memory_mb: NodeMemoryMb | None = None
+
+    @model_validator(mode="after")
+    def _some_size(self) -> NodeSize:
+        if self.cpu is None and self.memory_mb is None:
+            raise ValueError(f"plan.sizes: {self.node} gives neither cpu nor memory_mb")
+        return self
+
+
 class ResourcePlan(_Strict):
-    """How many nodes of each role and how big: what the optimizer proposes and launchers apply."""
+    """How many nodes of each role and how big: what the optimizer proposes and launchers apply.
+    ``sizes``: nodes sized apart from their role's size."""
 
     num_workers: WorkerCount = 1
     num_ps: PsCount = 1
-    worker_cpu: float = Field(default=1.0, gt=0, le=256)
-    worker_memory_mb: int = Field(default=2048, ge=256)
-    ps_cpu: float = Field(default=1.0, gt=0, le=256)
-    ps_memory_mb: int = Field(default=2048, ge=256)
+    worker_cpu: NodeCores = 1.0
+    worker_memory_mb: NodeMemoryMb = 2048
+    ps_cpu: NodeCores = 1.0
+    ps_memory_mb: NodeMemoryMb = 2048
+    sizes: tuple[NodeSize, ...] = ()
+
+    @model_validator(mode="after")
+    def _sized_nodes_exist(self) -> ResourcePlan:
+        seen: set[str] = set()
+        for entry in self.sizes:
+            if entry.node in seen:
+                raise ValueError(f"plan.sizes: {entry.node} is sized twice")
+            seen.add(entry.node)
+            role, index = node_role_index(entry.node)
+            count = self.num_ps if role == "ps" else self.num_workers
+            if index >= count:
+                raise ValueError(
+                    f"plan.sizes: {entry.node} does not exist in a plan of {count} "
+                    f"{'PS' if role == 'ps' else 'workers'}"
+                )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _without_empty_sizes(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A plan without per-node sizes dumps as it always did (old history rows compare)."""
+        data: dict[str, Any] = handler(self)
+        if not self.sizes:
+            data.pop("sizes", None)
+        return data
+
+    def role_size(self, role: str) -> tuple[float, int]:
+        """(cores, MB) of a ``role`` node not sized apart; an evaluator's is a worker's."""
+        if role == "ps":
+            return self.ps_cpu, self.ps_memory_mb
+        return self.worker_cpu, self.worker_memory_mb
+
+    def size_of(self, node_id: str) -> tuple[float, int]:
+        """(cores, MB) of ``node_id`` under this plan (an evaluator is sized as a worker)."""
+        role, _ = node_role_index(node_id)
+        cpu, memory_mb = self.role_size(role)
+        entry = next((s for s in self.sizes if s.node == node_id), None)
+        if entry is None:
+            return cpu, memory_mb
+        return (
+            cpu if entry.cpu is None else entry.cpu,
+            memory_mb if entry.memory_mb is None else entry.memory_mb,
+        )
+
+    def node_ids(self) -> list[str]:
+        """Every PS and worker of the plan, PS first."""
+        return [f"ps-{i}" for i in range(self.num_ps)] + [
+            f"worker-{i}" for i in range(self.num_workers)
+        ]
+
+    @property
+    def total_cores(self) -> float:
+        """Cores of every PS and worker, each at its own size."""
+        return sum(self.size_of(node)[0] for node in self.node_ids())
+
+    @property
+    def total_memory_mb(self) -> int:
+        """Memory (MB) of every PS and worker, each at its own size."""
+        return sum(self.size_of(node)[1] for node in self.node_ids())
+
+    def with_size(
+        self, node_id: str, cpu: float | None = None, memory_mb: int | None = None
+    ) -> ResourcePlan:
+        """This plan with ``node_id`` at ``cpu`` cores and ``memory_mb`` MB (None: as today);
+        a node back at its role's size is no longer listed. ValueError for a node the plan
+        does not have or a size out of bounds."""
+        role, _ = node_role_index(node_id)
+        old_cpu, old_mb = self.size_of(node_id)
+        new_cpu = old_cpu if cpu is None else cpu
+        new_mb = old_mb if memory_mb is None else memory_mb
+        role_cpu, role_mb = self.role_size(role)
+        entry: dict[str, Any] = {"node": node_id}
+        if new_cpu != role_cpu:
+            entry["cpu"] = new_cpu
+        if new_mb != role_mb:
+            entry["memory_mb"] = new_mb
+        others = [s.model_dump(exclude_none=True) for s in self.sizes if s.node != node_id]
+        sizes = [*others, entry] if len(entry) > 1 else others
+        return ResourcePlan.model_validate(
+            {**self.model_dump(), "sizes": sorted(sizes, key=_node_order)}
+        )
+
+    def with_counts(
+        self, num_workers: int | None = None, num_ps: int | None = None
+    ) -> ResourcePlan:
+        """This plan with other node counts; the sizes of nodes it no longer has are dropped."""
+        workers = self.num_workers if num_workers is None else num_workers
+        ps = self.num_ps if num_ps is None else num_ps
+        kept = []
+        for entry in self.sizes:
+            role, index = node_role_index(entry.node)
+            if index < (ps if role == "ps" else workers):
+                kept.append(entry.model_dump(exclude_none=True))
+        return ResourcePlan.model_validate(
+            {**self.model_dump(), "num_workers": workers, "num_ps": ps, "sizes": kept}
+        )
+
+    def describe(self) -> str:
+        """The plan in words, per-node sizes included (the UI's and the CLI's)."""
+        workers = "worker" if self.num_workers == 1 else "workers"
+        text = (
+            f"{self.num_ps} PS x {self.ps_cpu:g} CPU, {self.ps_memory_mb} MB; "
+            f"{self.num_workers} {workers} x {self.worker_cpu:g} CPU, {self.worker_memory_mb} MB"
+        )
+        if self.sizes:
+            apart = [
+                f"{s.node} {self.size_of(s.node)[0]:g} CPU, {self.size_of(s.node)[1]} MB"
+                for s in self.sizes
+            ]
+            text += f" ({'; '.join(apart)})"
+        return text
+
+
+def _node_order(entry: dict[str, Any]) -> tuple[str, int]:
+    return node_role_index(str(entry["node"]))
 
 
 DEFAULT_LEARNING_RATES = {"adam": 0.001, "adagrad": 0.2, "sgd": 0.1}

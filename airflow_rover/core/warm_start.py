@@ -251,7 +251,7 @@ def numeric_fields() -> dict[str, type]:
 def to_plan(values: Mapping[str, float], fallback: ResourcePlan | None = None) -> ResourcePlan:
     """Round and clamp smoothed values to a valid ``ResourcePlan``: integers half up, floats to
     tenths, each within its field's bounds; fields not in ``values`` come from ``fallback``."""
-    base = (fallback or ResourcePlan()).model_dump()
+    base = {**(fallback or ResourcePlan()).model_dump(), "sizes": ()}  # per-node: not smoothed
     for name, kind in numeric_fields().items():
         if name not in values:
             continue
@@ -340,8 +340,7 @@ def refinement_for(spec: JobSpec, capacity_cpu: float | None) -> Refinement:
     )
 
     def fits(plan: ResourcePlan) -> bool:
-        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        return budget is None or cores <= budget + 1e-9
+        return budget is None or plan.total_cores <= budget + 1e-9
 
     return Refinement(JobShape.of(spec), bounds, fits)
 

@@ -263,8 +263,8 @@ class Autoscaler:
         return record
 
     def _fits(self, plan: ResourcePlan) -> bool:
-        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        return self.limits.admits(plan) and (self.cpu_budget is None or cores <= self.cpu_budget)
+        within = self.cpu_budget is None or plan.total_cores <= self.cpu_budget
+        return self.limits.admits(plan) and within
 
     def _declined(self, plan: ResourcePlan) -> set[str]:
         """Rules whose proposal for this very plan was declined: not proposed again."""
@@ -291,7 +291,7 @@ class Autoscaler:
     def _within_budget(self, plan: ResourcePlan, current: ResourcePlan) -> ResourcePlan | None:
         """``plan``, or as many more workers as the budget allows; None if nothing changes."""
         while plan.num_workers > current.num_workers and not self._fits(plan):
-            plan = plan.model_copy(update={"num_workers": plan.num_workers - 1})
+            plan = plan.with_counts(num_workers=plan.num_workers - 1)
         return plan if plan != current and self._fits(plan) else None
 
     def model(self) -> ThroughputModel | None:
@@ -417,6 +417,11 @@ def _clamped(asked: ResourcePlan, bounded: ResourcePlan) -> str:
     changed = [
         f"{name} {getattr(asked, name):g} -> {getattr(bounded, name):g}"
         for name in ResourcePlan.model_fields
-        if getattr(asked, name) != getattr(bounded, name)
+        if name != "sizes" and getattr(asked, name) != getattr(bounded, name)
+    ]
+    changed += [
+        f"{node} {asked.size_of(node)} -> {bounded.size_of(node)} (cores, MB)"
+        for node in bounded.node_ids()
+        if node in asked.node_ids() and asked.size_of(node) != bounded.size_of(node)
     ]
     return f"; within the autoscale bounds: {', '.join(changed)}" if changed else ""

@@ -197,10 +197,7 @@ class JobMaster:
         with self._lock:
             if self.state in TERMINAL_STATES:
                 raise ValueError(f"the job is {self.state}: nothing to resize")
-            counts = {"num_workers": body.num_workers, "num_ps": body.num_ps}
-            plan = self.spec.plan.model_copy(
-                update={k: v for k, v in counts.items() if v is not None}
-            )
+            plan = self.spec.plan.with_counts(body.num_workers, body.num_ps)
             record = self.autoscaler.request(time.time(), self.spec.plan, plan, body.reason)
             self.mirror_state(force=True)
             return record

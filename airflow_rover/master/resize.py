@@ -54,13 +54,12 @@ class PsResize:
     paused_at: float | None = None
 
 
-def node_sizes(plan: ResourcePlan) -> dict[Role, tuple[float, int]]:
-    """(cores, MB) of each node role under ``plan``."""
-    return {
-        "ps": (plan.ps_cpu, plan.ps_memory_mb),
-        "worker": (plan.worker_cpu, plan.worker_memory_mb),
-        "evaluator": (plan.worker_cpu, plan.worker_memory_mb),
-    }
+PLAN_SIZED: frozenset[Role] = frozenset({"ps", "worker", "evaluator"})
+
+
+def sizes_change(current: ResourcePlan, plan: ResourcePlan) -> bool:
+    """Whether ``plan`` changes node sizes, not only counts."""
+    return current.with_counts(plan.num_workers, plan.num_ps) != plan
 
 
 class PlanExecutor:
@@ -85,8 +84,7 @@ class PlanExecutor:
         if job.state != JobState.RUNNING:
             record.decline(f"the job is {job.state}")
             return record
-        counts = {"num_workers": current.num_workers, "num_ps": current.num_ps}
-        if plan.model_copy(update=counts) != current:
+        if sizes_change(current, plan):
             resized, note = self._resize_nodes(plan)
             if not resized:
                 record.decline(note)
@@ -112,10 +110,10 @@ class PlanExecutor:
         return record
 
     def _resize_nodes(self, plan: ResourcePlan) -> tuple[bool, str]:
-        """New node sizes (a hot PS's bigger node, bigger workers): each running node of the
-        role is resized in place where the launcher and cluster can, else replaced (its exit
-        is then a relaunch at the new size, not a failure). Returns whether it was applied,
-        and the plan's note."""
+        """New node sizes (a hot PS's bigger node, bigger workers): each running node whose
+        size changes, and no other, is resized in place where the launcher and cluster can,
+        else replaced (its exit is then a relaunch at the new size, not a failure). Returns
+        whether it was applied, and the plan's note."""
         job = self.job
         current = job.spec.plan
         if not job.nodes.launcher.can(Capability.RESIZE):
@@ -125,12 +123,13 @@ class PlanExecutor:
             )
         if (plan.num_ps, plan.num_workers) != (current.num_ps, current.num_workers):
             return False, "declined: change node sizes and node counts in separate plans"
-        sizes, before = node_sizes(plan), node_sizes(current)
-        changed = {role for role in sizes if sizes[role] != before[role]}
         done: dict[str, list[str]] = {"in-place": [], "replace": []}
         for node in job.nodes:
-            if node.role in changed and node.running:
-                how = job.nodes.launcher.resize(node.node_id, node.role, *sizes[node.role])
+            if node.role not in PLAN_SIZED or not node.running:
+                continue
+            size = plan.size_of(node.node_id)
+            if size != current.size_of(node.node_id):
+                how = job.nodes.launcher.resize(node.node_id, node.role, *size)
                 node.replacing = how == "replace"
                 done[how].append(node.node_id)
         job.set_plan(plan)
@@ -217,7 +216,7 @@ class PlanExecutor:
         job = self.job
         for i in range(resize.plan.num_ps, resize.old_num_ps):
             job.nodes.stop(job.nodes[f"ps-{i}"])
-        job.set_plan(job.spec.plan.model_copy(update={"num_ps": resize.plan.num_ps}))
+        job.set_plan(job.spec.plan.with_counts(num_ps=resize.plan.num_ps))
         job.ps_set.next()
         self.set_workers(resize.plan)
         now = time.time()

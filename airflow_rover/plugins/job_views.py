@@ -101,18 +101,15 @@ class JobPage:
 
 
 def plan_text(plan: Mapping[str, Any] | ResourcePlan | None) -> str:
-    """``2 PS x 1.0 CPU, 4 workers x 1.0 CPU``: a plan in a table cell."""
+    """``2 PS x 1 CPU, 2048 MB; 4 workers x 1 CPU, 2048 MB (ps-1 4 CPU, 2048 MB)``: a plan in
+    a table cell, nodes sized apart in brackets."""
     if plan is None:
         return ""
     try:
         p = plan if isinstance(plan, ResourcePlan) else ResourcePlan.model_validate(plan)
     except ValueError:
         return ""
-    workers = "worker" if p.num_workers == 1 else "workers"
-    return (
-        f"{p.num_ps} PS x {p.ps_cpu:g} CPU, {p.ps_memory_mb} MB; "
-        f"{p.num_workers} {workers} x {p.worker_cpu:g} CPU, {p.worker_memory_mb} MB"
-    )
+    return p.describe()
 
 
 def job_row(

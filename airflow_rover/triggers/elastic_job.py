@@ -345,7 +345,7 @@ class ElasticJobTrigger(BaseTrigger):
             shrink.reason,
         )
         if record.state == PlanState.APPLIED:
-            smaller = row.plan.model_copy(update={"num_workers": workers})
+            smaller = row.plan.with_counts(num_workers=workers)
             await asyncio.to_thread(registry.register, replace(row, plan=smaller, proposal=None))
 
     def _report_waiting(

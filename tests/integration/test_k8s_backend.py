@@ -28,6 +28,7 @@ from kubernetes import client
 
 from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.plans import PlanRecord
+from airflow_rover.core.post_scaling import JobProfile, NodeProfile, hot_ps
 from airflow_rover.core.spec import (
     DataWorkersConfig,
     FeatureConfig,
@@ -456,6 +457,30 @@ def propose(master: JobMaster, **changes: object) -> None:
     )
 
 
+def training_master(
+    api: ApiServerStandIn, v1: client.CoreV1Api, tmp_path: Path, spec: JobSpec
+) -> tuple[ElasticJobHook, JobMaster]:
+    """A job launched on the stand-in whose master runs its PS and workers (pods Running)."""
+    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
+    hook.launch(spec)
+    set_status(v1, NAMES.master_pod, {"phase": "Running"})
+    uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
+    master = JobMaster(hook.job_dir, spec, node_launcher(v1, hook, uid), hook.job_dir.read_token())
+    mark = api.count()
+    master.step()  # starts the PS
+    ps = [f"ps-{i}" for i in range(spec.plan.num_ps)]
+    for node in ps:
+        master.node_ready(node, NodeReady(address=f"{NAMES.ps_host(node)}:50051"))
+    master.step()  # the PS are ready: starts the workers
+    assert master.state == "running"
+    nodes = [*ps, *(f"worker-{i}" for i in range(spec.plan.num_workers))]
+    assert [c for c in api.calls(mark) if c.startswith("create")] == [
+        f"create pods/{POD(n)}" for n in nodes
+    ]
+    running(v1, *(POD(n) for n in nodes))
+    return hook, master
+
+
 def test_plans_the_trigger_applies_create_and_delete_worker_pods(
     cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
 ) -> None:
@@ -469,21 +494,8 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
             "training": TrainingConfig(shard_size=250, batch_size=64),
         }
     )
-    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
-    hook.launch(spec)
-    set_status(v1, NAMES.master_pod, {"phase": "Running"})
-    uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
+    hook, master = training_master(api, v1, tmp_path, spec)
     token = hook.job_dir.read_token()
-    master = JobMaster(hook.job_dir, spec, node_launcher(v1, hook, uid), token)
-    mark = api.count()
-    master.step()  # starts the PS
-    master.node_ready("ps-0", NodeReady(address=f"{NAMES.ps_host('ps-0')}:50051"))
-    master.step()  # the PS is ready: starts the workers
-    assert master.state == "running"
-    assert [c for c in api.calls(mark) if c.startswith("create")] == [
-        f"create pods/{POD(n)}" for n in ("ps-0", "worker-0", "worker-1")
-    ]
-    running(v1, POD("ps-0"), POD("worker-0"), POD("worker-1"))
     trigger = ElasticJobTrigger(str(hook.job_dir.root), poll_interval=30, stop_on_kill=True)
     with master_api(master, token) as address:
         atomic_write_json(hook.job_dir.master_file, {"address": address, "pod": NAMES.master_pod})
@@ -512,3 +524,50 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         master.request_stop("test over")
         master.shutdown_nodes()
     assert v1.list_namespaced_pod(NS, label_selector=NAMES.nodes_selector()).items == []
+
+
+@pytest.mark.parametrize(
+    "cluster", [True, False], ids=["in-place-resize", "no-in-place-resize"], indirect=True
+)
+def test_a_hot_ps_plan_resizes_that_ps_pod_alone(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """The hot-PS rule's plan, applied by the master: only the hot PS's pod gets its cores
+    (resized in place, or deleted and created again at its new size); the other PS's pods,
+    and the worker's, are untouched."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=3, num_workers=1, ps_cpu=1.0),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+        }
+    )
+    hook, master = training_master(api, v1, tmp_path, spec)
+    hot = NodeProfile("ps-1", "ps", cpu_used=0.95, memory_mb=600.0)
+    cool = [NodeProfile(f"ps-{i}", "ps", cpu_used=0.1, memory_mb=600.0) for i in (0, 2)]
+    proposal = hot_ps(JobProfile(spec.plan, (*cool, hot)))
+    assert proposal is not None and proposal.plan.size_of("ps-1") == (2.0, 2048)
+    record = master.autoscaler.request(time.time(), spec.plan, proposal.plan, proposal.reason)
+    mark = api.count()
+    master.apply_plan(record.id)
+    calls = [c for c in api.calls(mark) if not c.startswith("fetch")]
+    assert record.state == "applied", record.note
+    assert hook.job_dir.read_spec().plan.size_of("ps-1") == (2.0, 2048)
+    if api.resize_supported:
+        assert calls == [f"update pods/{POD('ps-1')}/resize"]
+        assert "in place: ['ps-1']" in str(record.note)
+    else:  # deleted; the master sees it exit and creates it again, bigger
+        assert calls == [f"update pods/{POD('ps-1')}/resize", f"delete pods/{POD('ps-1')}"]
+        mark = api.count()
+        master.step()
+        assert [c for c in api.calls(mark) if c.startswith(("create", "delete", "update"))] == [
+            f"create pods/{POD('ps-1')}"
+        ]
+        assert master.recovery.restarts == 0  # a replacement, not a failure
+    assert requests_of(v1, POD("ps-1")) == {"cpu": "2", "memory": "2048Mi"}
+    for other in ("ps-0", "ps-2"):
+        assert requests_of(v1, POD(other)) == {"cpu": "1", "memory": "2048Mi"}
+    assert requests_of(v1, POD("worker-0")) == {"cpu": "1", "memory": "2048Mi"}
+    master.request_stop("test over")
+    master.shutdown_nodes()

@@ -154,13 +154,15 @@ def test_the_oom_rule_raises_ps_memory_only_up_to_its_maximum() -> None:
 
 
 def test_the_hot_ps_rule_stays_within_the_ps_cores_maximum() -> None:
-    """A hot PS doubles the PS cores unbounded; ``max_ps_cpu`` 1.5 caps it; 1.0 (today's)
+    """A hot PS doubles its own cores unbounded; ``max_ps_cpu`` 1.5 caps it; 1.0 (today's)
     leaves nothing to propose."""
     two = plan(2, ps=3)
     free = bounded().propose(NOW, two, three_ps(0.95), STEPS, 1e6)
-    assert free is not None and free.rule == "hot_ps" and free.plan.ps_cpu == 2.0
+    assert free is not None and free.rule == "hot_ps" and free.plan.size_of("ps-0")[0] == 2.0
     capped = bounded(max_ps_cpu=1.5).propose(NOW, two, three_ps(0.95), STEPS, 1e6)
-    assert capped is not None and capped.rule == "hot_ps" and capped.plan.ps_cpu == 1.5
+    assert capped is not None and capped.rule == "hot_ps"
+    assert capped.plan.size_of("ps-0")[0] == 1.5 and capped.plan.ps_cpu == 1.0
+    assert "ps-0 cores 1 -> 1.5" in capped.reason
     assert bounded(max_ps_cpu=1.0).propose(NOW, two, three_ps(0.95), STEPS, 1e6) is None
 
 

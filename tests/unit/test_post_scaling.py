@@ -60,14 +60,29 @@ def test_no_rule_fires_on_a_healthy_job(rule) -> None:
     assert post_scaling(healthy()) == []
 
 
-def test_hot_ps_fires_on_one_saturated_ps() -> None:
-    profile = with_nodes(_ps(0, 3.9), _ps(1, 0.8), _ps(2, 0.7))
+def test_hot_ps_gives_the_saturated_ps_alone_more_cores() -> None:
+    profile = with_nodes(_ps(1, 3.9), _ps(0, 0.8), _ps(2, 0.7))
     proposal = hot_ps(profile)
     assert proposal is not None
-    assert proposal.rule == "hot_ps" and proposal.nodes == ("ps-0",)
-    assert proposal.plan.ps_cpu >= 2 * PLAN.ps_cpu  # bigger PS, same count
-    assert proposal.plan.num_ps == PLAN.num_ps
-    assert "ps-0" in proposal.reason
+    assert proposal.rule == "hot_ps" and proposal.nodes == ("ps-1",)
+    assert proposal.plan.size_of("ps-1")[0] >= 2 * PLAN.ps_cpu  # the hot PS, bigger
+    assert proposal.plan.size_of("ps-1")[1] == PLAN.ps_memory_mb
+    for other in ("ps-0", "ps-2"):  # the others as they were
+        assert proposal.plan.size_of(other) == PLAN.size_of(other)
+    assert proposal.plan.with_counts() == proposal.plan and proposal.plan.num_ps == PLAN.num_ps
+    assert proposal.plan.ps_cpu == PLAN.ps_cpu  # the role's size is not touched
+    assert "ps-1 cores 4 -> 8" in proposal.reason
+
+
+def test_hot_ps_judges_a_ps_by_its_own_size() -> None:
+    """A hot PS already sized apart: busy against its own cores, doubled from them."""
+    plan = PLAN.with_size("ps-0", cpu=2.0)
+    proposal = hot_ps(with_nodes(_ps(0, 1.9), _ps(1, 0.5), _ps(2, 0.5), plan=plan))
+    assert proposal is not None and proposal.plan.size_of("ps-0")[0] == 4.0
+    assert proposal.plan.sizes == ()  # back at the role's size: no longer listed
+    sized = PLAN.with_size("ps-0", cpu=8.0)
+    at_max = JobProfile(sized, (_ps(0, 7.9), _ps(1, 1.0), _ps(2, 1.0)), max_cpu=8.0)
+    assert hot_ps(at_max) is None  # the hot one is at the largest size already
 
 
 def test_hot_ps_with_the_other_ps_idle_does_not_crash() -> None:

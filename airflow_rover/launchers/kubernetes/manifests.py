@@ -198,17 +198,21 @@ def resources(cpu: float, memory_mb: int) -> dict[str, Any]:
 
 
 def node_size(
-    plan: ResourcePlan, role: Role, data_workers: DataWorkersConfig | None = None
+    plan: ResourcePlan,
+    role: Role,
+    data_workers: DataWorkersConfig | None = None,
+    node_id: str | None = None,
 ) -> tuple[float, int]:
-    """(cores, MB) of a node of ``role``: from ``plan``, the evaluator sized as a worker; a
-    data worker from the spec's ``data_workers`` (the plan does not size them)."""
-    if role == "ps":
-        return plan.ps_cpu, plan.ps_memory_mb
+    """(cores, MB) of a node of ``role``: from ``plan`` (``node_id``'s own size where the plan
+    sizes it apart), the evaluator sized as a worker; a data worker from the spec's
+    ``data_workers`` (the plan does not size them)."""
     if role == "data":
         if data_workers is None:
             raise ValueError("a data worker's size comes from the spec's data_workers: give it")
         return data_workers.cpu, data_workers.memory_mb
-    return plan.worker_cpu, plan.worker_memory_mb
+    if node_id is not None:
+        return plan.size_of(node_id)
+    return plan.role_size(role)
 
 
 # -- shared pieces ---------------------------------------------------------------------------

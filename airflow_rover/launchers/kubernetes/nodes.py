@@ -71,7 +71,7 @@ class KubernetesNodeLauncher(NodeLauncher):
         self._started: dict[str, Role] = {}
         self._stopped: set[str] = set()
         self._exits: dict[str, int] = {}
-        self._sizes: dict[str, tuple[float, int]] = {}  # per-node overrides (a resized PS)
+        self._sizes: dict[str, tuple[float, int]] = {}  # replaced to resize: its next start
         self._pods: dict[str, dict[str, Any]] = {}
         self._listed_at: float | None = None
 
@@ -80,13 +80,15 @@ class KubernetesNodeLauncher(NodeLauncher):
         """Create the node's pod; a pod of this incarnation that still runs is left alone,
         any other pod of that name (exited, or an earlier master's) is replaced."""
         name = self.names.node_pod(node_id)
+        size = self.size_of(node_id, role)
+        self._sizes.pop(node_id, None)  # a replaced node starts at its new size once
         body = m.node_pod(
             self.config,
             self.names,
             node_id,
             role,
             PurePosixPath(self.job_dir.root),
-            self.size_of(node_id, role),
+            size,
             self.master_uid,
             self.incarnation,
         )
@@ -151,12 +153,12 @@ class KubernetesNodeLauncher(NodeLauncher):
 
     # -- resizing ----------------------------------------------------------------------------
     def size_of(self, node_id: str, role: Role) -> tuple[float, int]:
-        """A resized node's size, else its role's from the plan (a data worker's from the
-        spec's ``data_workers``)."""
+        """The node's size under the job's plan (a data worker's from the spec's
+        ``data_workers``); a node replaced to resize it starts at the size asked for."""
         if node_id in self._sizes:
             return self._sizes[node_id]
         data_workers = self._data_workers_of() if role == "data" else None
-        return m.node_size(self._plan_of(), role, data_workers)
+        return m.node_size(self._plan_of(), role, data_workers, node_id)
 
     def resize(self, node_id: str, role: Role, cpu: float, memory_mb: int) -> ResizeOutcome:
         """Give a running node a new size: in place through the pod's ``resize`` subresource
@@ -164,7 +166,6 @@ class KubernetesNodeLauncher(NodeLauncher):
         is deleted and reported exited, so the master recovers it as after any death and its
         ``start`` creates it at the new size (a PS restores its checkpoint)."""
         size = (cpu, memory_mb)
-        self._sizes[node_id] = size
         name = self.names.node_pod(node_id)
         if self.config.resize_in_place:
             try:
@@ -182,6 +183,7 @@ class KubernetesNodeLauncher(NodeLauncher):
                     exc.status,
                     exc.reason,
                 )
+        self._sizes[node_id] = size  # its next start (the relaunch) creates it at this size
         self._delete(name, grace_s=5.0)
         self._wait_gone(name, 15.0)
         self._stopped.add(node_id)  # reported exited (-15); the master relaunches it bigger
