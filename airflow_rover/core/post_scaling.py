@@ -25,6 +25,7 @@ STRAGGLER_RATIO = 2.0  # a worker this many times slower than the median straggl
 OOM_HORIZON_S = 600.0  # act when a PS would run out of memory within this horizon
 OOM_HEADROOM = 1.25
 OOM_MIN_SAMPLES = 10
+OOM_GROWTH = 2.0  # a node killed out of memory comes back with this many times its memory
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,22 @@ def predicted_oom(profile: JobProfile) -> Proposal | None:
         f"{node.node_id} grows to its {limit} MB limit in {max(seconds_left, 0):.0f} s; "
         f"PS memory {limit} -> {max(memory, limit + 256)} MB",
         (node.node_id,),
+    )
+
+
+def after_oom(plan: ResourcePlan, node_id: str, max_memory_mb: float) -> Proposal | None:
+    """A node killed for using more memory than its size: that node alone, relaunched with
+    ``OOM_GROWTH`` times the memory (at most ``max_memory_mb``); None when it cannot grow."""
+    cpu, memory_mb = plan.size_of(node_id)
+    grown = int(min(memory_mb * OOM_GROWTH, max_memory_mb))
+    if grown <= memory_mb:
+        return None
+    return Proposal(
+        plan.with_size(node_id, memory_mb=grown),
+        "oom",
+        f"{node_id} was killed out of memory at {memory_mb} MB: relaunched with {grown} MB "
+        f"({cpu:g} cores as before)",
+        (node_id,),
     )
 
 

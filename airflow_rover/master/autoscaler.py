@@ -262,6 +262,20 @@ class Autoscaler:
         log.info("plan %d requested: %s", record.id, reason)
         return record
 
+    def master_applied(self, now: float, plan: ResourcePlan, proposal: Proposal) -> PlanRecord:
+        """A plan the master applied at once (a node relaunched bigger after an OOM, a
+        pending pod made smaller): recorded with its rule; a proposal still waiting was made
+        for the plan before it and is superseded."""
+        waiting = self.pending()
+        if waiting is not None:
+            waiting.supersede(f"replaced by the {proposal.rule} rule")
+        record = self._record(now, plan, proposal.plan, proposal.rule, proposal.reason)
+        record.mark_applied(now, f"applied by the master: {', '.join(proposal.nodes)}")
+        self.plans.append(record)
+        self.plan_changed(now)
+        log.warning("plan %d (%s) applied: %s", record.id, proposal.rule, proposal.reason)
+        return record
+
     def _fits(self, plan: ResourcePlan) -> bool:
         within = self.cpu_budget is None or plan.total_cores <= self.cpu_budget
         return self.limits.admits(plan) and within

@@ -571,3 +571,52 @@ def test_a_hot_ps_plan_resizes_that_ps_pod_alone(
     assert requests_of(v1, POD("worker-0")) == {"cpu": "1", "memory": "2048Mi"}
     master.request_stop("test over")
     master.shutdown_nodes()
+
+
+def oom_killed(v1: client.CoreV1Api, node: str) -> None:
+    """What the kubelet reports for a container killed over its memory limit."""
+    state = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    set_status(v1, POD(node), {"phase": "Failed", "containerStatuses": [container_status(state)]})
+
+
+def test_a_pod_killed_out_of_memory_comes_back_with_twice_the_memory_once(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """A worker pod ``OOMKilled``: the master records an ``oom`` plan naming it and its sizes
+    and creates its pod again with twice the memory; a second OOM of it is relaunched like
+    any failure, at the same size. The other pods keep theirs."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=1, num_workers=2),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+        }
+    )
+    hook, master = training_master(api, v1, tmp_path, spec)
+    oom_killed(v1, "worker-1")
+    mark = api.count()
+    master.step()
+    assert {c for c in api.calls(mark) if c.startswith("create")} == {
+        f"create pods/{POD('worker-1')}"  # twice: 409 while the dead pod is there
+    }
+    assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "4096Mi"}
+    assert requests_of(v1, POD("worker-0")) == {"cpu": "1", "memory": "2048Mi"}
+    record = master.autoscaler.plans[-1]
+    assert (record.rule, record.state) == ("oom", "applied")
+    assert "worker-1 was killed out of memory at 2048 MB: relaunched with 4096 MB" in record.reason
+    assert hook.job_dir.read_spec().plan.size_of("worker-1") == (1.0, 4096)
+
+    running(v1, POD("worker-1"))
+    master.step()
+    oom_killed(v1, "worker-1")  # again: a failure like any other, no bigger
+    mark = api.count()
+    master.step()
+    assert {c for c in api.calls(mark) if c.startswith("create")} == {
+        f"create pods/{POD('worker-1')}"  # twice: 409 while the dead pod is there
+    }
+    assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "4096Mi"}
+    assert [p.rule for p in master.autoscaler.plans].count("oom") == 1
+    assert master.recovery.restarts == 2
+    master.request_stop("test over")
+    master.shutdown_nodes()

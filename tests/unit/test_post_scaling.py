@@ -3,12 +3,15 @@ stays silent on a healthy job."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from airflow_rover.core.post_scaling import (
     OOM_MIN_SAMPLES,
     JobProfile,
     NodeProfile,
+    after_oom,
     hot_ps,
     post_scaling,
     predicted_oom,
@@ -119,3 +122,16 @@ def test_predicted_oom_raises_ps_memory_before_the_limit() -> None:
 def test_predicted_oom_ignores_slow_growth() -> None:
     slow = trend(2000.0, 0.02)  # hours to go
     assert predicted_oom(with_nodes(_ps(1, 2.6, slow))) is None
+
+
+def test_after_oom_doubles_that_node_alone_up_to_the_bound() -> None:
+    proposal = after_oom(PLAN, "ps-2", max_memory_mb=math.inf)
+    assert proposal is not None and proposal.rule == "oom" and proposal.nodes == ("ps-2",)
+    assert proposal.plan.size_of("ps-2") == (PLAN.ps_cpu, 2 * PLAN.ps_memory_mb)
+    assert proposal.plan.size_of("ps-1") == PLAN.size_of("ps-1")
+    assert "ps-2 was killed out of memory at 4096 MB: relaunched with 8192 MB" in proposal.reason
+    worker = after_oom(PLAN, "worker-1", max_memory_mb=math.inf)
+    assert worker is not None and worker.plan.size_of("worker-1")[1] == 2 * PLAN.worker_memory_mb
+    capped = after_oom(PLAN, "ps-0", max_memory_mb=6144)
+    assert capped is not None and capped.plan.size_of("ps-0")[1] == 6144
+    assert after_oom(PLAN, "ps-0", max_memory_mb=4096) is None  # at its bound: cannot grow
