@@ -368,6 +368,14 @@ class AutoscaleConfig(_Strict):
     max_ps_memory_mb: int | None = Field(
         default=None, ge=256, description="the most a predicted OOM may raise PS memory to"
     )
+    pending_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="a node pod not scheduled (Pending) this long gets a smaller plan: "
+        "workers at their role's size are dropped (down to min_workers), a PS or a node sized "
+        "apart gets half its size (Kubernetes; local nodes never wait)",
+    )
     cpu_budget: float | None = Field(
         default=None,
         gt=0,

@@ -51,7 +51,8 @@ GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: tak
 SEARCH_GENERATIONS = 40
 SEARCH_POPULATION = 40
 CPU_SIZES = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # node sizes the search tries
-URGENT_RULES = frozenset({"predicted_oom"})  # may replace a proposal the trigger has not applied
+# may replace a proposal the trigger has not applied, and none replaces them
+URGENT_RULES = frozenset({"predicted_oom", "pending"})
 
 
 @dataclass
@@ -260,6 +261,22 @@ class Autoscaler:
         record = self._record(now, plan, new, "requested", reason)
         self.plans.append(record)
         log.info("plan %d requested: %s", record.id, reason)
+        return record
+
+    def propose_now(self, now: float, plan: ResourcePlan, proposal: Proposal) -> PlanRecord | None:
+        """An urgent rule's proposal, outside the sampling and cooldowns (a pod that cannot
+        be scheduled is no sample): it replaces a waiting proposal of another rule; None when
+        one of its rule waits already or a person declined it for this plan."""
+        waiting = self.pending()
+        if waiting is not None and waiting.rule == proposal.rule:
+            return None
+        if proposal.rule in self._declined(plan):
+            return None
+        if waiting is not None:
+            waiting.supersede(f"replaced by the urgent {proposal.rule} rule")
+        record = self._record(now, plan, proposal.plan, proposal.rule, proposal.reason)
+        self.plans.append(record)
+        log.info("proposed plan %d (%s): %s", record.id, proposal.rule, proposal.reason)
         return record
 
     def master_applied(self, now: float, plan: ResourcePlan, proposal: Proposal) -> PlanRecord:

@@ -42,6 +42,18 @@ def exit_code(pod: dict[str, Any]) -> int | None:
     return None
 
 
+def unscheduled(pod: dict[str, Any]) -> bool:
+    """Pending and not placed on a node yet (the scheduler found no room); a pod pulling
+    its image is scheduled and not counted."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Pending":
+        return False
+    conditions = status.get("conditions") or []
+    return not any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions
+    )
+
+
 def exit_reason(pod: dict[str, Any] | None) -> str | None:
     """The container's terminated reason (``OOMKilled``: over its memory limit), or the pod's
     (``Evicted``); None while it runs or when the status gives none."""
