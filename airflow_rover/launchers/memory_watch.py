@@ -90,8 +90,10 @@ class MemoryWatch:
             f"above its {limit_mb} MB]"
         )
         log.warning(message)
+        path = self.job_dir.log_file(node_id)
         try:
-            with open(self.job_dir.log_file(node_id), "a") as fh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as fh:
                 fh.write(message + "\n")
         except OSError:
             pass
