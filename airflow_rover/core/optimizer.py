@@ -76,6 +76,10 @@ class PlanBounds:
         )
 
     def plan(self, w: int, p: int, wc: int, pc: int, like: ResourcePlan) -> ResourcePlan:
+        """``like`` with these counts and role sizes; nodes ``like`` sizes apart keep their
+        sizes while they exist (``with_counts``)."""
+        if like.sizes:
+            like = like.with_counts(int(w), int(p))
         return like.model_copy(
             update={
                 "num_workers": int(w),
