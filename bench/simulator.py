@@ -109,8 +109,7 @@ def rover(world: World, setting: Setting, history: list[Past], label: str) -> Ma
     budget = setting.budget
 
     def fits(plan: ResourcePlan) -> bool:
-        cores = plan.num_workers * plan.worker_cpu + plan.num_ps * plan.ps_cpu
-        return cores <= budget + 1e-9
+        return plan.total_cores <= budget + 1e-9
 
     decision = refine(decision, observations, Refinement(shape_of(world), setting.bounds, fits))
     prior = prior_from(
