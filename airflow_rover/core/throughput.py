@@ -105,9 +105,7 @@ def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
     per_core = share / plan.ps_cpu
     if plan.sizes:
         cold, hot = (1.0 - shape.hot_share) / p, shape.hot_ps if shape.hot_ps < p else 0
-        per_core = max(
-            (share if j == hot else cold) / plan.size_of(f"ps-{j}")[0] for j in range(p)
-        )
+        per_core = max((share if j == hot else cold) / plan.size_of(f"ps-{j}")[0] for j in range(p))
     return np.array(
         [
             m / plan.worker_cpu,
