@@ -288,6 +288,7 @@ class DLRoverHeuristic:
     def __init__(self, setting: Setting, history: Sequence[PastRun] | None = None) -> None:
         self.limit = setting.budget
         self.max_ps = setting.bounds.max_ps
+        self.max_workers = setting.bounds.max_workers
         self.creation: CreationPlan | None = None
         if history is None:
             self.name = "dlrover-heuristic"
@@ -356,7 +357,8 @@ class DLRoverHeuristic:
             n = int(n * factor)
         cpu = max(round(statistics.fmean(r.worker_cpu_used for r in samples), 1), 1.0)
         room = self.limit - sum(cfg.ps_cpu)
-        n = max(int(min(room / cpu, n)), 1)
+        # Workers beyond the job's bounds would stay pending: ask for no more than run.
+        n = max(int(min(room / cpu, n, self.max_workers)), 1)
         return Config(n, cpu, cfg.ps_cpu)
 
     @staticmethod

@@ -206,3 +206,13 @@ def test_dlrover_starts_from_brains_plan_given_a_history() -> None:
     assert warm.initial() == warm.creation.config(setting) != past.initial()
     assert _within(warm.initial(), setting)
     print(f"cold {past.initial().describe()}, from Brain {warm.initial().describe()}")
+
+
+def test_dlrover_asks_for_no_more_workers_than_the_bounds() -> None:
+    # PS at 2% utilisation: workers *= 0.9 / 0.019 = 48, and the budget has room for 34 of
+    # 5.3 cores; the bounds say 32, and a plan beyond them would never run.
+    start = Config(1, 16.0, (16.0,))
+    reports = [Report(10.0 * (k + 1), start, 0.1, 10.0, 5.3, (0.3,)) for k in range(5)]
+    view = JobView(400.0, start, 0.0, 1_000.0, 50_000.0, SETTING.budget, reports)
+    plan = DLRoverHeuristic(SETTING).decide(view)
+    assert plan == Config(32, 5.3, (16.0,))
