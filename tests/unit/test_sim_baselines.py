@@ -194,7 +194,8 @@ def test_brain_plan_fits_the_budget_and_the_largest_node() -> None:
 
 
 def test_dlrover_starts_from_brains_plan_given_a_history() -> None:
-    world = replace(worlds()[0], total_steps=20_000.0)  # Wide&Deep-like, a short job
+    # Wide&Deep-like, a short job in a small world (Setting.of walks every plan of it).
+    world = replace(worlds()[0], total_steps=20_000.0, max_workers=16, max_ps=8)
     setting = Setting.of(world)
     past = DLRoverHeuristic(setting)
     assert past.initial() == Config(1, 16.0, (16.0,))  # its own cold create: limit / 5 cores
