@@ -2,9 +2,24 @@
 the master's own class: ``bench/_master_policy.py``), each as its paper or code describes it.
 
 - ``Static``: one configuration for the whole job (the oracle: the world's best plan).
-- ``DLRoverHeuristic``: what DLRover's local optimizer ships (``../shared/PEERS.md``).
-- ``Optimus``: its own async speed model ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)`` fitted
-  with NNLS; adds the one PS or worker with the best marginal gain per core each interval.
+- ``DLRoverHeuristic``: what DLRover's local optimizer ships (``../shared/PEERS.md``;
+  ``dlrover/python/master/resource/local_optimizer.py`` and ``job.py``), created cold as it
+  creates a job (1 PS + 1 worker). Given a history of past jobs of the same scenario, it is
+  created instead from the plan of DLRover's Brain service (``brain_creation_plan``, read from
+  ``dlrover/go/brain/pkg/optimizer/implementation/``): PS from
+  ``utils/optimize_algorithm.go::EstimateJobResourceByHistoricJobs`` (per job the mean of the
+  central half, ``utils/math.go::ComputeMajorCluster``, of its total-PS-CPU samples; across
+  jobs the same again; total x 1.5 over the busiest PS's mean use + 4 cores, at most 15 PS;
+  memory the largest PS sample + 20%), the cold plan of
+  ``optimizer/job_ps_create_resource_optimizer.go`` (4 PS x 12 cores) where the history gives
+  none, and one worker from ``optalgorithm/optimize_job_worker_create_resource.go`` (the most
+  a worker of a completed job used, at least 12 cores).
+- ``Optimus`` (Peng et al., EuroSys'18): its async speed model
+  ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)`` fitted with NNLS; each round it allocates
+  greedily until the marginal gain runs out: from the current plan it adds the PS or worker
+  with the largest cut of the predicted remaining time per core while that cut is positive
+  and the budget and bounds allow, and applies the whole plan as one change (as Pollux's
+  reimplementation does per GPU, ``petuum/adaptdl``, ``sched/adaptdl_sched/policy/optimus.py``).
 - ``ElasticScheduler`` (ES, Or et al.): adds a fixed number of workers per interval while the
   scaling efficiency (new worker's throughput / old worker's) stays above 0.3; removes the
   last addition and stops when it does not.
@@ -72,6 +87,178 @@ class Static:
         return 1e9
 
 
+# -- DLRover's Brain: the creation plan from similar past jobs -------------------------------------
+# dlrover/go/brain/pkg/optimizer/implementation/common/common.go
+BRAIN_CPU_MARGIN = 4.0  # DefaultCPUMargin: cores added to the busiest PS's mean use
+BRAIN_PS_CPU_MARGIN_PERCENT = 0.5  # DefaultPSCPUMarginPercent: on the jobs' total PS CPU
+BRAIN_PS_MEMORY_MARGIN_PERCENT = 0.2  # DefaultPSMemoryMarginPercent
+BRAIN_MAX_PS = 15  # DefaultMaxPSCount
+BRAIN_WORKER_CREATE_CPU = 12.0  # DefaultWorkerCreateCPU: the first worker's least cores
+BRAIN_WORKER_MEMORY_MARGIN_PERCENT = 0.5  # DefaultMemoryMarginPercent
+BRAIN_WORKER_CREATE_MEMORY_MIB = 16 * 1024.0  # DefaultWorkerCreateMemory (16 GiB)
+# .../optimizer/job_ps_create_resource_optimizer.go: the plan when no history estimates one
+BRAIN_COLD_PS = 4
+BRAIN_COLD_PS_CPU = 12.0
+BRAIN_COLD_PS_MEMORY_MIB = 16 * 1024.0
+
+
+@dataclass(frozen=True)
+class UsageSample:
+    """One runtime record of a past job, as Brain stores it (``JobRuntimeInfo`` in
+    ``go/brain/pkg/common/job_metrics.go``): what each node used at one time.
+
+    Memory is optional: the simulated worlds have none, and a history without any memory
+    record sizes CPU only (Brain itself would then fall back to its cold plan)."""
+
+    ps_cpu: tuple[float, ...]  # cores used, per PS
+    worker_cpu: tuple[float, ...]  # cores used, per worker
+    ps_memory_mib: tuple[float, ...] = ()
+    worker_memory_mib: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class PastRun:
+    """One past job of the same scenario (Brain reads those created in the last 7 days)."""
+
+    samples: tuple[UsageSample, ...]
+    completed: bool = True  # exit reason "Completed": only these size the first worker
+
+    @classmethod
+    def of_reports(cls, reports: Sequence[Report], completed: bool = True) -> PastRun:
+        """What Brain would have recorded of a simulated job: one sample per report."""
+        samples = tuple(
+            UsageSample(r.ps_cpu_used, (r.worker_cpu_used,) * r.config.workers) for r in reports
+        )
+        return cls(samples, completed)
+
+
+@dataclass(frozen=True)
+class CreationPlan:
+    """Brain's plan for a new job: ``ps`` PS and one worker (its workers grow later)."""
+
+    ps: int
+    ps_cpu: float
+    worker_cpu: float
+    ps_memory_mib: float | None  # None: the history recorded no memory
+    worker_memory_mib: float
+    cold: bool  # True: no usable history, Brain's fixed cold PS plan
+
+    def config(self, setting: Setting) -> Config:
+        """As the job starts within ``setting``: cores rounded up as DLRover's master does
+        (``brain_optimizer.convert_plan_msg``), a PS above the largest node split into more
+        PS of that node (same total), and no more PS than the bounds and the budget hold next
+        to the one worker."""
+        worker_cpu = min(float(math.ceil(self.worker_cpu)), max(setting.bounds.worker_cpus))
+        ps_cpu, count, cap = float(math.ceil(self.ps_cpu)), self.ps, max(setting.bounds.ps_cpus)
+        if ps_cpu > cap:
+            count, ps_cpu = math.ceil(count * ps_cpu / cap), cap
+        room = math.floor((setting.budget - worker_cpu) / ps_cpu + 1e-9)
+        if room < 1:
+            raise ValueError(
+                f"budget must hold Brain's first worker ({worker_cpu:g} cores) and one PS "
+                f"({ps_cpu:g} cores), got {setting.budget:g} cores"
+            )
+        return Config(1, worker_cpu, (ps_cpu,) * min(count, setting.bounds.max_ps, room))
+
+
+def major_cluster(values: Sequence[float]) -> list[float]:
+    """The values nearest the median, half of them plus one at most: Brain's
+    ``ComputeMajorCluster`` (``go/brain/pkg/optimizer/implementation/utils/math.go``).
+
+    From the median it takes whichever neighbour is closer to the middle of what it holds
+    (ties go right), until it holds ``len // 2 + 1`` values or reaches either end."""
+    nums = sorted(values)
+    if not nums:
+        return []
+    mid = len(nums) // 2
+    cluster = [nums[mid]]
+    left, right = mid - 1, mid + 1
+    while left >= 0 and right < len(nums) and len(cluster) < mid + 1:
+        kernel = cluster[len(cluster) // 2]
+        if kernel - nums[left] < nums[right] - kernel:
+            cluster.insert(0, nums[left])
+            left -= 1
+        else:
+            cluster.append(nums[right])
+            right += 1
+    return cluster
+
+
+def brain_ps_plan(history: Sequence[PastRun]) -> tuple[int, float, float | None] | None:
+    """(PS count, cores per PS, memory per PS) from the history, or None when it has no
+    estimate: Brain's ``EstimateJobResourceByHistoricJobs``
+    (``go/brain/pkg/optimizer/implementation/utils/optimize_algorithm.go``).
+
+    Per past job, the mean of the major cluster of its total-PS-CPU samples; across jobs,
+    the mean of the major cluster of those means, times 1.5: the total. A PS gets the largest
+    mean use of any one PS of any past job plus 4 cores; count = ceil(total / that), at most
+    15 (then the cores are the total over 15). Memory: the largest one-PS sample, or the
+    largest total over the count if more, plus 20%."""
+    job_totals: list[float] = []
+    max_ps_cpu = max_ps_memory = max_total_memory = 0.0
+    with_memory = False
+    for run in history:
+        if not run.samples:
+            continue
+        totals = [sum(s.ps_cpu) for s in run.samples]
+        job_totals.append(statistics.fmean(major_cluster(totals)))
+        per_ps: dict[int, list[float]] = {}
+        for s in run.samples:
+            for j, used in enumerate(s.ps_cpu):
+                per_ps.setdefault(j, []).append(used)
+        max_ps_cpu = max([max_ps_cpu, *(statistics.fmean(u) for u in per_ps.values())])
+        for s in run.samples:
+            with_memory = with_memory or bool(s.ps_memory_mib)
+            max_ps_memory = max(max_ps_memory, *s.ps_memory_mib, 0.0)
+            max_total_memory = max(max_total_memory, sum(s.ps_memory_mib))
+    if not job_totals:
+        return None
+    total_cpu = statistics.fmean(major_cluster(job_totals))
+    if total_cpu == 0 or max_ps_cpu == 0 or (with_memory and max_ps_memory == 0):
+        return None
+    cpu = max_ps_cpu + BRAIN_CPU_MARGIN
+    total = total_cpu * (1 + BRAIN_PS_CPU_MARGIN_PERCENT)
+    count = math.ceil(total / cpu)
+    if count > BRAIN_MAX_PS:
+        count, cpu = BRAIN_MAX_PS, float(math.ceil(total / BRAIN_MAX_PS))
+    if not with_memory:
+        return count, cpu, None
+    if max_ps_memory * count < max_total_memory:
+        max_ps_memory = float(math.ceil(max_total_memory / count))
+    return count, cpu, max_ps_memory * (1 + BRAIN_PS_MEMORY_MARGIN_PERCENT)
+
+
+def brain_worker_plan(history: Sequence[PastRun]) -> tuple[float, float]:
+    """(cores, memory) of the job's first worker: Brain's ``OptimizeJobWorkerCreateResource``
+    (``go/brain/pkg/optimizer/implementation/optalgorithm/optimize_job_worker_create_resource
+    .go``): the most any worker of a completed past job used, cores rounded up, at least 12
+    cores; memory 1.5x the most used, at least 16 GiB."""
+    samples = [s for run in history if run.completed for s in run.samples]
+    cpu = max((c for s in samples for c in s.worker_cpu), default=0.0)
+    memory = max((m for s in samples for m in s.worker_memory_mib), default=0.0)
+    memory = max(memory * (1 + BRAIN_WORKER_MEMORY_MARGIN_PERCENT), BRAIN_WORKER_CREATE_MEMORY_MIB)
+    return max(float(math.ceil(cpu)), BRAIN_WORKER_CREATE_CPU), memory
+
+
+def brain_creation_plan(history: Sequence[PastRun]) -> CreationPlan:
+    """Brain's plan for a new job (``optimizeCreateJob`` in ``go/brain/pkg/optimizer/
+    implementation/optprocessor/running_training_job_optimize_request_processor.go``): the
+    first worker's and the PS's plans, the cold PS plan where the history has no estimate."""
+    worker_cpu, worker_memory = brain_worker_plan(history)
+    ps = brain_ps_plan(history)
+    if ps is None:
+        return CreationPlan(
+            BRAIN_COLD_PS,
+            BRAIN_COLD_PS_CPU,
+            worker_cpu,
+            BRAIN_COLD_PS_MEMORY_MIB,
+            worker_memory,
+            cold=True,
+        )
+    count, cpu, memory = ps
+    return CreationPlan(count, cpu, worker_cpu, memory, worker_memory, cold=False)
+
+
 # -- DLRover's shipped heuristic ------------------------------------------------------------------
 PS_OVERLOAD = 0.9  # workers *= PS_OVERLOAD / max PS utilisation
 PS_HOT = 0.9
@@ -92,18 +279,29 @@ class DLRoverHeuristic:
     hot PS (utilisation >= 0.9: cores *= max(1, max workers / workers), <= 32) at most every
     ``PS_CHANGE_INTERVAL_S``, else the worker rule again (no change above 0.95 utilisation or
     when new workers run < 0.2 as fast as the old ones).
+
+    With a ``history`` (past jobs of the same scenario) it is created as DLRover's cluster
+    mode creates a job, from Brain's plan (``brain_creation_plan``); the stages after it stay
+    the local optimizer's.
     """
 
-    name = "dlrover-heuristic"
-
-    def __init__(self, setting: Setting) -> None:
+    def __init__(self, setting: Setting, history: Sequence[PastRun] | None = None) -> None:
         self.limit = setting.budget
         self.max_ps = setting.bounds.max_ps
-        cpu = float(min(math.ceil(self.limit / 5), 16))
-        self.start = Config(1, cpu, (cpu,))
+        self.max_workers = setting.bounds.max_workers
+        self.creation: CreationPlan | None = None
+        if history is None:
+            self.name = "dlrover-heuristic"
+            cpu = float(min(math.ceil(self.limit / 5), 16))
+            self.start = Config(1, cpu, (cpu,))
+        else:
+            self.name = "dlrover-heuristic-brain"
+            self.creation = brain_creation_plan(history)
+            self.start = self.creation.config(setting)
         self.stage = "worker_initial"
         self.last_plan_t = -math.inf
         self.last_ps_change_t = -math.inf
+        self.observed: list[Report] = []  # every report seen: ``PastRun.of_reports`` of it
 
     def initial(self) -> Config:
         return self.start
@@ -112,6 +310,7 @@ class DLRoverHeuristic:
         return 30.0
 
     def decide(self, view: JobView) -> Config | None:
+        self.observed = list(view.reports)
         samples = view.recent(LATEST_SAMPLES)
         if view.now - self.last_plan_t <= OPT_INTERVAL_S or not samples:
             return None
@@ -158,7 +357,8 @@ class DLRoverHeuristic:
             n = int(n * factor)
         cpu = max(round(statistics.fmean(r.worker_cpu_used for r in samples), 1), 1.0)
         room = self.limit - sum(cfg.ps_cpu)
-        n = max(int(min(room / cpu, n)), 1)
+        # Workers beyond the job's bounds would stay pending: ask for no more than run.
+        n = max(int(min(room / cpu, n, self.max_workers)), 1)
         return Config(n, cpu, cfg.ps_cpu)
 
     @staticmethod
@@ -213,10 +413,22 @@ class DLRoverHeuristic:
 
 
 # -- Optimus --------------------------------------------------------------------------------------
+def optimus_speed(theta: np.ndarray, ps: int, workers: int) -> float:
+    """Optimus's asynchronous speed model: ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)``."""
+    return workers / float(theta @ np.array([1.0, workers / ps, workers, ps]))
+
+
 @dataclass
 class Optimus:
-    """One PS or one worker per interval, whichever its fitted speed model says gains more per
-    core (Peng et al., EuroSys'18, async model); node sizes fixed (given the oracle's)."""
+    """Optimus (Peng et al., EuroSys'18) for one job: fit the speed model, then allocate
+    greedily, every unit at once; node sizes fixed (given the oracle's).
+
+    Until it has three distinct (PS, workers) points it explores: one worker, then one PS, then
+    workers. Then each round (``allocate``) adds, one unit at a time from the current plan,
+    the PS or worker whose addition cuts the predicted remaining time the most per core, while
+    that cut is positive and the budget and bounds allow, and applies the result as one
+    change.
+    """
 
     worker_cpu: float
     ps_cpu: float
@@ -238,25 +450,46 @@ class Optimus:
         cfg = view.config
         w, p = cfg.workers, cfg.num_ps
         self.speeds[(p, w)] = [r.iteration_s for r in recent]
-        add_w = Config(w + 1, self.worker_cpu, cfg.ps_cpu)
-        add_p = Config(w, self.worker_cpu, (*cfg.ps_cpu, self.ps_cpu))
-        fits_w = add_w.cores <= self.setting.budget and w < self.setting.bounds.max_workers
-        fits_p = add_p.cores <= self.setting.budget and p < self.setting.bounds.max_ps
         if len(self.speeds) < 3:  # too few points to fit 4 parameters: explore both ways
+            add_w = Config(w + 1, self.worker_cpu, cfg.ps_cpu)
+            add_p = Config(w, self.worker_cpu, (*cfg.ps_cpu, self.ps_cpu))
+            fits_w = self._fits(add_w)
+            fits_p = self._fits(add_p)
             if not self.explored_ps and fits_p and len(self.speeds) == 2:
                 self.explored_ps = True
                 return add_p
             return add_w if fits_w else (add_p if fits_p else None)
-        theta = self._fit()
+        plan = self.allocate(self._fit(), cfg, view.remaining)
+        return None if plan == cfg else plan
 
-        def f(pp: int, ww: int) -> float:
-            return ww / float(theta @ np.array([1.0, ww / pp, ww, pp]))
+    def _fits(self, cfg: Config) -> bool:
+        bounds = self.setting.bounds
+        return (
+            cfg.cores <= self.setting.budget + 1e-9
+            and cfg.workers <= bounds.max_workers
+            and cfg.num_ps <= bounds.max_ps
+        )
 
-        gain_w = (f(p, w + 1) - f(p, w)) / self.worker_cpu if fits_w else -math.inf
-        gain_p = (f(p + 1, w) - f(p, w)) / self.ps_cpu if fits_p else -math.inf
-        if max(gain_w, gain_p) <= 0:
-            return None
-        return add_w if gain_w >= gain_p else add_p
+    def allocate(self, theta: np.ndarray, current: Config, remaining: float) -> Config:
+        """The greedy round: from ``current``, add the unit with the largest cut of the
+        predicted remaining time (``remaining`` steps) per core while it is positive and fits."""
+        plan = current
+        while True:
+            now_s = remaining / optimus_speed(theta, plan.num_ps, plan.workers)
+            best: tuple[float, Config] | None = None
+            for unit in (
+                Config(plan.workers + 1, plan.worker_cpu, plan.ps_cpu),
+                Config(plan.workers, plan.worker_cpu, (*plan.ps_cpu, self.ps_cpu)),
+            ):
+                if not self._fits(unit):
+                    continue
+                then_s = remaining / optimus_speed(theta, unit.num_ps, unit.workers)
+                gain = (now_s - then_s) / (unit.cores - plan.cores)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, unit)
+            if best is None:
+                return plan
+            plan = best[1]
 
     def _fit(self) -> np.ndarray:
         rows, y = [], []
