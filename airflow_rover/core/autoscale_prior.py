@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from airflow_rover.core.optimizer import ScalingCosts
 from airflow_rover.core.spec import ResourcePlan
@@ -34,6 +34,8 @@ def prior_from(
 ) -> Prior:
     """The prior of a job like the past jobs that saw ``observations`` (plan, seconds per
     worker iteration), kept ``hot_shares`` and measured ``costs``."""
+    hot_share = statistics.median(hot_shares) if hot_shares else shape.hot_share
+    shape = replace(shape, hot_share=hot_share)  # the coefficients of the model that will use it
     coefficients = None
     if observations:
         paper = Coefficients.paper().scaled_to(shape, *observations[0])
@@ -45,4 +47,4 @@ def prior_from(
             ps_start_s=statistics.median(c.ps_start_s for c in costs),
             ps_reload_s=statistics.median(c.ps_reload_s for c in costs),
         )
-    return Prior(coefficients, statistics.median(hot_shares) if hot_shares else 0.0, measured)
+    return Prior(coefficients, hot_share, measured)

@@ -50,7 +50,6 @@ MIN_MODEL_GAIN = 0.03  # a model-based plan must promise at least 3% more sample
 GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: take the cheapest
 SEARCH_GENERATIONS = 40
 SEARCH_POPULATION = 40
-SEARCH_EVERY_S = 60.0  # a plan's Pareto search is redone at most this often
 CPU_SIZES = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # node sizes the search tries
 # may replace a proposal the trigger has not applied, and none replaces them
 URGENT_RULES = frozenset({"predicted_oom", "pending"})
@@ -129,7 +128,7 @@ class Autoscaler:
         self._last_change = -math.inf
         self._last_decline = -math.inf
         self._change: tuple[float, bool] | None = None  # (applied at, PS changed) being timed
-        self._search: tuple[tuple[Any, ...], Proposal | None, float] | None = None  # the last
+        self._search: tuple[tuple[Any, ...], Proposal | None] | None = None  # the last search
         self.measured: dict[str, list[float]] = {"worker_start_s": [], "ps_reload_s": []}
 
     def plan_changed(self, now: float) -> None:
@@ -232,7 +231,7 @@ class Autoscaler:
                 return None
             waiting.supersede(f"replaced by the urgent {choice.rule} rule")
         else:
-            choice = self._from_rules(profile) or self._from_model(now, plan, remaining_samples)
+            choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
         if choice is None:
             return None
         gain = self._expected_gain(plan, choice.plan, remaining_samples)
@@ -372,30 +371,26 @@ class Autoscaler:
             high = min(high, self.cpu_budget)
         return tuple(sorted({c for c in CPU_SIZES if low <= c <= high} | {current}))
 
-    def _from_model(
-        self, now: float, plan: ResourcePlan, remaining_samples: float
-    ) -> Proposal | None:
-        """The plan of the Pareto front that gains nearly the most, cheapest first; the last
-        search's answer for this plan for ``SEARCH_EVERY_S``, or while the model, the costs
-        and the job's size left are much the same (NSGA-II need not run every interval to
-        say the same again)."""
+    def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
+        """The plan of the Pareto front that gains nearly the most, cheapest first. The search
+        is redone when the plan, what the model knows of it (the samples under it, each
+        time they double), the hot PS, the costs or the job's size left (each time it halves)
+        changed: NSGA-II need not run every interval to say the same again."""
         model = self.model()
         if model is None or "pareto" in self._declined(plan) or not self.limits.admits(plan):
             return None
+        dumped = plan.model_dump()
+        seen = sum(1 for sample in self.throughput if sample["plan"] == dumped)
         key = (
             plan,
-            tuple(float(f"{c:.2g}") for c in model.coefficients.as_array()),
+            seen.bit_length(),
             (round(model.shape.hot_share, 2), model.shape.hot_ps),
             tuple(round(c / 10) for c in asdict(self.costs()).values()),
             round(math.log2(max(remaining_samples, 1.0))),
         )
-        if self._search is not None:
-            last_key, last_choice, at = self._search
-            if last_key == key or (last_key[0] == plan and now - at < SEARCH_EVERY_S):
-                return last_choice
-        choice = self._search_model(model, plan, remaining_samples)
-        self._search = (key, choice, now)
-        return choice
+        if self._search is None or self._search[0] != key:
+            self._search = (key, self._search_model(model, plan, remaining_samples))
+        return self._search[1]
 
     def _search_model(
         self, model: ThroughputModel, plan: ResourcePlan, remaining_samples: float

@@ -15,17 +15,14 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from airflow_rover.core.optimizer import PlanBounds  # noqa: E402
-from bench._policies import (  # noqa: E402
+from bench._brain import (  # noqa: E402
     CreationPlan,
-    DLRoverHeuristic,
-    Optimus,
     PastRun,
-    Setting,
     UsageSample,
     brain_creation_plan,
     major_cluster,
-    optimus_speed,
 )
+from bench._policies import DLRoverHeuristic, Optimus, Setting, optimus_speed  # noqa: E402
 from bench._simcore import Config, JobView, Report, simulate  # noqa: E402
 from bench.worlds.dlrover_rm import worlds  # noqa: E402
 

@@ -33,6 +33,7 @@ POLICIES = (
     "oracle",
     "airflow-rover (warm)",
     "airflow-rover (cold)",
+    "dlrover-heuristic-brain",
     "dlrover-heuristic",
     "optimus",
     "es",
