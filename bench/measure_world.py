@@ -1,7 +1,7 @@
 """The simulator's measured world: the real runtime's speed at every plan this machine can run.
 
-    python bench/measure_world.py               # both workloads, ~11 min on 2 cores
-    python bench/measure_world.py --trial       # 1 plan per workload, short: does it work
+    python bench/measure_world.py               # 18 plans of 2 workloads, ~12 min on 2 cores
+    python bench/measure_world.py --trial       # 1 plan per workload, 1 min: does it work
     python bench/measure_world.py --workloads wide_deep --plans 1x1x1,3x2x1
 
 Each plan (``WxPxC``: W workers, P PS, C threads a node) runs as a fresh job on the local
@@ -217,6 +217,16 @@ def machine() -> dict[str, Any]:
     }
 
 
+def tensorflow_version() -> str:
+    """The installed TensorFlow's version, whichever distribution provides it."""
+    for dist in ("tensorflow", "tensorflow-cpu", "tensorflow-intel"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    raise RuntimeError("TensorFlow is not installed")
+
+
 def commit() -> str:
     out = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
@@ -228,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--workloads", default=",".join(BY_NAME), help=f"from {list(BY_NAME)}")
     parser.add_argument("--plans", help="WxPxC,... (default: each workload's own)")
-    parser.add_argument("--warmup-s", type=float, default=4.0)
-    parser.add_argument("--window-s", type=float, default=24.0)
+    parser.add_argument("--warmup-s", type=float, default=3.0)
+    parser.add_argument("--window-s", type=float, default=16.0)
     parser.add_argument("--trial", action="store_true", help="1x1x1 only, 6 s window, no table")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
@@ -245,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if args.trial:
         plans, args.window_s, args.warmup_s = ["1x1x1"], 6.0, 2.0
+    software = {
+        "python": platform.python_version(),
+        "tensorflow": tensorflow_version(),
+        "airflow_rover_commit": commit(),
+    }
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="measure-world-") as tmp:
         root = Path(tmp)
@@ -280,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine(),
-        "software": {
-            "python": platform.python_version(),
-            "tensorflow": importlib.metadata.version("tensorflow"),
-            "airflow_rover_commit": commit(),
-        },
+        "software": software,
         "dataset": {
             "kind": "synthetic Criteo-shaped (airflow_rover.data.synthetic)",
             "num_train": NUM_TRAIN,
