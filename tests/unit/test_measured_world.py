@@ -63,11 +63,11 @@ def test_the_best_plan_trains_the_job_in_the_oracle_time() -> None:
 
 def test_a_world_satisfies_the_protocol() -> None:
     for world in worlds():
-        assert isinstance(world, World)
         for name, kind in get_type_hints(World).items():
             value = getattr(world, name)
             assert isinstance(value, float | int if kind is float else kind), name
-        for name in ("plans", "iteration_s", "cpu_used"):
+        assert all(world.runs(c) for c in world.plans())
+        for name in ("plans", "runs", "iteration_s", "cpu_used"):
             assert inspect.signature(getattr(MeasuredWorld, name)).parameters.keys() == (
                 inspect.signature(getattr(World, name)).parameters.keys()
             )
@@ -75,6 +75,7 @@ def test_a_world_satisfies_the_protocol() -> None:
 
 def test_an_unmeasured_plan_is_refused_naming_the_plans_it_runs() -> None:
     world = worlds()[0]
+    assert not world.runs(Config(9, 1.0, (1.0,)))
     with pytest.raises(ValueError, match=r"cfg: 9w x 1c \+ 1ps x 1c was not measured.*runs only"):
         world.iteration_s(Config(9, 1.0, (1.0,)))
     with pytest.raises(ValueError, match="was not measured"):
