@@ -82,7 +82,7 @@ class MasterAutoscaler:
             start=self.start,
             now=0.0,
             prior=self.prior,
-            resizable=True,
+            resizable=self.world.resizable,
         )
 
     def initial(self) -> Config:

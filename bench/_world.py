@@ -27,6 +27,7 @@ class World(Protocol):
     pod_start_s: float  # a new node's pod (process) starts in this many seconds
     init_s: float  # then its training process initialises in this many seconds
     budget: float  # cores the job may use
+    resizable: bool  # whether a running job's nodes change size (Kubernetes) or not (local)
 
     def plans(self) -> Sequence[Config]:
         """Every plan this world can run: the oracle's space and the bounds of every policy."""

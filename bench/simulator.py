@@ -58,6 +58,7 @@ from bench._world import World, load, oracle
 DEFAULT_WORLDS = (
     "bench.worlds.dlrover_rm:worlds",
     "bench.worlds.contention:worlds",
+    "bench.worlds.measured:worlds",
 )
 GOAL_WARM = 1.03
 GOAL_COLD = 1.10
@@ -112,7 +113,7 @@ def rover(world: World, setting: Setting, history: list[Past], label: str) -> Ma
     budget = setting.budget
 
     def fits(plan: ResourcePlan) -> bool:
-        return plan.total_cores <= budget + 1e-9
+        return plan.total_cores <= budget + 1e-9 and world.runs(config_of(plan))
 
     hot_shares = [p.hot_share for p in history]
     prior = prior_from(shape_of(world), observations, hot_shares, [p.costs for p in history])

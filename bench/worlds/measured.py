@@ -45,6 +45,7 @@ class MeasuredWorld:
     init_s: float
     budget: float
     table: Mapping[Config, PlanFigures] = field(compare=False)
+    resizable: bool = False  # the local launcher: node sizes are fixed while a job runs
 
     def plans(self) -> Sequence[Config]:
         return tuple(self.table)
