@@ -58,6 +58,7 @@ class ShardDispatch:
         node.last_seen = time.time()
         version = job.ps_set.version
         if not node.running:
+            log.info("no lease for %s: it was stopped or has exited", node_id)
             return master_api.LeaseReply(status="done", ps_set_version=version)
         if job.state != JobState.RUNNING and not job.policy.trains_through_loss(job.state):
             done = job.state in TERMINAL_STATES or job.state == JobState.EVALUATING

@@ -5,7 +5,10 @@ batches past the slice that nobody trained."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 from master_rig import BATCH_SIZE, TOKEN, Job
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
@@ -28,7 +31,9 @@ def _train(client: PSClient, push: Push, shard: dict) -> None:
         client.push(*push, key=shard["first_key"] + index)
 
 
-def test_a_stopped_workers_late_lease_and_report_lose_no_batch(make_job) -> None:
+def test_a_stopped_workers_late_lease_and_report_lose_no_batch(
+    make_job, caplog: pytest.LogCaptureFixture
+) -> None:
     job = make_job()
     job.master.step()
     layout = EmbeddingPlacement.from_features(job.master.spec.resolved_features)
@@ -58,8 +63,10 @@ def test_a_stopped_workers_late_lease_and_report_lose_no_batch(make_job) -> None
 
         # What worker-1 sent before it died, served now: its next lease, then the report of
         # its slice (sent once the slice's push had landed).
-        late = job.lease("worker-1")
+        with caplog.at_level(logging.INFO, logger="airflow_rover.master.dispatch"):
+            late = job.lease("worker-1")
         assert late["status"] == "done" and late["shard"] is None, late
+        assert "no lease for worker-1: it was stopped" in caplog.text
         assert not job.done("worker-1", piece["shard_id"])
 
         rest = job.lease("worker-0")["shard"]  # the rest of the sliced shard, next in line
