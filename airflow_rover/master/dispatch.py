@@ -48,9 +48,18 @@ class ShardDispatch:
 
     # -- the workers' calls --------------------------------------------------------------------
     def lease(self, node_id: str, ps_set_version: int | None) -> master_api.LeaseReply:
+        """The next shard for ``node_id``. A worker the master stopped (a smaller plan) or saw
+        exit gets none: its shards went back to the queue, and a lease it asked for just
+        before it died may be served only now (it waited for the job's lock while the plan
+        was applied); nobody would train that shard, and the dead worker's report of a slice,
+        served after it, would complete the rest of the shard untrained."""
         job = self.job
-        job.nodes.known(node_id).last_seen = time.time()
+        node = job.nodes.known(node_id)
+        node.last_seen = time.time()
         version = job.ps_set.version
+        if not node.running:
+            log.info("no lease for %s: it was stopped or has exited", node_id)
+            return master_api.LeaseReply(status="done", ps_set_version=version)
         if job.state != JobState.RUNNING and not job.policy.trains_through_loss(job.state):
             done = job.state in TERMINAL_STATES or job.state == JobState.EVALUATING
             return master_api.LeaseReply(status="done" if done else "wait", ps_set_version=version)
