@@ -34,7 +34,7 @@ def light_spec(data: Any) -> JobSpec:
             "train_data": str(data.train_dir),
             "eval_data": str(data.eval_dir),
             "plan": {"num_ps": 1, "num_workers": 3},
-            "training": {"shard_size": 2048, "epochs": 3, "seed": 5},
+            "training": {"shard_size": 2048, "epochs": 8, "seed": 5},
             "autoscale": {"enabled": False, "weight": 0.5, "min_workers": 1},
         }
     )
