@@ -81,6 +81,7 @@ from airflow_rover.operators.model_asset import model_asset as default_model_ass
 from airflow_rover.operators.serving_export import ensure_saved_model
 from airflow_rover.operators.training_params import (
     as_param_dict,
+    autoscale_dict,
     check_autoscale,
     check_checkpoint_uri,
     check_flag,
@@ -376,7 +377,7 @@ class ElasticTrainingOperator(BaseOperator):
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
                     "checkpoint_uri": self.checkpoint_uri or None,
-                    "autoscale": dict_or_as_is(self.autoscale, "autoscale"),
+                    "autoscale": autoscale_dict(self.autoscale),
                 }
             )
             checkpoint.check_cluster(spec.plan.num_ps)
@@ -428,7 +429,7 @@ class ElasticTrainingOperator(BaseOperator):
         """The rendered ``autoscale``; a bad one fails the task without retries, naming
         ``autoscale.<field>``."""
         try:
-            value = {"autoscale": dict_or_as_is(self.autoscale, "autoscale")}
+            value = {"autoscale": autoscale_dict(self.autoscale)}
             return _AutoscaleParam.model_validate(value).autoscale
         except ValidationError as exc:
             message = describe(exc, AutoscaleConfig)  # autoscale.<field>: ...
@@ -778,8 +779,9 @@ class ElasticTrainingOperator(BaseOperator):
         return HistoryStoreHook(self.history_conn_id or None)
 
     def _warm_started(self, context: Context, spec: JobSpec) -> JobSpec:
-        """The spec with the warm-start plan (its own plan is the cold start); the decision
-        goes to XCom under ``warm_start``."""
+        """The spec with the warm-start plan (its own plan is the cold start) and, unless the
+        user gave one, the autoscaler's prior from the same past jobs (``autoscale.prior``);
+        the decision goes to XCom under ``warm_start``."""
         ti = context["ti"]
         try:
             traits = spec_traits(spec, ti.dag_id, ti.task_id)
@@ -792,7 +794,10 @@ class ElasticTrainingOperator(BaseOperator):
         self.log.info("Warm start (%s): %s", decision.source, decision.message)
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())
-        return spec.model_copy(update={"plan": decision.plan})
+        if spec.autoscale.prior is not None or decision.prior is None:  # the user's stays
+            return spec.model_copy(update={"plan": decision.plan})
+        autoscale = spec.autoscale.model_copy(update={"prior": decision.prior})
+        return spec.model_copy(update={"plan": decision.plan, "autoscale": autoscale})
 
     def _incremental(self, context: Context, spec: JobSpec, features: FeatureConfig) -> JobSpec:
         """The spec with its day and, with ``init_from``, the model it starts from (checked
