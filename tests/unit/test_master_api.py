@@ -248,6 +248,8 @@ def test_status_shape_through_start_up(make_job) -> None:
         "max_ps_cpu": 8.0,
         "min_ps_memory_mb": None,
         "max_ps_memory_mb": None,
+        "start": "cold",
+        "prior_jobs": [],
     }
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None

@@ -554,6 +554,7 @@ AUTOSCALE_SETTINGS = [
     {"enabled": False},
     {"min_workers": 1, "max_workers": 2, "max_ps": 1, "max_ps_memory_mb": 4096, "weight": 3.0},
     {"min_plan_interval_s": 300, "decline_cooldown_s": 600, "sampling_s": 60},
+    {"prior": {"hot_share": 0.3, "worker_start_s": 12.0, "jobs": ["daily.train-1"]}},
 ]
 
 
