@@ -69,19 +69,24 @@ class Prior:
         return cls(coefficients, config.hot_share, costs, tuple(config.jobs))
 
 
-def measured_costs(
-    costs: Sequence[ScalingCosts | Mapping[str, float | None]],
-) -> ScalingCosts | None:
+def cost_medians(costs: Sequence[ScalingCosts | Mapping[str, float | None]]) -> dict[str, float]:
     """Each cost's median over the jobs that measured it (a ``ScalingCosts`` measured them
-    all; a mapping those it holds, None for one it did not); the default for a cost none
-    measured; None when none measured anything."""
+    all; a mapping those it holds, None for one it did not); a cost none measured is absent."""
     known: dict[str, list[float]] = {f.name: [] for f in fields(ScalingCosts)}
     for entry in costs:
         values = asdict(entry) if isinstance(entry, ScalingCosts) else entry
         for name, seconds in values.items():
             if name in known and seconds is not None:
                 known[name].append(float(seconds))
-    medians = {name: statistics.median(v) for name, v in known.items() if v}
+    return {name: statistics.median(v) for name, v in known.items() if v}
+
+
+def measured_costs(
+    costs: Sequence[ScalingCosts | Mapping[str, float | None]],
+) -> ScalingCosts | None:
+    """``cost_medians`` as the autoscaler plans with them: the default for a cost none
+    measured; None when none measured anything."""
+    medians = cost_medians(costs)
     return ScalingCosts(**medians) if medians else None
 
 

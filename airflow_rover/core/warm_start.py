@@ -32,6 +32,9 @@ no job ran). ``refine`` fixes that where the history allows: when the similar jo
 least two plans, their pooled iteration times fit the throughput model, and since every plan
 costs the same to launch, the best plan it predicts (at least ``min_rel_gain`` faster) replaces
 the smoothed one before anything starts.
+
+The history store also gives the answer the autoscaler's ``prior`` (``autoscale.prior``) from
+the same matched jobs: their samples fitted, their hot share and measured scaling costs.
 """
 
 from __future__ import annotations

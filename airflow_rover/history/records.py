@@ -23,6 +23,7 @@ SECRET_KEYS = ("token", "password", "secret", "authorization")
 OUTCOMES = ("succeeded", "failed", "stopped")
 #: What the autoscaler measured that a similar job's prior starts from (``measured_of``).
 MEASURED = ("worker_start_s", "ps_start_s", "ps_reload_s", "hot_share")
+MAX_COST_S = 86_400.0  # a scaling cost beyond a day is no measurement (AutoscalePrior's bound)
 
 
 @dataclass(frozen=True)
@@ -227,11 +228,10 @@ def measured_of(profile: Mapping[str, Any]) -> dict[str, float]:
     default or a past job's, and recording it would pass that on as a measurement."""
     measured = _mapping(profile.get("measured"))
     found = {name: number_or_none(measured.get(name)) for name in MEASURED}
-    top = {"hot_share": 1.0}
     return {
         name: value
         for name, value in found.items()
-        if value is not None and 0 <= value <= top.get(name, 86_400.0)
+        if value is not None and 0 <= value <= (1.0 if name == "hot_share" else MAX_COST_S)
     }
 
 

@@ -54,7 +54,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
-from airflow_rover.core.autoscale_prior import job_shape, prior_from
+from airflow_rover.core.autoscale_prior import cost_medians, job_shape, prior_from
 from airflow_rover.core.policies import FailureHistory
 from airflow_rover.core.prior_config import COSTS, AutoscalePrior
 from airflow_rover.core.spec import ResourcePlan
@@ -494,7 +494,9 @@ class HistoryStore:
         prior = prior_from(shape, samples, hot_shares, costs, job_ids)
         if prior.coefficients is None and not hot_shares and prior.costs is None:
             return None
-        return prior.to_config()
+        measured = cost_medians(costs)  # a cost none of them timed stays out: the default
+        values = prior.to_config().model_dump()
+        return AutoscalePrior(**{**values, **{name: measured.get(name) for name in COSTS}})
 
     def observations(self, job_ids: list[str]) -> list[tuple[ResourcePlan, float]]:
         """(plan, seconds per worker iteration) of every throughput sample of these jobs."""

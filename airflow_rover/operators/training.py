@@ -180,8 +180,9 @@ class ElasticTrainingOperator(BaseOperator):
         retry does not reattach to a job past its deadline: it submits the job again with a
         deadline of its own, resuming from the last checkpoint.
     :param warm_start: start from the smoothed final plans of the most similar past jobs in the
-        history store (as ``WarmStartOperator`` does; ``plan`` without history); the decision
-        is pushed to XCom under ``warm_start``.
+        history store (as ``WarmStartOperator`` does; ``plan`` without history), and the
+        autoscaler from their prior (``autoscale.prior``, unless given); the decision is pushed
+        to XCom under ``warm_start``.
     :param history_conn_id: connection to the history database, where every ended job is
         recorded; default SQLite in ``$AIRFLOW_HOME/rover/history.db``. (templated)
     :param cluster_budget: share a resource budget with the jobs of other tasks and DAGs that
@@ -206,8 +207,10 @@ class ElasticTrainingOperator(BaseOperator):
         (``min_plan_interval_s`` after an applied plan, ``decline_cooldown_s`` after a declined
         one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
         the Airflow UI or the hook; not with ``cluster_budget``), ``weight`` (the job's
-        weight in a shared cluster budget) and ``admit_at_minimum`` (start with
-        ``min_workers`` workers when the plan does not fit the budget). (templated)
+        weight in a shared cluster budget), ``admit_at_minimum`` (start with
+        ``min_workers`` workers when the plan does not fit the budget) and ``prior`` (where the
+        optimizer starts, from similar past jobs: a ``WarmStartOperator``'s
+        ``"{{ ti.xcom_pull('warm_start')['prior'] }}"``). (templated)
     :param stream_logs: while the task is deferred, its log shows the new lines of the job's
         master and nodes, prefixed by node (``[worker-1] ...``), at a bounded rate (the HTTP
         client's request lines left out); the whole logs stay in ``<output_dir>/logs``.

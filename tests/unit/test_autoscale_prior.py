@@ -154,6 +154,21 @@ def test_what_a_job_only_assumed_is_not_recorded_as_measured(tmp_path: Path) -> 
     assert decision.to_xcom()["prior"] is None
 
 
+def test_a_cost_no_similar_job_timed_stays_out_of_the_prior(tmp_path: Path) -> None:
+    """Jobs that timed worker starts but never resized a PS: the prior carries their worker
+    start and leaves the PS reload out (the XCom and the spec show no made-up figure); the
+    autoscaler plans the reload with its default."""
+    with HistoryStore(f"sqlite:///{tmp_path / 'h.db'}") as store:
+        record(store, "workers-only", {"measured": {"worker_start_s": 8.0, "ps_start_s": 8.0}}, 1)
+        decision = store.warm_start(QUERY, ResourcePlan(), k=2, shape=SHAPE)
+    prior = decision.prior
+    assert prior is not None and prior.jobs == ("workers-only",)
+    assert (prior.worker_start_s, prior.ps_start_s, prior.ps_reload_s) == (8.0, 8.0, None)
+    assert prior.grad is None and prior.hot_share == 0.0  # no samples, one PS: nothing else
+    costs = Prior.from_config(prior).costs
+    assert costs == ScalingCosts(worker_start_s=8.0, ps_start_s=8.0)  # reload: the default
+
+
 def test_a_store_made_before_the_measured_columns_gets_them(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'old.db'}"
     with HistoryStore(url) as store:
