@@ -1,8 +1,8 @@
 """The autoscaler's prior from the history: what a job's autoscaler measured itself (scaling
 costs, hot share) lands in the history store and comes back, with the pooled throughput samples
 of the similar jobs, as the next similar job's ``autoscale.prior``; the spec carries it (strict,
-round-trips, errors naming ``autoscale.prior.<field>``), the operator's warm start and the
-``WarmStartOperator``'s XCom hand it on, and the master's autoscaler starts from it."""
+round-trips, errors naming ``autoscale.prior.<field>``) and the operator's templated
+``autoscale`` reads an XCom's prior. The master starting from it: ``test_master_api.py``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from airflow.sdk import DAG
 from airflow.sdk.exceptions import AirflowFailException
-from master_rig import start_running
 from pydantic import ValidationError
 from sqlalchemy import inspect, select, text
 
@@ -229,23 +228,6 @@ def test_a_bad_prior_is_refused_naming_its_field(prior: dict[str, Any], field: s
     message = describe_errors(info.value, JobSpec)
     print(message)
     assert field in message
-
-
-# -- the master ------------------------------------------------------------------------------
-def test_the_masters_autoscaler_starts_from_the_specs_prior_and_says_so(make_job) -> None:
-    warm = make_job(autoscale=AutoscaleConfig(prior=PRIOR))
-    scaler = warm.master.autoscaler
-    assert scaler.prior == Prior.from_config(PRIOR)
-    assert scaler.costs() == ScalingCosts(worker_start_s=21.0, ps_reload_s=50.0)
-    assert scaler.shape.hot_share == 0.3
-    start_running(warm)
-    section = warm.status()["autoscale"]
-    assert section["start"] == "warm" and section["prior_jobs"] == ["run-1", "run-2"]
-    assert section["prior_parts"] == ["coefficients", "hot_share", "scaling_costs"]
-    warm.api.close()
-    cold = make_job()
-    assert cold.master.autoscaler.prior == Prior()
-    assert cold.status()["autoscale"]["start"] == "cold"
 
 
 # -- the operators ---------------------------------------------------------------------------

@@ -496,6 +496,7 @@ def test_every_dag_file_imports_without_errors(
         "max_ps_memory_mb": 8192,
         "min_workers": 1,
         "weight": "{{ 1 if dag_run.run_type == 'backfill' else 2 }}",
+        "prior": "{{ ti.xcom_pull(task_ids='warm_start')['prior'] }}",
     }
     assert daily_train.cluster_budget == "auto"
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
