@@ -38,7 +38,7 @@ class Prior:
         """How the autoscaler started, for the master's status: ``warm`` from these jobs
         (and what it took from them), or ``cold``."""
         if not self.warm:
-            return {"start": "cold", "prior_jobs": []}
+            return {"start": "cold", "prior_jobs": [], "prior_parts": []}
         parts = {
             "coefficients": self.coefficients is not None,
             "hot_share": self.hot_share > 0,

@@ -253,6 +253,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "max_ps_memory_mb": None,
         "start": "cold",
         "prior_jobs": [],
+        "prior_parts": [],
     }
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
