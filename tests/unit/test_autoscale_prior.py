@@ -274,3 +274,30 @@ def test_medians_per_cost_count_only_the_jobs_that_timed_it() -> None:
     )
     assert costs == ScalingCosts(worker_start_s=30.0, ps_start_s=30.0, ps_reload_s=60.0)
     assert measured_costs([{"worker_start_s": None}]) is None
+
+
+def test_the_warm_start_operators_xcom_carries_a_prior_fitted_for_its_batch_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ``WarmStartOperator`` knows no spec: its prior's model is fitted for the
+    ``batch_size`` and ``embedding_dim`` it is given (the training task's)."""
+    monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
+    with HistoryStore(f"sqlite:///{tmp_path / 'rover' / 'history.db'}") as store:
+        record(store, "run-1", profile_of_a_run(12.0, 40.0, RAN), 1.0)
+    ti = SimpleNamespace(dag_id="daily", task_id="warm_start", run_id="r", map_index=-1)
+    context: Any = {"ti": ti}
+    priors = {}
+    for batch_size in (256, 1024):
+        with DAG(dag_id="daily", schedule=None, start_date=datetime(2026, 1, 1)):
+            operator = WarmStartOperator(
+                task_id="warm_start", features=FEATURES, for_task_id="train", batch_size=batch_size
+            )
+        xcom = operator.execute(context)
+        assert xcom["source"] == "history" and xcom["prior"]["jobs"] == ["run-1"]
+        priors[batch_size] = Prior.from_config(AutoscalePrior.model_validate(xcom["prior"]))
+    fitted = priors[256].coefficients
+    assert fitted is not None and priors[1024].coefficients is not None
+    plan = RAN[0]  # the batch size it ran with: its own iteration time
+    model = ThroughputModel(fitted, TRUE_SHAPE)
+    assert model.iteration_time(plan) == pytest.approx(TRUE.iteration_time(plan), rel=0.05)
+    assert priors[1024].coefficients.grad < fitted.grad  # the same seconds over 4x the batch
