@@ -10,6 +10,7 @@ import collections
 from dataclasses import dataclass, field
 
 from airflow_rover.core.autoscale_prior import Prior
+from airflow_rover.core.optimizer import ps_layout
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape
@@ -35,19 +36,26 @@ def autoscale_config(setting: Setting) -> AutoscaleConfig:
 
 
 def plan_of(cfg: Config, like: ResourcePlan | None = None) -> ResourcePlan:
-    """``cfg`` as the master's plan."""
-    return (like or ResourcePlan()).model_copy(
+    """``cfg`` as the master's plan: PS at the smallest PS's size, bigger ones sized apart."""
+    role = min(cfg.ps_cpu)
+    plan = (like or ResourcePlan()).model_copy(
         update={
             "num_workers": cfg.workers,
             "num_ps": cfg.num_ps,
             "worker_cpu": cfg.worker_cpu,
-            "ps_cpu": min(cfg.ps_cpu),
+            "ps_cpu": role,
+            "sizes": (),
         }
     )
+    for j, cores in enumerate(cfg.ps_cpu):
+        if cores != role:
+            plan = plan.with_size(f"ps-{j}", cpu=cores)
+    return plan
 
 
 def config_of(plan: ResourcePlan) -> Config:
-    return Config(plan.num_workers, plan.worker_cpu, (plan.ps_cpu,) * plan.num_ps)
+    ps = tuple(plan.size_of(f"ps-{j}")[0] for j in range(plan.num_ps))
+    return Config(plan.num_workers, plan.worker_cpu, ps)
 
 
 @dataclass
@@ -74,7 +82,7 @@ class MasterAutoscaler:
             start=self.start,
             now=0.0,
             prior=self.prior,
-            resizable=True,
+            resizable=self.world.resizable,
         )
 
     def initial(self) -> Config:
@@ -104,7 +112,7 @@ class MasterAutoscaler:
             return None
         record.mark_applied(view.now)
         self.applied.append(record)
-        if (record.plan.num_ps, record.plan.ps_cpu) != (plan.num_ps, plan.ps_cpu):
+        if ps_layout(record.plan) != ps_layout(plan):
             self._ps_change_at = view.now
         else:
             scaler.applied(view.now)

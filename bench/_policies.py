@@ -2,9 +2,24 @@
 the master's own class: ``bench/_master_policy.py``), each as its paper or code describes it.
 
 - ``Static``: one configuration for the whole job (the oracle: the world's best plan).
-- ``DLRoverHeuristic``: what DLRover's local optimizer ships (``../shared/PEERS.md``).
-- ``Optimus``: its own async speed model ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)`` fitted
-  with NNLS; adds the one PS or worker with the best marginal gain per core each interval.
+- ``DLRoverHeuristic``: what DLRover's local optimizer ships (``../shared/PEERS.md``;
+  ``dlrover/python/master/resource/local_optimizer.py`` and ``job.py``), created cold as it
+  creates a job (1 PS + 1 worker). Given a history of past jobs of the same scenario, it is
+  created instead from the plan of DLRover's Brain service (``brain_creation_plan``, read from
+  ``dlrover/go/brain/pkg/optimizer/implementation/``): PS from
+  ``utils/optimize_algorithm.go::EstimateJobResourceByHistoricJobs`` (per job the mean of the
+  central half, ``utils/math.go::ComputeMajorCluster``, of its total-PS-CPU samples; across
+  jobs the same again; total x 1.5 over the busiest PS's mean use + 4 cores, at most 15 PS;
+  memory the largest PS sample + 20%), the cold plan of
+  ``optimizer/job_ps_create_resource_optimizer.go`` (4 PS x 12 cores) where the history gives
+  none, and one worker from ``optalgorithm/optimize_job_worker_create_resource.go`` (the most
+  a worker of a completed job used, at least 12 cores).
+- ``Optimus`` (Peng et al., EuroSys'18): its async speed model
+  ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)`` fitted with NNLS; each round it allocates
+  greedily until the marginal gain runs out: from the current plan it adds the PS or worker
+  with the largest cut of the predicted remaining time per core while that cut is positive
+  and the budget and bounds allow, and applies the whole plan as one change (as Pollux's
+  reimplementation does per GPU, ``petuum/adaptdl``, ``sched/adaptdl_sched/policy/optimus.py``).
 - ``ElasticScheduler`` (ES, Or et al.): adds a fixed number of workers per interval while the
   scaling efficiency (new worker's throughput / old worker's) stays above 0.3; removes the
   last addition and stops when it does not.
@@ -20,34 +35,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.optimize import nnls
 
-from airflow_rover.core.optimizer import PlanBounds
+from bench._brain import CreationPlan, PastRun, brain_creation_plan
 from bench._simcore import Config, JobView, Report
-from bench._world import World
-
-
-@dataclass(frozen=True)
-class Setting:
-    """What every policy of a run shares: the job's CPU budget and the plans it may have."""
-
-    budget: float
-    bounds: PlanBounds
-
-    @classmethod
-    def of(cls, world: World) -> Setting:
-        plans = world.plans()
-        return cls(
-            world.budget,
-            PlanBounds(
-                max_workers=max(c.workers for c in plans),
-                max_ps=max(c.num_ps for c in plans),
-                worker_cpus=tuple(sorted({c.worker_cpu for c in plans})),
-                ps_cpus=tuple(sorted({size for c in plans for size in c.ps_cpu})),
-            ),
-        )
-
-    @property
-    def max_cpu(self) -> float:
-        return max(*self.bounds.worker_cpus, *self.bounds.ps_cpus)
+from bench._world import Setting
 
 
 def mean_steps(reports: Sequence[Report]) -> float:
@@ -92,18 +82,29 @@ class DLRoverHeuristic:
     hot PS (utilisation >= 0.9: cores *= max(1, max workers / workers), <= 32) at most every
     ``PS_CHANGE_INTERVAL_S``, else the worker rule again (no change above 0.95 utilisation or
     when new workers run < 0.2 as fast as the old ones).
+
+    With a ``history`` (past jobs of the same scenario) it is created as DLRover's cluster
+    mode creates a job, from Brain's plan (``brain_creation_plan``); the stages after it stay
+    the local optimizer's.
     """
 
-    name = "dlrover-heuristic"
-
-    def __init__(self, setting: Setting) -> None:
+    def __init__(self, setting: Setting, history: Sequence[PastRun] | None = None) -> None:
         self.limit = setting.budget
         self.max_ps = setting.bounds.max_ps
-        cpu = float(min(math.ceil(self.limit / 5), 16))
-        self.start = Config(1, cpu, (cpu,))
+        self.max_workers = setting.bounds.max_workers
+        self.creation: CreationPlan | None = None
+        if history is None:
+            self.name = "dlrover-heuristic"
+            cpu = float(min(math.ceil(self.limit / 5), 16))
+            self.start = Config(1, cpu, (cpu,))
+        else:
+            self.name = "dlrover-heuristic-brain"
+            self.creation = brain_creation_plan(history)
+            self.start = self.creation.config(setting)
         self.stage = "worker_initial"
         self.last_plan_t = -math.inf
         self.last_ps_change_t = -math.inf
+        self.observed: list[Report] = []  # every report seen: ``PastRun.of_reports`` of it
 
     def initial(self) -> Config:
         return self.start
@@ -112,6 +113,7 @@ class DLRoverHeuristic:
         return 30.0
 
     def decide(self, view: JobView) -> Config | None:
+        self.observed = list(view.reports)
         samples = view.recent(LATEST_SAMPLES)
         if view.now - self.last_plan_t <= OPT_INTERVAL_S or not samples:
             return None
@@ -158,7 +160,8 @@ class DLRoverHeuristic:
             n = int(n * factor)
         cpu = max(round(statistics.fmean(r.worker_cpu_used for r in samples), 1), 1.0)
         room = self.limit - sum(cfg.ps_cpu)
-        n = max(int(min(room / cpu, n)), 1)
+        # Workers beyond the job's bounds would stay pending: ask for no more than run.
+        n = max(int(min(room / cpu, n, self.max_workers)), 1)
         return Config(n, cpu, cfg.ps_cpu)
 
     @staticmethod
@@ -213,10 +216,22 @@ class DLRoverHeuristic:
 
 
 # -- Optimus --------------------------------------------------------------------------------------
+def optimus_speed(theta: np.ndarray, ps: int, workers: int) -> float:
+    """Optimus's asynchronous speed model: ``f(p, w) = w / (t0 + t1*w/p + t2*w + t3*p)``."""
+    return workers / float(theta @ np.array([1.0, workers / ps, workers, ps]))
+
+
 @dataclass
 class Optimus:
-    """One PS or one worker per interval, whichever its fitted speed model says gains more per
-    core (Peng et al., EuroSys'18, async model); node sizes fixed (given the oracle's)."""
+    """Optimus (Peng et al., EuroSys'18) for one job: fit the speed model, then allocate
+    greedily, every unit at once; node sizes fixed (given the oracle's).
+
+    Until it has three distinct (PS, workers) points it explores: one worker, then one PS, then
+    workers. Then each round (``allocate``) adds, one unit at a time from the current plan,
+    the PS or worker whose addition cuts the predicted remaining time the most per core, while
+    that cut is positive and the budget and bounds allow, and applies the result as one
+    change.
+    """
 
     worker_cpu: float
     ps_cpu: float
@@ -238,25 +253,46 @@ class Optimus:
         cfg = view.config
         w, p = cfg.workers, cfg.num_ps
         self.speeds[(p, w)] = [r.iteration_s for r in recent]
-        add_w = Config(w + 1, self.worker_cpu, cfg.ps_cpu)
-        add_p = Config(w, self.worker_cpu, (*cfg.ps_cpu, self.ps_cpu))
-        fits_w = add_w.cores <= self.setting.budget and w < self.setting.bounds.max_workers
-        fits_p = add_p.cores <= self.setting.budget and p < self.setting.bounds.max_ps
         if len(self.speeds) < 3:  # too few points to fit 4 parameters: explore both ways
+            add_w = Config(w + 1, self.worker_cpu, cfg.ps_cpu)
+            add_p = Config(w, self.worker_cpu, (*cfg.ps_cpu, self.ps_cpu))
+            fits_w = self._fits(add_w)
+            fits_p = self._fits(add_p)
             if not self.explored_ps and fits_p and len(self.speeds) == 2:
                 self.explored_ps = True
                 return add_p
             return add_w if fits_w else (add_p if fits_p else None)
-        theta = self._fit()
+        plan = self.allocate(self._fit(), cfg, view.remaining)
+        return None if plan == cfg else plan
 
-        def f(pp: int, ww: int) -> float:
-            return ww / float(theta @ np.array([1.0, ww / pp, ww, pp]))
+    def _fits(self, cfg: Config) -> bool:
+        bounds = self.setting.bounds
+        return (
+            cfg.cores <= self.setting.budget + 1e-9
+            and cfg.workers <= bounds.max_workers
+            and cfg.num_ps <= bounds.max_ps
+        )
 
-        gain_w = (f(p, w + 1) - f(p, w)) / self.worker_cpu if fits_w else -math.inf
-        gain_p = (f(p + 1, w) - f(p, w)) / self.ps_cpu if fits_p else -math.inf
-        if max(gain_w, gain_p) <= 0:
-            return None
-        return add_w if gain_w >= gain_p else add_p
+    def allocate(self, theta: np.ndarray, current: Config, remaining: float) -> Config:
+        """The greedy round: from ``current``, add the unit with the largest cut of the
+        predicted remaining time (``remaining`` steps) per core while it is positive and fits."""
+        plan = current
+        while True:
+            now_s = remaining / optimus_speed(theta, plan.num_ps, plan.workers)
+            best: tuple[float, Config] | None = None
+            for unit in (
+                Config(plan.workers + 1, plan.worker_cpu, plan.ps_cpu),
+                Config(plan.workers, plan.worker_cpu, (*plan.ps_cpu, self.ps_cpu)),
+            ):
+                if not self._fits(unit):
+                    continue
+                then_s = remaining / optimus_speed(theta, unit.num_ps, unit.workers)
+                gain = (now_s - then_s) / (unit.cores - plan.cores)
+                if gain > 0 and (best is None or gain > best[0]):
+                    best = (gain, unit)
+            if best is None:
+                return plan
+            plan = best[1]
 
     def _fit(self) -> np.ndarray:
         rows, y = [], []

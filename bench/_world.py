@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
+from airflow_rover.core.optimizer import PlanBounds
 from bench._simcore import Config, steps_per_s
 
 
@@ -25,6 +27,7 @@ class World(Protocol):
     pod_start_s: float  # a new node's pod (process) starts in this many seconds
     init_s: float  # then its training process initialises in this many seconds
     budget: float  # cores the job may use
+    resizable: bool  # whether a running job's nodes change size (Kubernetes) or not (local)
 
     def plans(self) -> Sequence[Config]:
         """Every plan this world can run: the oracle's space and the bounds of every policy."""
@@ -61,3 +64,28 @@ def oracle(world: World) -> Config:
     if not fitting:
         raise ValueError(f"{world.name}: no plan fits the budget of {world.budget:g} cores")
     return max(fitting, key=lambda c: steps_per_s(world, c))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every policy of a run shares: the job's CPU budget and the plans it may have."""
+
+    budget: float
+    bounds: PlanBounds
+
+    @classmethod
+    def of(cls, world: World) -> Setting:
+        plans = world.plans()
+        return cls(
+            world.budget,
+            PlanBounds(
+                max_workers=max(c.workers for c in plans),
+                max_ps=max(c.num_ps for c in plans),
+                worker_cpus=tuple(sorted({c.worker_cpu for c in plans})),
+                ps_cpus=tuple(sorted({size for c in plans for size in c.ps_cpu})),
+            ),
+        )
+
+    @property
+    def max_cpu(self) -> float:
+        return max(*self.bounds.worker_cpus, *self.bounds.ps_cpus)

@@ -99,10 +99,10 @@ def prior_from(
 ) -> Prior:
     """The prior of a job like the past jobs ``jobs`` that saw ``observations`` (plan,
     seconds per worker iteration), kept ``hot_shares`` and measured ``costs``."""
-    hot_share = statistics.median(hot_shares) if hot_shares else 0.0
+    hot_share = statistics.median(hot_shares) if hot_shares else shape.hot_share
+    shape = replace(shape, hot_share=hot_share)  # the shape the autoscaler predicts with
     coefficients = None
     if observations:
-        shape = replace(shape, hot_share=hot_share)  # the shape the autoscaler predicts with
         paper = Coefficients.paper().scaled_to(shape, *observations[0])
         coefficients = ThroughputModel.fit(shape, observations, paper, PRIOR_WEIGHT).coefficients
     return Prior(coefficients, hot_share, measured_costs(costs), tuple(jobs))

@@ -10,6 +10,7 @@ costs less than one that touches the PS, so the optimizer prefers it whenever it
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,8 @@ from airflow_rover.core.throughput import ThroughputModel
 
 @dataclass(frozen=True)
 class PlanBounds:
-    """The plans a job may have: counts, and the CPU sizes each role may choose from."""
+    """The plans a job may have: counts, the CPU sizes each role may choose from, and, with
+    ``hot_ps`` (the index of the PS that holds the hot share), that PS's own size."""
 
     max_workers: int = 32
     max_ps: int = 16
@@ -36,6 +38,7 @@ class PlanBounds:
     ps_cpus: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0)
     min_workers: int = 1
     min_ps: int = 1
+    hot_ps: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_workers <= self.max_workers or not 1 <= self.min_ps <= self.max_ps:
@@ -46,44 +49,58 @@ class PlanBounds:
         if not self.worker_cpus or not self.ps_cpus:
             raise ValueError("PlanBounds: worker_cpus and ps_cpus each need a size")
 
+    def _ranges(self) -> list[range]:
+        ranges = [
+            range(self.min_workers, self.max_workers + 1),
+            range(self.min_ps, self.max_ps + 1),
+            range(len(self.worker_cpus)),
+            range(len(self.ps_cpus)),
+        ]
+        if self.hot_ps is not None:
+            ranges.append(range(len(self.ps_cpus)))
+        return ranges
+
     @property
     def lower(self) -> np.ndarray:
-        return np.array([self.min_workers, self.min_ps, 0, 0])
+        return np.array([r.start for r in self._ranges()])
 
     @property
     def upper(self) -> np.ndarray:
-        return np.array(
-            [self.max_workers, self.max_ps, len(self.worker_cpus) - 1, len(self.ps_cpus) - 1]
-        )
+        return np.array([r.stop - 1 for r in self._ranges()])
 
     @property
     def size(self) -> int:
-        """How many plans lie within the bounds."""
-        workers = self.max_workers - self.min_workers + 1
-        return workers * (self.max_ps - self.min_ps + 1) * len(self.worker_cpus) * len(self.ps_cpus)
+        """How many genomes lie within the bounds."""
+        return math.prod(len(r) for r in self._ranges())
 
     def every(self) -> np.ndarray:
         """Every genome of the bounds, one per row."""
-        return np.array(
-            list(
-                itertools.product(
-                    range(self.min_workers, self.max_workers + 1),
-                    range(self.min_ps, self.max_ps + 1),
-                    range(len(self.worker_cpus)),
-                    range(len(self.ps_cpus)),
-                )
-            )
-        )
+        return np.array(list(itertools.product(*self._ranges())))
 
-    def plan(self, w: int, p: int, wc: int, pc: int, like: ResourcePlan) -> ResourcePlan:
-        return like.model_copy(
+    def plan(self, genome: Sequence[float] | np.ndarray, like: ResourcePlan) -> ResourcePlan:
+        """The plan of ``genome`` (workers, PS, worker size, PS size[, hot PS size]); nodes
+        ``like`` sizes apart keep their sizes while they exist (``with_counts``), but the hot
+        PS, which gets the genome's."""
+        w, p, wc, pc, *hot = (int(v) for v in genome)
+        if like.sizes:
+            like = like.with_counts(num_workers=w, num_ps=p)
+        plan = like.model_copy(
             update={
-                "num_workers": int(w),
-                "num_ps": int(p),
-                "worker_cpu": self.worker_cpus[int(wc)],
-                "ps_cpu": self.ps_cpus[int(pc)],
+                "num_workers": w,
+                "num_ps": p,
+                "worker_cpu": self.worker_cpus[wc],
+                "ps_cpu": self.ps_cpus[pc],
             }
         )
+        if hot and self.hot_ps is not None and self.hot_ps < p:
+            node = f"ps-{self.hot_ps}"
+            plan = plan.with_size(node, cpu=max(self.ps_cpus[hot[0]], plan.ps_cpu))
+        return plan
+
+
+def ps_layout(plan: ResourcePlan) -> tuple[tuple[float, int], ...]:
+    """(cores, MB) of each PS: what changes when the PS must reload."""
+    return tuple(plan.size_of(f"ps-{j}") for j in range(plan.num_ps))
 
 
 @dataclass(frozen=True)
@@ -106,12 +123,7 @@ class ScalingCosts:
 
     def pause_s(self, current: ResourcePlan, plan: ResourcePlan) -> float:
         """Training time lost to the change (seconds at zero throughput)."""
-        ps_changed = (plan.num_ps, plan.ps_cpu, plan.ps_memory_mb) != (
-            current.num_ps,
-            current.ps_cpu,
-            current.ps_memory_mb,
-        )
-        if ps_changed:
+        if ps_layout(plan) != ps_layout(current):
             return self.ps_start_s + self.ps_reload_s
         return 0.0
 
@@ -163,13 +175,13 @@ class _PlanProblem(ElementwiseProblem):
         remaining: float,
         costs: ScalingCosts,
     ) -> None:
-        super().__init__(n_var=4, n_obj=2, xl=bounds.lower, xu=bounds.upper, vtype=int)
+        n_var = len(bounds.lower)
+        super().__init__(n_var=n_var, n_obj=2, xl=bounds.lower, xu=bounds.upper, vtype=int)
         self.args = (model, current, bounds, prices, remaining, costs)
 
     def _evaluate(self, x: np.ndarray, out: dict, *args: object, **kwargs: object) -> None:
         model, current, bounds, prices, remaining, costs = self.args
-        w, p, wc, pc = (int(v) for v in x)
-        plan = bounds.plan(w, p, wc, pc, like=current)
+        plan = bounds.plan(x, like=current)
         out["F"] = [
             prices.cost(plan),
             -throughput_gain(model, current, plan, remaining, costs),
@@ -206,8 +218,7 @@ def pareto_plans(
         genomes = np.clip(np.atleast_2d(result.X), bounds.lower, bounds.upper)
     seen: dict[ResourcePlan, Candidate] = {}
     for x in genomes:
-        w, p, wc, pc = (int(v) for v in x)
-        plan = bounds.plan(w, p, wc, pc, like=current)
+        plan = bounds.plan(x, like=current)
         gain = throughput_gain(model, current, plan, remaining_samples, costs)
         seen[plan] = Candidate(plan, prices.cost(plan), gain)
     return sorted(non_dominated(list(seen.values())), key=lambda c: (c.cost, -c.gain))
@@ -305,7 +316,7 @@ def best_plan(
         return None
 
     def ps_changed(c: Candidate) -> bool:
-        return (c.plan.num_ps, c.plan.ps_cpu) != (current.num_ps, current.ps_cpu)
+        return ps_layout(c.plan) != ps_layout(current)
 
     return max(useful, key=lambda c: (round(c.efficiency, 6), not ps_changed(c)))
 
@@ -326,9 +337,5 @@ def choose_plan(
     top = max(c.gain for c in candidates)
     min_gain = max(min_rel_gain * throughput_now, top - tolerance * abs(top))
     useful = [c for c in candidates if c.gain >= min_gain and c.plan != current]
-    same_ps = [c for c in useful if not _touches_ps(current, c.plan)]
+    same_ps = [c for c in useful if ps_layout(c.plan) == ps_layout(current)]
     return best_plan(same_ps or useful, current, min_gain)
-
-
-def _touches_ps(current: ResourcePlan, plan: ResourcePlan) -> bool:
-    return (plan.num_ps, plan.ps_cpu) != (current.num_ps, current.ps_cpu)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +25,7 @@ STRAGGLER_RATIO = 2.0  # a worker this many times slower than the median straggl
 OOM_HORIZON_S = 600.0  # act when a PS would run out of memory within this horizon
 OOM_HEADROOM = 1.25
 OOM_MIN_SAMPLES = 10
+OOM_GROWTH = 2.0  # a node killed out of memory comes back with this many times its memory
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,75 @@ def predicted_oom(profile: JobProfile) -> Proposal | None:
         f"{node.node_id} grows to its {limit} MB limit in {max(seconds_left, 0):.0f} s; "
         f"PS memory {limit} -> {max(memory, limit + 256)} MB",
         (node.node_id,),
+    )
+
+
+def after_oom(plan: ResourcePlan, node_id: str, max_memory_mb: float) -> Proposal | None:
+    """A node killed for using more memory than its size: that node alone, relaunched with
+    ``OOM_GROWTH`` times the memory (at most ``max_memory_mb``); None when it cannot grow."""
+    cpu, memory_mb = plan.size_of(node_id)
+    grown = int(min(memory_mb * OOM_GROWTH, max_memory_mb))
+    if grown <= memory_mb:
+        return None
+    return Proposal(
+        plan.with_size(node_id, memory_mb=grown),
+        "oom",
+        f"{node_id} was killed out of memory at {memory_mb} MB: relaunched with {grown} MB "
+        f"({cpu:g} cores as before)",
+        (node_id,),
+    )
+
+
+def pending_pods(
+    plan: ResourcePlan,
+    waiting_s: Mapping[str, float],
+    timeout_s: float,
+    min_workers: int,
+    low: Mapping[str, tuple[float, float]],
+) -> Proposal | None:
+    """Nodes the cluster has not scheduled for ``timeout_s``: a PS or a node sized apart from
+    its role gets half its size, down to its role's size (a node sized apart) or its role's
+    lower bound ``low[role]`` (cores, MB; memory is kept where the bound is 0: a PS's rows need
+    it); else workers at their role's size are dropped, down to ``min_workers`` (the workers
+    that stay are the lower-numbered ones: of one size, a slot freed is a slot for a waiting
+    one). One change per plan: a size first, counts next time. None: nothing to shrink."""
+    late = {
+        node: seconds
+        for node, seconds in sorted(waiting_s.items())
+        if seconds >= timeout_s and node in plan.node_ids()
+    }
+    sized = {entry.node for entry in plan.sizes}
+    for node, seconds in late.items():
+        role = node.split("-")[0]
+        if role != "ps" and node not in sized:
+            continue
+        cpu, memory_mb = plan.size_of(node)
+        floor_cpu, floor_mb = plan.role_size(role) if node in sized else low.get(role, (0.0, 0.0))
+        floor_mb = floor_mb or memory_mb  # no lower bound: the memory stays
+        new_cpu = max(cpu / 2, floor_cpu) if floor_cpu < cpu else cpu
+        new_mb = int(max(memory_mb // 2, floor_mb)) if floor_mb < memory_mb else memory_mb
+        new_mb = max(new_mb, 256)
+        if (new_cpu, new_mb) == (cpu, memory_mb):
+            continue
+        return Proposal(
+            plan.with_size(node, cpu=new_cpu, memory_mb=new_mb),
+            "pending",
+            f"{node} not scheduled for {seconds:.0f} s (autoscale.pending_timeout_s="
+            f"{timeout_s:g}): {node} {cpu:g} cores, {memory_mb} MB -> {new_cpu:g} cores, "
+            f"{new_mb} MB",
+            (node,),
+        )
+    workers = [node for node in late if node.startswith("worker-") and node not in sized]
+    count = max(min_workers, plan.num_workers - len(workers))
+    if not workers or count >= plan.num_workers:
+        return None
+    waits = ", ".join(f"{node} for {late[node]:.0f} s" for node in workers)
+    return Proposal(
+        plan.with_counts(num_workers=count),
+        "pending",
+        f"not scheduled: {waits} (autoscale.pending_timeout_s={timeout_s:g}): workers "
+        f"{plan.num_workers} -> {count}",
+        tuple(workers),
     )
 
 

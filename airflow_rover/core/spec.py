@@ -197,12 +197,26 @@ class ResourcePlan(_Strict):
     @property
     def total_cores(self) -> float:
         """Cores of every PS and worker, each at its own size."""
-        return sum(self.size_of(node)[0] for node in self.node_ids())
+        return self._totals()[0]
 
     @property
     def total_memory_mb(self) -> int:
         """Memory (MB) of every PS and worker, each at its own size."""
-        return sum(self.size_of(node)[1] for node in self.node_ids())
+        return self._totals()[1]
+
+    def _totals(self) -> tuple[float, int]:
+        """(cores, MB) of the plan: each role's size times its count, plus what the nodes
+        sized apart (and still in the plan) differ by."""
+        cores = self.num_workers * self.worker_cpu + self.num_ps * self.ps_cpu
+        memory = self.num_workers * self.worker_memory_mb + self.num_ps * self.ps_memory_mb
+        for entry in self.sizes:
+            role, index = node_role_index(entry.node)
+            if index >= (self.num_ps if role == "ps" else self.num_workers):
+                continue
+            role_cpu, role_mb = self.role_size(role)
+            cores += 0.0 if entry.cpu is None else entry.cpu - role_cpu
+            memory += 0 if entry.memory_mb is None else entry.memory_mb - role_mb
+        return cores, memory
 
     def with_size(
         self, node_id: str, cpu: float | None = None, memory_mb: int | None = None
@@ -368,6 +382,14 @@ class AutoscaleConfig(_Strict):
     min_ps_memory_mb: int | None = Field(default=None, ge=256)
     max_ps_memory_mb: int | None = Field(
         default=None, ge=256, description="the most a predicted OOM may raise PS memory to"
+    )
+    pending_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="a node pod not scheduled (Pending) this long gets a smaller plan: "
+        "workers at their role's size are dropped (down to min_workers), a PS or a node sized "
+        "apart gets half its size (Kubernetes; local nodes never wait)",
     )
     cpu_budget: float | None = Field(
         default=None,

@@ -41,6 +41,7 @@ class JobShape:
     bandwidth: float
     embedding_dim: int
     hot_share: float = 0.0  # load that stays on one PS however many there are (hot rows)
+    hot_ps: int = 0  # the index of the PS that holds it
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobShape:
@@ -97,13 +98,18 @@ class Coefficients:
 
 def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
     """The four load terms of an iteration under ``plan`` (without coefficients), plus 1. The
-    PS terms follow the busiest PS (``JobShape.ps_share``): the iteration waits for it."""
-    w, share = plan.num_workers, shape.ps_share(plan.num_ps)
+    PS terms follow the busiest PS (``JobShape.ps_share``): the iteration waits for it; the
+    update term for the PS with the most load per core, where PS are sized apart."""
+    w, p, share = plan.num_workers, plan.num_ps, shape.ps_share(plan.num_ps)
     m, d = shape.batch_size / REFERENCE_BATCH, shape.embedding_dim / REFERENCE_DIM
+    per_core = share / plan.ps_cpu
+    if plan.sizes:
+        cold, hot = (1.0 - shape.hot_share) / p, shape.hot_ps if shape.hot_ps < p else 0
+        per_core = max((share if j == hot else cold) / plan.size_of(f"ps-{j}")[0] for j in range(p))
     return np.array(
         [
             m / plan.worker_cpu,
-            w * share / plan.ps_cpu,
+            w * per_core,
             (shape.model_size * share) / (shape.bandwidth / w),
             m * d * share,
             1.0,

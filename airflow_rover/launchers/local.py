@@ -52,6 +52,7 @@ from airflow_rover.launchers.local_processes import (
     recorded_masters,
     stop_job,
 )
+from airflow_rover.launchers.memory_watch import MemoryWatch
 from airflow_rover.launchers.process_identity import ProcessRecord
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
 from airflow_rover.master.serve import MasterEndpoint
@@ -118,6 +119,7 @@ class LocalNodeLauncher(NodeLauncher):
         # API's pool threads retire when idle, and a PS a resize started from one was
         # SIGTERMed about 10 s later (its parent thread gone: ``_die_with_parent``).
         self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-forker")
+        self.memory = MemoryWatch(job_dir, lambda: dict(self._procs))
 
     def node_env(self, node_id: str, reads_data: bool) -> dict[str, str]:
         """A node's environment; the S3 credentials only for one that reads data on S3."""
@@ -146,9 +148,11 @@ class LocalNodeLauncher(NodeLauncher):
     def start(self, node_id: str, role: Role) -> None:
         if node_id in self._procs and self._procs[node_id].poll() is None:
             return  # already running: starting twice is a no-op
+        self.memory.forget(node_id)
         self._procs[node_id] = self._spawn(node_id, role)
         log.info("started %s (%s) pid=%d", node_id, role, self._procs[node_id].pid)
         self._watch(self._procs[node_id])
+        self.memory.start()
 
     def _spawn(self, node_id: str, role: Role) -> subprocess.Popen:
         command = [sys.executable, "-m", ROLE_MODULES[role], "--role", role]
@@ -207,6 +211,10 @@ class LocalNodeLauncher(NodeLauncher):
     def exit_codes(self) -> dict[str, int | None]:
         return {node_id: proc.poll() for node_id, proc in self._procs.items()}
 
+    def exit_reason(self, node_id: str) -> str | None:
+        """``OOMKilled`` for a node the memory watch killed, else None."""
+        return self.memory.killed.get(node_id)
+
     def pid(self, node_id: str) -> int | None:
         proc = self._procs.get(node_id)
         return proc.pid if proc else None
@@ -223,6 +231,7 @@ class LocalNodeLauncher(NodeLauncher):
             proc.wait()
 
     def stop_all(self, grace_s: float = 5.0) -> None:
+        self.memory.stop()
         spare = [self._standby[1]] if self._standby is not None else []
         self._standby = None
         running = [p for p in [*self._procs.values(), *spare] if p.poll() is None]

@@ -51,7 +51,8 @@ GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: tak
 SEARCH_GENERATIONS = 40
 SEARCH_POPULATION = 40
 CPU_SIZES = (0.5, 1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)  # node sizes the search tries
-URGENT_RULES = frozenset({"predicted_oom"})  # may replace a proposal the trigger has not applied
+# may replace a proposal the trigger has not applied, and none replaces them
+URGENT_RULES = frozenset({"predicted_oom", "pending"})
 
 
 @dataclass
@@ -277,6 +278,36 @@ class Autoscaler:
         log.info("plan %d requested: %s", record.id, reason)
         return record
 
+    def propose_now(self, now: float, plan: ResourcePlan, proposal: Proposal) -> PlanRecord | None:
+        """An urgent rule's proposal, outside the sampling and cooldowns (a pod that cannot
+        be scheduled is no sample): it replaces a waiting proposal of another rule; None when
+        one of its rule waits already or a person declined it for this plan."""
+        waiting = self.pending()
+        if waiting is not None and waiting.rule == proposal.rule:
+            return None
+        if proposal.rule in self._declined(plan):
+            return None
+        if waiting is not None:
+            waiting.supersede(f"replaced by the urgent {proposal.rule} rule")
+        record = self._record(now, plan, proposal.plan, proposal.rule, proposal.reason)
+        self.plans.append(record)
+        log.info("proposed plan %d (%s): %s", record.id, proposal.rule, proposal.reason)
+        return record
+
+    def master_applied(self, now: float, plan: ResourcePlan, proposal: Proposal) -> PlanRecord:
+        """A plan the master applied at once (a node relaunched bigger after an OOM, a
+        pending pod made smaller): recorded with its rule; a proposal still waiting was made
+        for the plan before it and is superseded."""
+        waiting = self.pending()
+        if waiting is not None:
+            waiting.supersede(f"replaced by the {proposal.rule} rule")
+        record = self._record(now, plan, proposal.plan, proposal.rule, proposal.reason)
+        record.mark_applied(now, f"applied by the master: {', '.join(proposal.nodes)}")
+        self.plans.append(record)
+        self.plan_changed(now)
+        log.warning("plan %d (%s) applied: %s", record.id, proposal.rule, proposal.reason)
+        return record
+
     def _fits(self, plan: ResourcePlan) -> bool:
         within = self.cpu_budget is None or plan.total_cores <= self.cpu_budget
         return self.limits.admits(plan) and within
@@ -344,6 +375,7 @@ class Autoscaler:
             ps_cpus=self._sizes("ps_cpu", plan.ps_cpu),
             min_workers=int(lim.low("num_workers")),
             min_ps=int(lim.low("num_ps")),
+            hot_ps=self.shape.hot_ps if self.resizable and self.shape.hot_share > 0 else None,
         )
 
     def _sizes(self, field_name: str, current: float) -> tuple[float, ...]:
@@ -355,24 +387,25 @@ class Autoscaler:
         return tuple(sorted({c for c in CPU_SIZES if low <= c <= high} | {current}))
 
     def _from_model(self, plan: ResourcePlan, remaining_samples: float) -> Proposal | None:
-        """The plan of the Pareto front that gains nearly the most, cheapest first; the last
-        search's answer while the model, the costs and the job's size left are much the same
-        (NSGA-II need not run every interval to say the same again)."""
+        """The plan of the Pareto front that gains nearly the most, cheapest first. The search
+        is redone when the plan, what the model knows of it (the samples under it, each
+        time they double), the hot PS, the costs or the job's size left (each time it halves)
+        changed: NSGA-II need not run every interval to say the same again."""
         model = self.model()
         if model is None or "pareto" in self._declined(plan) or not self.limits.admits(plan):
             return None
+        dumped = plan.model_dump()
+        seen = sum(1 for sample in self.throughput if sample["plan"] == dumped)
         key = (
             plan,
-            tuple(float(f"{c:.2g}") for c in model.coefficients.as_array()),
-            round(model.shape.hot_share, 2),
+            seen.bit_length(),
+            (round(model.shape.hot_share, 2), model.shape.hot_ps),
             tuple(round(c / 10) for c in asdict(self.costs()).values()),
             round(math.log2(max(remaining_samples, 1.0))),
         )
-        if self._search is not None and self._search[0] == key:
-            return self._search[1]
-        choice = self._search_model(model, plan, remaining_samples)
-        self._search = (key, choice)
-        return choice
+        if self._search is None or self._search[0] != key:
+            self._search = (key, self._search_model(model, plan, remaining_samples))
+        return self._search[1]
 
     def _search_model(
         self, model: ThroughputModel, plan: ResourcePlan, remaining_samples: float
@@ -403,11 +436,13 @@ class Autoscaler:
         )
 
     def _learn_hot_share(self, nodes: Mapping[str, NodeSample]) -> None:
-        """How much PS load one PS keeps however many there are, from the PS CPU profile (with
-        one PS it cannot tell: the prior's share stays)."""
-        loads = [s.cpu_used for s in nodes.values() if s.role == "ps"]
+        """How much PS load one PS keeps however many there are, and which PS, from the PS
+        CPU profile (with one PS it cannot tell: the prior's share stays)."""
+        loads = {n: s.cpu_used for n, s in nodes.items() if s.role == "ps" and n.startswith("ps-")}
         if len(loads) >= 2:
-            self.shape = replace(self.shape, hot_share=JobShape.hot_share_from(loads))
+            hot = max(loads, key=lambda n: loads[n])
+            share = JobShape.hot_share_from(list(loads.values()))
+            self.shape = replace(self.shape, hot_share=share, hot_ps=int(hot.split("-")[1]))
             self.hot_share_learned = True
 
     def settings(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.node_launcher import Capability, NodeLauncher
 from airflow_rover.master.nodes import NodeSet
+from airflow_rover.master.pending_watch import PendingWatch
 from airflow_rover.master.policy_port import PolicyPort
 from airflow_rover.master.ps_access import PsAccess
 from airflow_rover.master.ps_set import PsSet
@@ -90,6 +91,7 @@ class JobMaster:
         self.policy.on_master_start(self.port, resumed=start.checkpoint is not None)
         self.recovery = NodeRecovery(self, master_restarts)
         self.plans = PlanExecutor(self)
+        self.pending_watch = PendingWatch(self)
         self.wrap_up = WrapUp(self)
         self.data_workers = DataWorkerRoom(self, spec.data_workers)
         self.autoscaler = Autoscaler(
@@ -279,6 +281,7 @@ class JobMaster:
             self.recovery.check_exits()
             if self.state in TERMINAL_STATES:
                 return
+            self.pending_watch.tick()
             if self.state in (JobState.PENDING, JobState.RECOVERING):
                 if self.nodes.all_ps_ready(self.spec.plan.num_ps):
                     self._start_training()

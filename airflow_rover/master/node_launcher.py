@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 Role = Literal["ps", "worker", "evaluator", "data"]
 ResizeOutcome = Literal["in-place", "replace"]
+OOM_KILLED = "OOMKilled"  # a node killed for using more memory than its size (the kubelet's word)
 
 
 class Capability(StrEnum):
@@ -44,6 +45,16 @@ class NodeLauncher(ABC):
     @abstractmethod
     def exit_codes(self) -> dict[str, int | None]:
         """Each started node's exit code, None while it runs."""
+
+    def exit_reason(self, node_id: str) -> str | None:
+        """Why the node's process ended, where the launcher knows (``OOM_KILLED``); None
+        while it runs or when the launcher cannot tell."""
+        return None
+
+    def pending_s(self) -> dict[str, float]:
+        """Seconds each node has waited to be scheduled (a pod Pending); nodes that run,
+        or that a launcher never makes wait, are left out."""
+        return {}
 
     @abstractmethod
     def stop(self, node_id: str) -> None:

@@ -12,13 +12,16 @@ from typing import Any, Protocol
 from airflow_rover.core.crashes import Crash
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
 from airflow_rover.core.shards import Shard
+from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
+from airflow_rover.master.autoscaler import Autoscaler
 from airflow_rover.master.crash_watch import CrashWatch, last_words
 from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.dispatch import ShardDispatch
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.node_launcher import Capability
 from airflow_rover.master.nodes import NodeInfo
+from airflow_rover.master.oom_relaunch import OomRelaunch
 from airflow_rover.rpc.master_api import EXIT_PS_LOST
 
 log = logging.getLogger(__name__)
@@ -31,6 +34,10 @@ class RecoveringJob(JobCore, Protocol):
     dispatch: ShardDispatch
     port: MasterPort
     data_workers: DataWorkerRoom
+    autoscaler: Autoscaler
+
+    def set_plan(self, plan: ResourcePlan) -> None:
+        """Make ``plan`` the job's (a relaunched master keeps it)."""
 
     def lost_ps(self) -> None:
         """A PS is lost: the end of training is to be judged again once it is back."""
@@ -57,6 +64,7 @@ class NodeRecovery:
         self.recoveries: list[dict[str, Any]] = []
         self.standby_takeovers = 0  # lost PS replaced by the spare process (standby_ps)
         self.crashes = CrashWatch(job.spec.recovery.deterministic_after)
+        self.oom = OomRelaunch(job)
         if master_restarts:  # a keeper relaunched this master: time its recovery
             deaths = (job.job_dir.read_json(job.job_dir.keeper_file) or {}).get("master_deaths")
             died_at = deaths[-1]["died_at"] if deaths else time.time()
@@ -103,6 +111,8 @@ class NodeRecovery:
         replaced, node.replacing = node.replacing, False
         if replaced:
             cause = f"{node.node_id} replaced to resize it"
+        elif (grown := self.oom.grow(node)) is not None:
+            cause = f"{cause}; {grown}"
         held = job.queue.held_by(node.node_id) if node.role == "worker" else []
         released = self._worker_lost(node, code, replaced) if node.role == "worker" else []
         # a worker that lost its PS is not at fault, nor a node replaced to resize it: their

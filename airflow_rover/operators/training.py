@@ -152,7 +152,8 @@ class ElasticTrainingOperator(BaseOperator):
         "min": 1, "max": 4}`` (``min``/``max`` without ``mode``: auto), ``cpu``,
         ``memory_mb``, ``ready_batches``, ``interval_s``. (templated)
     :param plan: initial resources: ``num_workers``, ``num_ps``, ``worker_cpu``,
-        ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``; or a template rendering to such a
+        ``worker_memory_mb``, ``ps_cpu``, ``ps_memory_mb``, ``sizes`` (nodes sized apart, e.g.
+        ``[{"node": "ps-0", "cpu": 4}]``); or a template rendering to such a
         dict, e.g. a ``WarmStartOperator``'s ``"{{ ti.xcom_pull('warm_start')['plan'] }}"``.
         With ``warm_start`` this is the cold-start plan. (templated)
     :param training: ``batch_size``, ``epochs``, ``learning_rate``, ``shard_size``, ``seed``.
@@ -206,7 +207,8 @@ class ElasticTrainingOperator(BaseOperator):
         ``max_ps_memory_mb``; ``plan`` must lie within them), cooldowns
         (``min_plan_interval_s`` after an applied plan, ``decline_cooldown_s`` after a declined
         one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
-        the Airflow UI or the hook; not with ``cluster_budget``), ``weight`` (the job's
+        the Airflow UI or the hook; not with ``cluster_budget``), ``pending_timeout_s`` (a
+        node pod not scheduled this long gets a smaller plan), ``weight`` (the job's
         weight in a shared cluster budget), ``admit_at_minimum`` (start with
         ``min_workers`` workers when the plan does not fit the budget) and ``prior`` (where the
         optimizer starts, from similar past jobs: a ``WarmStartOperator``'s

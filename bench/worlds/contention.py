@@ -49,6 +49,7 @@ class ContentionWorld:
     pod_start_s: float = 30.0
     init_s: float = 60.0
     budget: float = 96.0
+    resizable: bool = True
 
     def ps_shares(self, p: int) -> np.ndarray:
         """Each PS's share of the PS work, busiest first."""

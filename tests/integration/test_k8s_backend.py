@@ -30,6 +30,7 @@ from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, hot_ps
 from airflow_rover.core.spec import (
+    AutoscaleConfig,
     DataWorkersConfig,
     FeatureConfig,
     JobSpec,
@@ -77,7 +78,9 @@ def cluster(
 ) -> Iterator[tuple[ApiServerStandIn, client.CoreV1Api]]:
     """The stand-in, a ``kubernetes_conn_id`` connection to it, and a plain client (what the
     master uses in its pod)."""
-    with serve(resize_supported=getattr(request, "param", True)) as (api, url):
+    param = getattr(request, "param", True)
+    resize, capacity = param if isinstance(param, tuple) else (param, None)
+    with serve(resize_supported=resize, capacity_cpu=capacity) as (api, url):
         extra = {"kube_config": kubeconfig(url, NS)}
         monkeypatch.setenv(
             f"AIRFLOW_CONN_{CONN_ID.upper()}",
@@ -458,9 +461,14 @@ def propose(master: JobMaster, **changes: object) -> None:
 
 
 def training_master(
-    api: ApiServerStandIn, v1: client.CoreV1Api, tmp_path: Path, spec: JobSpec
+    api: ApiServerStandIn,
+    v1: client.CoreV1Api,
+    tmp_path: Path,
+    spec: JobSpec,
+    waiting: tuple[str, ...] = (),
 ) -> tuple[ElasticJobHook, JobMaster]:
-    """A job launched on the stand-in whose master runs its PS and workers (pods Running)."""
+    """A job launched on the stand-in whose master runs its PS and workers (pods Running but
+    those ``waiting``)."""
     hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
     hook.launch(spec)
     set_status(v1, NAMES.master_pod, {"phase": "Running"})
@@ -477,7 +485,7 @@ def training_master(
     assert [c for c in api.calls(mark) if c.startswith("create")] == [
         f"create pods/{POD(n)}" for n in nodes
     ]
-    running(v1, *(POD(n) for n in nodes))
+    running(v1, *(POD(n) for n in nodes if n not in waiting))
     return hook, master
 
 
@@ -569,5 +577,139 @@ def test_a_hot_ps_plan_resizes_that_ps_pod_alone(
     for other in ("ps-0", "ps-2"):
         assert requests_of(v1, POD(other)) == {"cpu": "1", "memory": "2048Mi"}
     assert requests_of(v1, POD("worker-0")) == {"cpu": "1", "memory": "2048Mi"}
+    master.request_stop("test over")
+    master.shutdown_nodes()
+
+
+def oom_killed(v1: client.CoreV1Api, node: str) -> None:
+    """What the kubelet reports for a container killed over its memory limit."""
+    state = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+    set_status(v1, POD(node), {"phase": "Failed", "containerStatuses": [container_status(state)]})
+
+
+def test_a_pod_killed_out_of_memory_comes_back_with_twice_the_memory_once(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """A worker pod ``OOMKilled``: the master records an ``oom`` plan naming it and its sizes
+    and creates its pod again with twice the memory; a second OOM of it is relaunched like
+    any failure, at the same size. The other pods keep theirs."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=1, num_workers=2),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+        }
+    )
+    hook, master = training_master(api, v1, tmp_path, spec)
+    oom_killed(v1, "worker-1")
+    mark = api.count()
+    master.step()
+    assert {c for c in api.calls(mark) if c.startswith("create")} == {
+        f"create pods/{POD('worker-1')}"  # twice: 409 while the dead pod is there
+    }
+    assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "4096Mi"}
+    assert requests_of(v1, POD("worker-0")) == {"cpu": "1", "memory": "2048Mi"}
+    record = master.autoscaler.plans[-1]
+    assert (record.rule, record.state) == ("oom", "applied")
+    assert "worker-1 was killed out of memory at 2048 MB: relaunched with 4096 MB" in record.reason
+    assert hook.job_dir.read_spec().plan.size_of("worker-1") == (1.0, 4096)
+
+    running(v1, POD("worker-1"))
+    master.step()
+    oom_killed(v1, "worker-1")  # again: a failure like any other, no bigger
+    mark = api.count()
+    master.step()
+    assert {c for c in api.calls(mark) if c.startswith("create")} == {
+        f"create pods/{POD('worker-1')}"  # twice: 409 while the dead pod is there
+    }
+    assert requests_of(v1, POD("worker-1")) == {"cpu": "1", "memory": "4096Mi"}
+    assert [p.rule for p in master.autoscaler.plans].count("oom") == 1
+    assert master.recovery.restarts == 2
+    master.request_stop("test over")
+    master.shutdown_nodes()
+
+
+PENDING = AutoscaleConfig(pending_timeout_s=0.3, interval_s=0.05)
+MASTER_CORES = JOB.config.master_cpu
+
+
+@pytest.mark.parametrize("cluster", [(True, MASTER_CORES + 3)], indirect=True)
+def test_a_worker_pod_pending_past_the_deadline_is_planned_away(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """A cluster with room for the PS and two workers: the third worker's pod stays Pending
+    (Unschedulable). Past ``autoscale.pending_timeout_s`` the master proposes the plan without
+    it, rule ``pending``, naming the pod and how long it waited; applied, its pod goes."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=1, num_workers=3),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+            "autoscale": PENDING,
+        }
+    )
+    hook, master = training_master(api, v1, tmp_path, spec, waiting=("worker-2",))
+    conditions = stored(v1, POD("worker-2"))["status"]["conditions"]
+    assert conditions[0]["reason"] == "Unschedulable"
+    master.step()
+    assert [p.rule for p in master.autoscaler.plans] == []  # not yet past the deadline
+    time.sleep(PENDING.pending_timeout_s)
+    master.step()
+    record = master.autoscaler.plans[-1]
+    assert (record.rule, record.state, record.plan.num_workers) == ("pending", "proposed", 2)
+    assert "not scheduled: worker-2 for 0 s" in record.reason
+    assert "pending_timeout_s=0.3" in record.reason
+    master.step()
+    assert len(master.autoscaler.plans) == 1  # proposed once
+    mark = api.count()
+    master.apply_plan(record.id)
+    assert [c for c in api.calls(mark) if not c.startswith(("fetch", "list"))] == [
+        f"delete pods/{POD('worker-2')}"
+    ]
+    assert hook.job_dir.read_spec().plan.num_workers == 2
+    master.request_stop("test over")
+    master.shutdown_nodes()
+
+
+@pytest.mark.parametrize("cluster", [(True, MASTER_CORES + 3)], indirect=True)
+def test_a_big_ps_pod_pending_past_the_deadline_comes_back_smaller(
+    cluster: tuple[ApiServerStandIn, client.CoreV1Api], tmp_path: Path, dataset: GeneratedDataset
+) -> None:
+    """ps-1 sized apart at 4 cores does not fit the cluster (3 cores beside the master): past
+    the deadline the master halves it (towards its role's 1 core), records the plan with rule
+    ``pending`` and creates its pod again at 2 cores, which the cluster schedules."""
+    api, v1 = cluster
+    spec = SPEC.model_copy(
+        update={
+            "train_data": str(dataset.train_dir),
+            "plan": ResourcePlan(num_ps=2, num_workers=1).with_size("ps-1", cpu=4.0),
+            "training": TrainingConfig(shard_size=250, batch_size=64),
+            "autoscale": PENDING,
+        }
+    )
+    hook = ElasticJobHook(tmp_path / "job", backend=KubernetesBackend(JOB))
+    hook.launch(spec)
+    set_status(v1, NAMES.master_pod, {"phase": "Running"})
+    uid = str(v1.read_namespaced_pod(NAMES.master_pod, NS).metadata.uid)
+    master = JobMaster(hook.job_dir, spec, node_launcher(v1, hook, uid), hook.job_dir.read_token())
+    master.step()  # starts the PS
+    assert requests_of(v1, POD("ps-1"))["cpu"] == "4"
+    assert stored(v1, POD("ps-1"))["status"]["conditions"][0]["reason"] == "Unschedulable"
+    time.sleep(PENDING.pending_timeout_s)
+    mark = api.count()
+    master.step()
+    assert [c for c in api.calls(mark) if c.startswith(("create", "delete"))] == [
+        f"delete pods/{POD('ps-1')}",
+        f"create pods/{POD('ps-1')}",
+    ]
+    assert requests_of(v1, POD("ps-1")) == {"cpu": "2", "memory": "2048Mi"}
+    assert stored(v1, POD("ps-1"))["status"]["conditions"][0]["status"] == "True"
+    record = master.autoscaler.plans[-1]
+    assert (record.rule, record.state) == ("pending", "applied")
+    assert "ps-1 4 cores, 2048 MB -> 2 cores, 2048 MB" in record.reason
+    assert hook.job_dir.read_spec().plan.size_of("ps-1") == (2.0, 2048)
+    assert master.recovery.restarts == 0
     master.request_stop("test over")
     master.shutdown_nodes()

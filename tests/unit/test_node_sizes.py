@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from airflow_rover.core.cluster_budget import Budget
-from airflow_rover.core.optimizer import Prices
+from airflow_rover.core.optimizer import PlanBounds, Prices
 from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.spec import AutoscaleConfig, NodeSize, ResourcePlan, describe_errors
 from airflow_rover.core.warm_start import to_plan
@@ -111,3 +111,14 @@ def test_pods_sizes_and_resizes_follow_each_node() -> None:
 def test_warm_start_smoothing_leaves_node_sizes_out() -> None:
     smoothed = to_plan({"num_workers": 2.4, "num_ps": 1.0}, fallback=HOT)
     assert smoothed.sizes == () and smoothed.num_ps == 1
+
+
+def test_search_plans_keep_the_sizes_of_nodes_that_stay_only() -> None:
+    """The Pareto search's plans from a plan with a node sized apart: valid at fewer nodes
+    (they go through the status JSON to the trigger), the sized node kept while it exists."""
+    bounds = PlanBounds(max_workers=4, max_ps=4, worker_cpus=(1.0,), ps_cpus=(2.0,))
+    fewer = bounds.plan((2, 1, 0, 0), HOT)
+    assert ResourcePlan.model_validate_json(fewer.model_dump_json()) == fewer
+    assert (fewer.num_ps, fewer.sizes) == (1, ())
+    more = bounds.plan((3, 3, 0, 0), HOT)
+    assert more.size_of("ps-1") == (8.0, 4096) and more.size_of("ps-2") == (2.0, 4096)

@@ -77,7 +77,7 @@ def test_a_space_smaller_than_the_search_gets_the_exact_front() -> None:
             p, Prices().cost(p), throughput_gain(MODEL, CURRENT, p, REMAINING, ScalingCosts())
         )
         for p in (
-            small.plan(w, ps, wc, pc, like=CURRENT)
+            small.plan((w, ps, wc, pc), like=CURRENT)
             for w in range(1, 9)
             for ps in range(1, 5)
             for wc in range(2)
@@ -210,3 +210,27 @@ def test_candidates_keep_the_minimum_counts(generations: int, population: int) -
 def test_bounds_with_a_minimum_above_the_maximum_are_refused() -> None:
     with pytest.raises(ValueError, match="1 <= min <= max"):
         PlanBounds(max_workers=2, min_workers=3)
+
+
+def test_the_search_sizes_the_hot_ps_alone() -> None:
+    """With the hot PS named, the genome's fifth gene sizes it apart: the model sees the busiest
+    PS's load per core, so the hot PS alone bigger buys most of what bigger PS buy, for fewer
+    cores, and the exact front holds such plans."""
+    shape = JobShape(512, 0.25, 1.0, 16, hot_share=0.5, hot_ps=0)
+    model = ThroughputModel(
+        Coefficients(*(Coefficients.paper().as_array() * [1, 24, 1, 1, 1])), shape
+    )
+    bounds = PlanBounds(max_workers=8, max_ps=3, worker_cpus=(2.0,), ps_cpus=(2.0, 8.0), hot_ps=0)
+    assert bounds.size == 8 * 3 * 1 * 2 * 2
+    current = ResourcePlan(num_workers=4, num_ps=2, worker_cpu=2.0, ps_cpu=2.0)
+    hot = bounds.plan((4, 2, 0, 0, 1), like=current)
+    assert hot.size_of("ps-0") == (8.0, 2048) and hot.size_of("ps-1") == (2.0, 2048)
+    big = current.model_copy(update={"ps_cpu": 8.0})
+    assert hot.total_cores < big.total_cores
+    assert model.throughput(current) < model.throughput(hot) < model.throughput(big)
+    gained = (model.throughput(hot) - model.throughput(current)) / (
+        model.throughput(big) - model.throughput(current)
+    )
+    assert gained > 0.7
+    front = pareto_plans(model, current, 1e9, bounds)
+    assert any(c.plan.sizes for c in front)

@@ -3,18 +3,23 @@ stays silent on a healthy job."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from pydantic import ValidationError
 
 from airflow_rover.core.post_scaling import (
     OOM_MIN_SAMPLES,
     JobProfile,
     NodeProfile,
+    after_oom,
     hot_ps,
+    pending_pods,
     post_scaling,
     predicted_oom,
     straggler,
 )
-from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan, describe_errors
 
 PLAN = ResourcePlan(num_workers=4, num_ps=3, worker_cpu=4.0, ps_cpu=4.0, ps_memory_mb=4096)
 
@@ -119,3 +124,52 @@ def test_predicted_oom_raises_ps_memory_before_the_limit() -> None:
 def test_predicted_oom_ignores_slow_growth() -> None:
     slow = trend(2000.0, 0.02)  # hours to go
     assert predicted_oom(with_nodes(_ps(1, 2.6, slow))) is None
+
+
+def test_after_oom_doubles_that_node_alone_up_to_the_bound() -> None:
+    proposal = after_oom(PLAN, "ps-2", max_memory_mb=math.inf)
+    assert proposal is not None and proposal.rule == "oom" and proposal.nodes == ("ps-2",)
+    assert proposal.plan.size_of("ps-2") == (PLAN.ps_cpu, 2 * PLAN.ps_memory_mb)
+    assert proposal.plan.size_of("ps-1") == PLAN.size_of("ps-1")
+    assert "ps-2 was killed out of memory at 4096 MB: relaunched with 8192 MB" in proposal.reason
+    worker = after_oom(PLAN, "worker-1", max_memory_mb=math.inf)
+    assert worker is not None and worker.plan.size_of("worker-1")[1] == 2 * PLAN.worker_memory_mb
+    capped = after_oom(PLAN, "ps-0", max_memory_mb=6144)
+    assert capped is not None and capped.plan.size_of("ps-0")[1] == 6144
+    assert after_oom(PLAN, "ps-0", max_memory_mb=4096) is None  # at its bound: cannot grow
+
+
+LOW = {"ps": (1.0, 0.0), "worker": (0.0, 0.0)}
+
+
+def test_pending_pods_drop_waiting_workers_down_to_the_minimum() -> None:
+    waits = {"worker-3": 400.0, "worker-2": 350.0, "worker-1": 10.0}
+    proposal = pending_pods(PLAN, waits, 300.0, min_workers=1, low=LOW)
+    assert proposal is not None and proposal.rule == "pending"
+    assert proposal.plan == PLAN.with_counts(num_workers=2)
+    assert proposal.nodes == ("worker-2", "worker-3")
+    assert "worker-2 for 350 s, worker-3 for 400 s" in proposal.reason
+    assert pending_pods(PLAN, waits, 300.0, min_workers=3, low=LOW).plan.num_workers == 3  # type: ignore[union-attr]
+    assert pending_pods(PLAN, waits, 300.0, min_workers=4, low=LOW) is None
+    assert pending_pods(PLAN, {"worker-3": 299.0}, 300.0, min_workers=1, low=LOW) is None
+
+
+def test_pending_pods_halve_a_ps_or_a_node_sized_apart_first() -> None:
+    big = PLAN.with_size("worker-0", cpu=16.0, memory_mb=16384)
+    proposal = pending_pods(big, {"worker-0": 301.0, "worker-3": 900.0}, 300.0, 1, LOW)
+    assert proposal is not None and proposal.nodes == ("worker-0",)
+    assert proposal.plan.size_of("worker-0") == (8.0, 8192)  # halved, the counts next time
+    near = PLAN.with_size("worker-0", cpu=6.0)
+    assert pending_pods(near, {"worker-0": 301.0}, 300.0, 1, LOW).plan.sizes == ()  # type: ignore[union-attr]
+    ps = pending_pods(PLAN, {"ps-1": 301.0}, 300.0, 1, LOW)
+    assert ps is not None and ps.plan.size_of("ps-1") == (2.0, PLAN.ps_memory_mb)  # rows kept
+    at_floor = PLAN.model_copy(update={"ps_cpu": 1.0})
+    assert pending_pods(at_floor, {"ps-1": 301.0}, 300.0, 1, LOW) is None
+
+
+@pytest.mark.parametrize("bad", [0, -1, 86_401, "soon"])
+def test_pending_timeout_is_validated(bad: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        AutoscaleConfig.model_validate({"pending_timeout_s": bad})
+    assert "pending_timeout_s" in describe_errors(caught.value)
+    assert AutoscaleConfig().pending_timeout_s == 300.0

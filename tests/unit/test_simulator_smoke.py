@@ -22,7 +22,7 @@ import bench.simulator as simulator  # noqa: E402
 from airflow_rover.core.spec import ResourcePlan  # noqa: E402
 from airflow_rover.core.throughput import JobShape, ThroughputModel  # noqa: E402
 from airflow_rover.master import autoscaler as master_autoscaler  # noqa: E402
-from bench._master_policy import MasterAutoscaler  # noqa: E402
+from bench._master_policy import MasterAutoscaler, config_of  # noqa: E402
 from bench._policies import ElasticScheduler, Setting  # noqa: E402
 from bench._simcore import Config, simulate, steps_per_s  # noqa: E402
 from bench._world import load, oracle  # noqa: E402
@@ -33,6 +33,7 @@ POLICIES = (
     "oracle",
     "airflow-rover (warm)",
     "airflow-rover (cold)",
+    "dlrover-heuristic-brain",
     "dlrover-heuristic",
     "optimus",
     "es",
@@ -95,7 +96,7 @@ def test_the_simulator_drives_the_masters_autoscaler(monkeypatch: pytest.MonkeyP
     applied = [record.plan for record in policy.applied]
     assert applied and applied == proposed
     assert [cfg for _, cfg in result.changes[1:]] == [
-        Config.of(plan) for plan in applied if Config.of(plan) != result.changes[0][1]
+        config_of(plan) for plan in applied if config_of(plan) != result.changes[0][1]
     ][: len(result.changes) - 1]
 
     monkeypatch.setattr(master_autoscaler.Autoscaler, "propose", lambda *a, **k: None)

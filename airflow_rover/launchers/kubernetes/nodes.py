@@ -24,7 +24,12 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import DataWorkersConfig, ResourcePlan
 from airflow_rover.launchers.kubernetes import manifests as m
 from airflow_rover.launchers.kubernetes.config import KubernetesConfig
-from airflow_rover.launchers.kubernetes.pod_status import exit_code, failure_note
+from airflow_rover.launchers.kubernetes.pod_status import (
+    exit_code,
+    exit_reason,
+    failure_note,
+    unscheduled,
+)
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, ResizeOutcome, Role
 
 log = logging.getLogger(__name__)
@@ -71,6 +76,8 @@ class KubernetesNodeLauncher(NodeLauncher):
         self._started: dict[str, Role] = {}
         self._stopped: set[str] = set()
         self._exits: dict[str, int] = {}
+        self._reasons: dict[str, str] = {}  # why an exited pod's container ended
+        self._created_at: dict[str, float] = {}  # when each node's pod was last created
         self._sizes: dict[str, tuple[float, int]] = {}  # replaced to resize: its next start
         self._pods: dict[str, dict[str, Any]] = {}
         self._listed_at: float | None = None
@@ -95,6 +102,8 @@ class KubernetesNodeLauncher(NodeLauncher):
         self._started[node_id] = role
         self._stopped.discard(node_id)
         self._exits.pop(node_id, None)
+        self._reasons.pop(node_id, None)
+        self._created_at[node_id] = time.monotonic()
         self._listed_at = None
         try:
             self.api.create_namespaced_pod(self.config.namespace, body, _preload_content=False)
@@ -125,10 +134,31 @@ class KubernetesNodeLauncher(NodeLauncher):
                 code = exit_code(pod)
             if code is not None:
                 self._exits[node_id] = code
+                reason = exit_reason(pod)
+                if reason is not None:
+                    self._reasons[node_id] = reason
                 if node_id not in self._stopped:
                     self._save_log(node_id, pod, code)
             codes[node_id] = code
         return codes
+
+    def pending_s(self) -> dict[str, float]:
+        """Seconds since each unscheduled node pod of this master was created (listed at
+        most every ``poll_s``)."""
+        self._refresh()
+        now = time.monotonic()
+        return {
+            node_id: now - self._created_at[node_id]
+            for node_id, pod in self._pods.items()
+            if node_id in self._created_at
+            and node_id not in self._stopped
+            and node_id not in self._exits
+            and unscheduled(pod)
+        }
+
+    def exit_reason(self, node_id: str) -> str | None:
+        """The terminated reason of the node's exited container (``OOMKilled``)."""
+        return self._reasons.get(node_id)
 
     def stop(self, node_id: str, grace_s: float = 5.0) -> None:
         """Delete the node's pod and wait (bounded) until it is gone."""

@@ -42,6 +42,28 @@ def exit_code(pod: dict[str, Any]) -> int | None:
     return None
 
 
+def unscheduled(pod: dict[str, Any]) -> bool:
+    """Pending and not placed on a node yet (the scheduler found no room); a pod pulling
+    its image is scheduled and not counted."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Pending":
+        return False
+    conditions = status.get("conditions") or []
+    return not any(
+        c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions
+    )
+
+
+def exit_reason(pod: dict[str, Any] | None) -> str | None:
+    """The container's terminated reason (``OOMKilled``: over its memory limit), or the pod's
+    (``Evicted``); None while it runs or when the status gives none."""
+    if pod is None:
+        return None
+    terminated = (_container(pod).get("state") or {}).get("terminated") or {}
+    reason = terminated.get("reason") or (pod.get("status") or {}).get("reason")
+    return str(reason) if reason else None
+
+
 def failure_note(pod: dict[str, Any] | None, code: int) -> str:
     """One line saying why a node pod ended, for the node's log in the job directory."""
     if pod is None:
