@@ -23,7 +23,8 @@ backfill job to its minimum workers to get room (``docs/backfills.md``).
 ``warm_start`` picks the training plan from the most similar past runs recorded in the history
 store (``$AIRFLOW_HOME/rover/history.db``; every finished ``train`` job is recorded there) and
 falls back to ``params.num_workers`` / ``params.num_ps`` when there is none, or when the run
-is triggered with ``warm_start=false``.
+is triggered with ``warm_start=false``; ``train``'s optimizer starts from what those runs
+measured (``autoscale.prior``; cold without them).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ def rover_daily_retrain() -> None:
             "num_ps": "{{ params.num_ps }}",
         },
         k="{{ 5 if params.warm_start else 0 }}",
+        batch_size=512,  # the train task's: the autoscaler's prior is fitted for it
     )
 
     train = ElasticTrainingOperator(
@@ -124,6 +126,8 @@ def rover_daily_retrain() -> None:
             "min_workers": 1,
             # Backfills yield to the day's own run on the shared budget.
             "weight": "{{ 1 if dag_run.run_type == 'backfill' else 2 }}",
+            # where the optimizer starts: what similar past runs measured (None: cold)
+            "prior": "{{ ti.xcom_pull(task_ids='warm_start')['prior'] }}",
         },
         cluster_budget="auto",  # the default, named for readers: shared by every run
         poll_interval=2.0,

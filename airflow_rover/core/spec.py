@@ -25,6 +25,7 @@ from airflow_rover.core.data_schema import DataFormat, DataSchema
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.incremental import InitSource
 from airflow_rover.core.policies import CheckpointPolicyConfig
+from airflow_rover.core.prior_config import AutoscalePrior
 
 REFERENCE_MODELS = ("wide_deep", "deepfm", "dcn", "xdeepfm")
 OPTIMIZERS = ("sgd", "adagrad", "adam")
@@ -413,6 +414,12 @@ class AutoscaleConfig(_Strict):
         default=False,
         description="when the starting plan does not fit the cluster budget, start with "
         "min_workers workers if that fits, rather than wait for room",
+    )
+    prior: AutoscalePrior | None = Field(
+        default=None,
+        description="set by warm start from similar past jobs: the throughput model's "
+        "coefficients, hot share and scaling costs the optimizer starts from; none: a cold "
+        "start (docs/warm-start.md). Not in the training fingerprint",
     )
 
     @model_validator(mode="after")

@@ -32,6 +32,9 @@ no job ran). ``refine`` fixes that where the history allows: when the similar jo
 least two plans, their pooled iteration times fit the throughput model, and since every plan
 costs the same to launch, the best plan it predicts (at least ``min_rel_gain`` faster) replaces
 the smoothed one before anything starts.
+
+The history store also gives the answer the autoscaler's ``prior`` (``autoscale.prior``) from
+the same matched jobs: their samples fitted, their hot share and measured scaling costs.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ import annotated_types
 from airflow_rover.core.autoscale_prior import prior_from
 from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, choose_plan, pareto_plans
 from airflow_rover.core.plan_limits import plan_limits
+from airflow_rover.core.prior_config import AutoscalePrior
 from airflow_rover.core.spec import AutoscaleConfig, FeatureConfig, JobSpec, ResourcePlan
 from airflow_rover.core.throughput import JobShape, ThroughputModel
 
@@ -129,11 +133,14 @@ class WarmStart:
     matches: tuple[Match, ...] = ()  # most similar first
     k: int = DEFAULT_K
     mu: float = DEFAULT_MU
+    prior: AutoscalePrior | None = None  # the autoscaler's, from the matched jobs; None: cold
 
     def to_xcom(self) -> dict[str, Any]:
-        """A plain JSON dict: the plan, its source and the matched jobs' ids, scores, plans."""
+        """A plain JSON dict: the plan, its source, the matched jobs' ids, scores and plans,
+        and the autoscaler's ``prior`` (None: a cold start)."""
         return {
             "plan": self.plan.model_dump(),
+            "prior": self.prior.model_dump(mode="json") if self.prior is not None else None,
             "source": self.source,
             "message": self.message,
             "k": self.k,

@@ -2,7 +2,8 @@
 
 The master's status carries the job's state, result, nodes and, when the master records them,
 ``plans`` (every proposed or applied plan, as ``core.plans.PlanRecord``) and ``profile``
-(throughput samples and peak memory per node). Both are optional: a status without them gives
+(throughput samples, peak memory per node, and what the autoscaler ``measured``: scaling costs
+and hot share). Both are optional: a status without them gives
 a record whose plan history is the initial plan alone. A job with data workers adds its
 ``data_workers`` section (the last figures and the scaling decisions).
 """
@@ -20,6 +21,9 @@ from airflow_rover.core.warm_start import JobTraits
 #: Keys never stored, at any depth of a stored JSON value (the job token above all).
 SECRET_KEYS = ("token", "password", "secret", "authorization")
 OUTCOMES = ("succeeded", "failed", "stopped")
+#: What the autoscaler measured that a similar job's prior starts from (``measured_of``).
+MEASURED = ("worker_start_s", "ps_start_s", "ps_reload_s", "hot_share")
+MAX_COST_S = 86_400.0  # a scaling cost beyond a day is no measurement (AutoscalePrior's bound)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class JobRecord:
     data_workers: dict[str, Any] | None = None
     # ... and its decisions: at, previous, count, rule, reason
     data_worker_decisions: list[dict[str, Any]] = field(default_factory=list)
+    # what its autoscaler measured itself (``MEASURED``; a key absent: not measured)
+    measured: dict[str, float] = field(default_factory=dict)
 
     @property
     def traits(self) -> JobTraits:
@@ -216,6 +222,19 @@ def data_worker_decisions(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def measured_of(profile: Mapping[str, Any]) -> dict[str, float]:
+    """What the job's autoscaler measured itself (the profile's ``measured``: scaling costs
+    in seconds, hot share in [0, 1]), not what it planned with: a cost it never timed was a
+    default or a past job's, and recording it would pass that on as a measurement."""
+    measured = _mapping(profile.get("measured"))
+    found = {name: number_or_none(measured.get(name)) for name in MEASURED}
+    return {
+        name: value
+        for name, value in found.items()
+        if value is not None and 0 <= value <= (1.0 if name == "hot_share" else MAX_COST_S)
+    }
+
+
 def final_plan(job: Mapping[str, Any], spec: JobSpec, plans: list[PlanRecord]) -> dict[str, Any]:
     """The plan the job ended with: the last plan the master applied, else the result's
     plan, else the status's, else the spec's."""
@@ -284,4 +303,5 @@ def record_from_status(
         nodes=_nodes(job, profile),
         data_workers=data_workers_of(job),
         data_worker_decisions=data_worker_decisions(job),
+        measured=measured_of(profile),
     )

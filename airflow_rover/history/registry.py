@@ -45,18 +45,17 @@ from sqlalchemy import (
     delete,
     func,
     insert,
-    inspect,
     select,
-    text,
     update,
 )
-from sqlalchemy.engine import URL, Connection, Engine
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.engine import URL, Connection
+from sqlalchemy.exc import IntegrityError
 
 from airflow_rover.core.budget_arbiter import allocate
 from airflow_rover.core.cluster_budget import DEFAULT_TTL_S, Decision, RunningJob
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import ClusterBudget, ResourcePlan
+from airflow_rover.history.schema import add_missing_columns
 from airflow_rover.history.store_tables import StoreTables
 
 metadata = MetaData()  # apart from the history's: ``HistoryStore.ensure_schema`` is unchanged
@@ -123,7 +122,8 @@ class RunningJobRegistry(StoreTables):
     metadata = metadata
 
     def upgrade(self) -> None:
-        _add_missing_columns(self.engine)
+        """Its rows are short-lived, so a NULL in a column added here is read as the default."""
+        add_missing_columns(self.engine, running_jobs)
 
     # -- rows --------------------------------------------------------------------------------
     def register(self, job: RunningJob) -> None:
@@ -364,22 +364,3 @@ def _job(row: Any) -> RunningJob:
             float(row["data_workers_memory_mb"] or 0.0),
         ),
     )
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Add the columns a registry created by an older version lacks (its rows are
-    short-lived, so a NULL in them is read as the default)."""
-    present = {c["name"] for c in inspect(engine).get_columns(running_jobs.name)}
-    for column in running_jobs.columns:
-        if column.name not in present and column.nullable:
-            kind = column.type.compile(dialect=engine.dialect)
-            try:
-                with engine.begin() as conn:
-                    conn.execute(
-                        text(f"ALTER TABLE {running_jobs.name} ADD COLUMN {column.name} {kind}")
-                    )
-            except DBAPIError:  # another process added it meanwhile
-                if column.name not in {
-                    c["name"] for c in inspect(engine).get_columns(running_jobs.name)
-                }:
-                    raise

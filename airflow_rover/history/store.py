@@ -5,7 +5,9 @@ SQLAlchemy Core on any SQLAlchemy URL (SQLite by default, see ``hooks.history_st
 is created on first use (``CREATE TABLE IF NOT EXISTS``; safe to repeat and to race). Tables:
 
 - ``rover_jobs``: one row per job id: dag/task/run/try, model, feature config (tables and a
-  signature), dataset size, training settings, initial and final plan, metrics, outcome.
+  signature), dataset size, training settings, initial and final plan, metrics, outcome, and
+  what its autoscaler measured (scaling costs, hot share; NULL where it did not). A store made
+  before a column existed gets it on first use.
 - ``rover_job_plans``: the job's plan history: the initial plan, then every proposal
   (``at``, ``plan``, ``rule``, ``reason``, ``state``, ``applied``).
 - ``rover_job_throughput``: throughput samples (``at``, ``plan``, samples/s, step time).
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -51,8 +54,11 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import IntegrityError
 
+from airflow_rover.core.autoscale_prior import cost_medians, job_shape, prior_from
 from airflow_rover.core.policies import FailureHistory
+from airflow_rover.core.prior_config import COSTS, AutoscalePrior
 from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.throughput import JobShape
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
     DEFAULT_MIN_SIMILARITY,
@@ -66,8 +72,8 @@ from airflow_rover.core.warm_start import (
     top_k_similar,
     warm_start,
 )
-from airflow_rover.history.records import JobRecord
-from airflow_rover.history.schema import create_tables
+from airflow_rover.history.records import MEASURED, JobRecord
+from airflow_rover.history.schema import add_missing_columns, create_tables
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,11 @@ jobs = Table(
     Column("auc", Float),
     Column("logloss", Float),
     Column("result", JSON),
+    # what the job's autoscaler measured itself (NULL: it did not): a similar job's prior
+    Column("worker_start_s", Float),
+    Column("ps_start_s", Float),
+    Column("ps_reload_s", Float),
+    Column("hot_share", Float),
     Column("started_at", Float),  # seconds since the epoch, like the master's status
     Column("finished_at", Float),
     Column("recorded_at", Float, nullable=False),
@@ -234,6 +245,7 @@ class HistoryStore:
         if self._schema_ready:
             return
         create_tables(self.engine, metadata)
+        add_missing_columns(self.engine, jobs)
         self._schema_ready = True
 
     # -- writing -----------------------------------------------------------------------------
@@ -443,16 +455,48 @@ class HistoryStore:
         min_similarity: float = DEFAULT_MIN_SIMILARITY,
         max_candidates: int = MAX_CANDIDATES,
         refinement: Refinement | None = None,
+        shape: JobShape | None = None,
     ) -> WarmStart:
         """Algorithm 1 over this history: the smoothed plan, or ``cold_start`` without history;
         with ``refinement``, moved by the model the matched jobs' throughput samples fit
-        (``core.warm_start.refine``)."""
+        (``core.warm_start.refine``). The autoscaler's prior comes from the matched jobs: their
+        samples fitted for ``shape`` (default the refinement's; neither: no coefficients),
+        hot shares and measured scaling costs."""
         past = self.candidates(max_candidates) if k > 0 else []
         decision = warm_start(traits, past, cold_start, k, mu, min_similarity)
-        if refinement is None or decision.source != "history":
+        if decision.source != "history":
             return decision
-        samples = self.observations([m.job.job_id for m in decision.matches])
-        return refine(decision, samples, refinement)
+        ids = [m.job.job_id for m in decision.matches]
+        samples = self.observations(ids)
+        shape = shape or (refinement.shape if refinement is not None else None)
+        decision = replace(decision, prior=self.prior(ids, samples, shape))
+        return decision if refinement is None else refine(decision, samples, refinement)
+
+    def prior(
+        self,
+        job_ids: list[str],
+        samples: list[tuple[ResourcePlan, float]],
+        shape: JobShape | None,
+    ) -> AutoscalePrior | None:
+        """The autoscaler's prior from these jobs' ``samples`` (fitted for ``shape``; None:
+        not fitted) and what they measured; None when they left nothing to start from."""
+        hot_shares: list[float] = []
+        costs: list[dict[str, float | None]] = []
+        with self.engine.connect() as conn:
+            columns = [jobs.c[name] for name in MEASURED]
+            rows = conn.execute(select(*columns).where(jobs.c.job_id.in_(job_ids))).mappings()
+            for row in rows:
+                if row["hot_share"] is not None:
+                    hot_shares.append(float(row["hot_share"]))
+                costs.append({name: row[name] for name in COSTS})
+        if shape is None:  # no job shape to fit the samples for: hot share and costs only
+            shape, samples = job_shape(1, 1), []
+        prior = prior_from(shape, samples, hot_shares, costs, job_ids)
+        if prior.coefficients is None and not hot_shares and prior.costs is None:
+            return None
+        measured = cost_medians(costs)  # a cost none of them timed stays out: the default
+        values = prior.to_config().model_dump()
+        return AutoscalePrior(**{**values, **{name: measured.get(name) for name in COSTS}})
 
     def observations(self, job_ids: list[str]) -> list[tuple[ResourcePlan, float]]:
         """(plan, seconds per worker iteration) of every throughput sample of these jobs."""
@@ -500,6 +544,7 @@ def _job_row(record: JobRecord, now: float) -> dict[str, Any]:
         "auc": record.auc,
         "logloss": record.logloss,
         "result": record.result,
+        **{name: record.measured.get(name) for name in MEASURED},
         "started_at": record.started_at,
         "finished_at": record.finished_at,
         "updated_at": now,

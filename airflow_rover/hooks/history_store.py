@@ -23,6 +23,7 @@ from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL, make_url
 
 from airflow_rover.core.spec import ResourcePlan
+from airflow_rover.core.throughput import JobShape
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
     DEFAULT_MIN_SIMILARITY,
@@ -134,10 +135,11 @@ class HistoryStoreHook(BaseHook):
         mu: float = DEFAULT_MU,
         min_similarity: float = DEFAULT_MIN_SIMILARITY,
         refinement: Refinement | None = None,
+        shape: JobShape | None = None,
     ) -> WarmStart:
         with self.get_conn() as store:
             return store.warm_start(
-                traits, cold_start, k, mu, min_similarity, refinement=refinement
+                traits, cold_start, k, mu, min_similarity, refinement=refinement, shape=shape
             )
 
     def test_connection(self) -> tuple[bool, str]:

@@ -130,6 +130,7 @@ class Autoscaler:
         self._change: tuple[float, bool] | None = None  # (applied at, PS changed) being timed
         self._search: tuple[tuple[Any, ...], Proposal | None] | None = None  # the last search
         self.measured: dict[str, list[float]] = {"worker_start_s": [], "ps_reload_s": []}
+        self.hot_share_learned = False  # from this job's own PS profile, not the prior's
 
     def plan_changed(self, now: float) -> None:
         """The plan's workers are (re)starting: sample it afresh from now."""
@@ -156,6 +157,20 @@ class Autoscaler:
             ps_start_s=statistics.median(worker) if worker else known.ps_start_s,
             ps_reload_s=statistics.median(reload) if reload else known.ps_reload_s,
         )
+
+    def measured_by_job(self) -> dict[str, float]:
+        """What this job measured itself (the history keeps it for similar jobs' priors):
+        the scaling costs it timed and the hot share its PS showed; nothing it assumed."""
+        costs = asdict(self.costs())
+        found = {
+            "worker_start_s": bool(self.measured["worker_start_s"]),
+            "ps_start_s": bool(self.measured["worker_start_s"]),
+            "ps_reload_s": bool(self.measured["ps_reload_s"]),
+        }
+        out = {name: round(costs[name], 1) for name, timed in found.items() if timed}
+        if self.hot_share_learned:
+            out["hot_share"] = round(self.shape.hot_share, 3)
+        return out
 
     def _time_change(self) -> None:
         """The plan's workers all run since ``_plan_since``: that is when the change ended."""
@@ -428,6 +443,7 @@ class Autoscaler:
             hot = max(loads, key=lambda n: loads[n])
             share = JobShape.hot_share_from(list(loads.values()))
             self.shape = replace(self.shape, hot_share=share, hot_ps=int(hot.split("-")[1]))
+            self.hot_share_learned = True
 
     def settings(self) -> dict[str, Any]:
         """On or off, the resolved bounds and the job's weight in a shared budget."""
@@ -442,6 +458,7 @@ class Autoscaler:
             "throughput": self.throughput[-200:],
             "scaling_costs": {k: round(v, 1) for k, v in asdict(self.costs()).items()},
             "hot_share": round(self.shape.hot_share, 3),
+            "measured": self.measured_by_job(),
             "peak_memory_mb": {n: round(s.peak_memory_mb, 1) for n, s in profiler.nodes.items()},
             "cpu_used": {n: round(s.cpu_used, 3) for n, s in profiler.nodes.items()},
         }

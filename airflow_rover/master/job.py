@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from airflow_rover.core.autoscale_prior import Prior
 from airflow_rover.core.crashes import Crash
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_tls import JobTLS
@@ -98,6 +99,7 @@ class JobMaster:
             JobShape.of(spec),
             launcher.capacity_cpu,
             start=spec.plan,
+            prior=Prior.from_config(spec.autoscale.prior),  # warm start's, else cold
             resizable=launcher.can(Capability.RESIZE),
         )
         profiles = launcher.can(Capability.PROFILE)

@@ -131,7 +131,8 @@ def job_status(job: ReportingJob) -> dict[str, Any]:
         "recovery": recovery_summary(job),
         "plans": [p.to_json() for p in job.autoscaler.plans],
         "plan_approval": job.spec.autoscale.plan_approval,  # proposals wait for a person
-        "autoscale": job.autoscaler.settings(),  # on/off, bounds, weight in a shared budget
+        # on/off, bounds, weight in a shared budget; started warm (from which jobs) or cold
+        "autoscale": {**job.autoscaler.settings(), **job.autoscaler.prior.describe()},
         "profile": job.autoscaler.report(job.profiler),
         "result": job.wrap_up.result,
         # set when the job failed in a way no retry can fix (``master.crash_watch``)

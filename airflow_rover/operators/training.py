@@ -81,6 +81,7 @@ from airflow_rover.operators.model_asset import model_asset as default_model_ass
 from airflow_rover.operators.serving_export import ensure_saved_model
 from airflow_rover.operators.training_params import (
     as_param_dict,
+    autoscale_dict,
     check_autoscale,
     check_checkpoint_uri,
     check_flag,
@@ -180,8 +181,9 @@ class ElasticTrainingOperator(BaseOperator):
         retry does not reattach to a job past its deadline: it submits the job again with a
         deadline of its own, resuming from the last checkpoint.
     :param warm_start: start from the smoothed final plans of the most similar past jobs in the
-        history store (as ``WarmStartOperator`` does; ``plan`` without history); the decision
-        is pushed to XCom under ``warm_start``.
+        history store (as ``WarmStartOperator`` does; ``plan`` without history), and the
+        autoscaler from their prior (``autoscale.prior``, unless given); the decision is pushed
+        to XCom under ``warm_start``.
     :param history_conn_id: connection to the history database, where every ended job is
         recorded; default SQLite in ``$AIRFLOW_HOME/rover/history.db``. (templated)
     :param cluster_budget: share a resource budget with the jobs of other tasks and DAGs that
@@ -207,8 +209,10 @@ class ElasticTrainingOperator(BaseOperator):
         one), ``plan_approval`` (proposals wait for a person to approve or decline them, from
         the Airflow UI or the hook; not with ``cluster_budget``), ``pending_timeout_s`` (a
         node pod not scheduled this long gets a smaller plan), ``weight`` (the job's
-        weight in a shared cluster budget) and ``admit_at_minimum`` (start with
-        ``min_workers`` workers when the plan does not fit the budget). (templated)
+        weight in a shared cluster budget), ``admit_at_minimum`` (start with
+        ``min_workers`` workers when the plan does not fit the budget) and ``prior`` (where the
+        optimizer starts, from similar past jobs: a ``WarmStartOperator``'s
+        ``"{{ ti.xcom_pull('warm_start')['prior'] }}"``). (templated)
     :param stream_logs: while the task is deferred, its log shows the new lines of the job's
         master and nodes, prefixed by node (``[worker-1] ...``), at a bounded rate (the HTTP
         client's request lines left out); the whole logs stay in ``<output_dir>/logs``.
@@ -378,7 +382,7 @@ class ElasticTrainingOperator(BaseOperator):
                     "recovery": self.recovery,
                     "checkpoint": checkpoint,
                     "checkpoint_uri": self.checkpoint_uri or None,
-                    "autoscale": dict_or_as_is(self.autoscale, "autoscale"),
+                    "autoscale": autoscale_dict(self.autoscale),
                 }
             )
             checkpoint.check_cluster(spec.plan.num_ps)
@@ -430,7 +434,7 @@ class ElasticTrainingOperator(BaseOperator):
         """The rendered ``autoscale``; a bad one fails the task without retries, naming
         ``autoscale.<field>``."""
         try:
-            value = {"autoscale": dict_or_as_is(self.autoscale, "autoscale")}
+            value = {"autoscale": autoscale_dict(self.autoscale)}
             return _AutoscaleParam.model_validate(value).autoscale
         except ValidationError as exc:
             message = describe(exc, AutoscaleConfig)  # autoscale.<field>: ...
@@ -780,8 +784,9 @@ class ElasticTrainingOperator(BaseOperator):
         return HistoryStoreHook(self.history_conn_id or None)
 
     def _warm_started(self, context: Context, spec: JobSpec) -> JobSpec:
-        """The spec with the warm-start plan (its own plan is the cold start); the decision
-        goes to XCom under ``warm_start``."""
+        """The spec with the warm-start plan (its own plan is the cold start) and, unless the
+        user gave one, the autoscaler's prior from the same past jobs (``autoscale.prior``);
+        the decision goes to XCom under ``warm_start``."""
         ti = context["ti"]
         try:
             traits = spec_traits(spec, ti.dag_id, ti.task_id)
@@ -794,7 +799,10 @@ class ElasticTrainingOperator(BaseOperator):
         self.log.info("Warm start (%s): %s", decision.source, decision.message)
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         ti.xcom_push(key="warm_start", value=decision.to_xcom())
-        return spec.model_copy(update={"plan": decision.plan})
+        if spec.autoscale.prior is not None or decision.prior is None:  # the user's stays
+            return spec.model_copy(update={"plan": decision.plan})
+        autoscale = spec.autoscale.model_copy(update={"prior": decision.prior})
+        return spec.model_copy(update={"plan": decision.plan, "autoscale": autoscale})
 
     def _incremental(self, context: Context, spec: JobSpec, features: FeatureConfig) -> JobSpec:
         """The spec with its day and, with ``init_from``, the model it starts from (checked

@@ -285,3 +285,16 @@ def dict_or_as_is(value: Any, param: str = "plan") -> Any:
         return rendered_dict(value, param)
     except ValueError:
         return value
+
+
+def autoscale_dict(value: Any) -> Any:
+    """A rendered ``autoscale`` as a dict, its ``prior`` too: a template such as
+    ``"{{ ti.xcom_pull('warm_start')['prior'] }}"`` renders (without native rendering) to the
+    text of a dict, or to ``None`` after a cold start. Anything else as is (validation names
+    it)."""
+    autoscale = dict_or_as_is(value, "autoscale")
+    if isinstance(autoscale, dict) and isinstance(autoscale.get("prior"), str):
+        text = autoscale["prior"].strip()
+        none = text in ("", "None", "null")
+        autoscale = {**autoscale, "prior": None if none else dict_or_as_is(text, "prior")}
+    return autoscale

@@ -15,7 +15,15 @@ from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 from pydantic import ValidationError
 
-from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, default_features
+from airflow_rover.core.autoscale_prior import job_shape
+from airflow_rover.core.spec import (
+    FeatureConfig,
+    JobSpec,
+    ResourcePlan,
+    TrainingConfig,
+    default_features,
+)
+from airflow_rover.core.throughput import JobShape
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
     DEFAULT_MIN_SIMILARITY,
@@ -103,11 +111,13 @@ def decide(
     mu: float = DEFAULT_MU,
     min_similarity: float = DEFAULT_MIN_SIMILARITY,
     refinement: Refinement | None = None,
+    shape: JobShape | None = None,
 ) -> WarmStart:
     """Warm start from the history, or the cold-start plan (saying why) when the history has
-    no similar job or cannot be read: a missing history never stops training."""
+    no similar job or cannot be read: a missing history never stops training. The autoscaler's
+    prior is fitted for ``shape`` (default the refinement's)."""
     try:
-        return hook.warm_start(traits, cold_start, k, mu, min_similarity, refinement)
+        return hook.warm_start(traits, cold_start, k, mu, min_similarity, refinement, shape)
     except Exception as exc:  # any database or driver error: train with the cold-start plan
         log.warning("Warm start: the history store cannot be read: %s: %s", type(exc).__name__, exc)
         message = f"history store unavailable ({type(exc).__name__}): cold-start plan"
@@ -122,14 +132,19 @@ class WarmStartOperator(BaseOperator):
     smooths their final plans (DLRover-RM Algorithm 1, ``A_bar_i = mu * A_i + (1 - mu) *
     A_bar_{i-1}`` from the least to the most similar). With no similar job it says so and returns
     ``cold_start_plan``. The XCom is a JSON dict: ``plan``, ``source`` (``history`` or
-    ``cold_start``), ``message``, ``matches`` (job ids, scores, plans), ``query``, ``k``, ``mu``;
-    feed ``plan`` to ``ElasticTrainingOperator(plan="{{ ti.xcom_pull('warm_start')['plan'] }}")``.
+    ``cold_start``), ``message``, ``matches`` (job ids, scores, plans), ``prior`` (the
+    autoscaler's, from the same jobs; None without history), ``query``, ``k``, ``mu``; feed
+    ``plan`` to ``ElasticTrainingOperator(plan="{{ ti.xcom_pull('warm_start')['plan'] }}")``
+    and ``prior`` to its ``autoscale={"prior": "{{ ti.xcom_pull('warm_start')['prior'] }}"}``.
 
     :param model: the training task's model reference. (templated)
     :param train_data: the training set; its manifest gives the dataset size and the default
         feature config. (templated)
     :param features: the training task's feature config, if it sets one.
-    :param embedding_dim: the training task's ``embedding_dim`` (for the default features).
+    :param embedding_dim: the training task's ``embedding_dim`` (for the default features and
+        the prior's throughput model).
+    :param batch_size: the training task's ``training.batch_size`` (the prior's throughput
+        model is fitted for it).
     :param cold_start_plan: the plan without history (default ``ResourcePlan()``). (templated)
     :param for_task_id: the training task the plan is for (past jobs of the same DAG and task
         score highest on the owner part).
@@ -161,6 +176,7 @@ class WarmStartOperator(BaseOperator):
         train_data: str | None = None,
         features: dict[str, Any] | FeatureConfig | None = None,
         embedding_dim: int = 16,
+        batch_size: int = TrainingConfig().batch_size,
         cold_start_plan: dict[str, Any] | ResourcePlan | None = None,
         for_task_id: str | None = None,
         k: int | str = DEFAULT_K,
@@ -177,6 +193,9 @@ class WarmStartOperator(BaseOperator):
             parse_param(owner, "features", FeatureConfig, features) if features else None
         )
         self.embedding_dim = embedding_dim
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"{owner}: batch_size={batch_size!r}: accepted: an integer >= 1")
+        self.batch_size = batch_size
         self.cold_start_plan = (
             cold_start_plan.model_dump()
             if isinstance(cold_start_plan, ResourcePlan)
@@ -220,7 +239,9 @@ class WarmStartOperator(BaseOperator):
             context["ti"].dag_id,
             self.for_task_id,
         )
-        decision = decide(HistoryStoreHook(self.history_conn_id), traits, cold, k, mu, floor)
+        shape = job_shape(self.batch_size, self.embedding_dim)
+        hook = HistoryStoreHook(self.history_conn_id)
+        decision = decide(hook, traits, cold, k, mu, floor, shape=shape)
         self.log.info("Warm start (%s): %s", decision.source, decision.message)
         self.log.info("Initial plan: %s", decision.plan.model_dump())
         return {**decision.to_xcom(), "query": describe_query(traits)}

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_rover.core.job_dir import JobDir
+from airflow_rover.history.records import MEASURED
 from airflow_rover.history.store import HistoryStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -70,6 +72,11 @@ def test_the_second_run_warm_starts_from_the_first(runs) -> None:  # type: ignor
     assert warm["matches"][0]["score"] == pytest.approx(1.0)  # same task, model, data shape
     assert warm["plan"] == first_job["final_plan"]  # one match: its final plan, not the cold 2/2
     assert second_job["initial_plan"] == warm["plan"]  # the train task launched with it
+    spec = JobDir(Path(second["xcom"]["train:job_dir"])).read_spec()
+    prior = spec.autoscale.prior  # the templated XCom prior, as rendered by Airflow
+    print(f"first job measured {[first_job[k] for k in MEASURED]}; prior {warm['prior']}")
+    assert (prior.model_dump(mode="json") if prior else None) == warm["prior"]
+    assert warm["prior"] is None or warm["prior"]["jobs"] == [first_id]
     metrics = second["xcom"]["train:return_value"]
     assert metrics["samples_trained"] == TINY["num_train"]
     assert {j["job_id"] for j in after_second} == {first_id, metrics["job_id"]}

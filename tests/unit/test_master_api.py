@@ -38,12 +38,15 @@ from master_rig import (
     start_running,
 )
 
+from airflow_rover.core.autoscale_prior import Prior
 from airflow_rover.core.deadline import JobDeadline
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.job_dir import JobDir
+from airflow_rover.core.optimizer import ScalingCosts
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.policies import CheckpointPolicyConfig
-from airflow_rover.core.spec import RecoveryConfig
+from airflow_rover.core.prior_config import AutoscalePrior
+from airflow_rover.core.spec import AutoscaleConfig, RecoveryConfig
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master.checkpointer import CheckpointTimes
@@ -248,6 +251,9 @@ def test_status_shape_through_start_up(make_job) -> None:
         "max_ps_cpu": 8.0,
         "min_ps_memory_mb": None,
         "max_ps_memory_mb": None,
+        "start": "cold",
+        "prior_jobs": [],
+        "prior_parts": [],
     }
     assert status["evaluation"] is None and status["result"] is None
     assert status["finished_at"] is None
@@ -1193,3 +1199,31 @@ def test_a_spare_that_dies_waiting_is_not_replaced(
     launcher.start_standby()
     assert len(spawned) == 1
     assert not launcher.take_standby("ps-0")
+
+
+WARM_PRIOR = AutoscalePrior(
+    grad=1.0,
+    upd=6.0,
+    sync=0.1,
+    emb=3.0,
+    bias=0.5,
+    hot_share=0.3,
+    worker_start_s=21.0,
+    ps_reload_s=50.0,
+    jobs=("run-1", "run-2"),
+)
+
+
+def test_the_masters_autoscaler_starts_from_the_specs_prior_and_says_so(make_job) -> None:
+    warm = make_job(autoscale=AutoscaleConfig(prior=WARM_PRIOR))
+    scaler = warm.master.autoscaler
+    assert scaler.prior == Prior.from_config(WARM_PRIOR)
+    assert scaler.costs() == ScalingCosts(worker_start_s=21.0, ps_reload_s=50.0)
+    assert scaler.shape.hot_share == 0.3
+    start_running(warm)
+    section = warm.status()["autoscale"]
+    assert section["start"] == "warm" and section["prior_jobs"] == ["run-1", "run-2"]
+    assert section["prior_parts"] == ["coefficients", "hot_share", "scaling_costs"]
+    cold = make_job()
+    assert cold.master.autoscaler.prior == Prior()
+    assert cold.status()["autoscale"]["start"] == "cold"

@@ -496,6 +496,7 @@ def test_every_dag_file_imports_without_errors(
         "max_ps_memory_mb": 8192,
         "min_workers": 1,
         "weight": "{{ 1 if dag_run.run_type == 'backfill' else 2 }}",
+        "prior": "{{ ti.xcom_pull(task_ids='warm_start')['prior'] }}",
     }
     assert daily_train.cluster_budget == "auto"
     assert isinstance(dag.get_task("quality_gate"), ElasticJobSensor)
@@ -554,6 +555,7 @@ AUTOSCALE_SETTINGS = [
     {"enabled": False},
     {"min_workers": 1, "max_workers": 2, "max_ps": 1, "max_ps_memory_mb": 4096, "weight": 3.0},
     {"min_plan_interval_s": 300, "decline_cooldown_s": 600, "sampling_s": 60},
+    {"prior": {"hot_share": 0.3, "worker_start_s": 12.0, "jobs": ["daily.train-1"]}},
 ]
 
 

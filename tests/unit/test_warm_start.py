@@ -355,6 +355,7 @@ def test_the_operator_cold_starts_then_warm_starts_from_the_history(
     operator.train_data = None  # dataset size unknown here; the query's is set below
     first = operator.execute(context())
     assert first["source"] == "cold_start" and first["matches"] == []
+    assert first["prior"] is None
     assert first["plan"] == ResourcePlan(num_workers=3).model_dump()
     assert "no similar job" in first["message"]
 
@@ -400,7 +401,9 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
     dataset: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``warm_start=True``: the spec launched carries the smoothed plan of the past jobs like
-    this one (same traits as its own history record would have); the decision goes to XCom."""
+    this one (same traits as its own history record would have) and, as ``autoscale.prior``,
+    what their autoscalers measured and the model their samples fit; the decision goes to
+    XCom."""
     monkeypatch.setenv("AIRFLOW_HOME", str(tmp_path))
     with DAG(dag_id="daily", schedule=None, start_date=datetime(2026, 1, 1)):
         operator = ElasticTrainingOperator(
@@ -430,11 +433,19 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
     operator.submit_job(ctx)
     assert launched[-1].plan == ResourcePlan(num_workers=1, num_ps=1)
     assert pushed["warm_start"]["source"] == "cold_start"
+    assert pushed["warm_start"]["prior"] is None and launched[-1].autoscale.prior is None
 
     # one past run of the same task on the same data, which ended with 3 workers and 2 PS
     spec = launched[-1]
     final = ResourcePlan(num_workers=3, num_ps=2)
     status = status_of("past-run", final, 100.0, spec_traits(spec, "d", "t").dataset_samples or 0)
+    status["profile"] = {
+        "throughput": [
+            {"at": 1.0, "plan": plan.model_dump(), "samples_per_second": 1.0, "step_time_ms": ms}
+            for plan, ms in ((spec.plan, 40.0), (final, 25.0))
+        ],
+        "measured": {"worker_start_s": 14.0, "ps_start_s": 14.0, "ps_reload_s": 9.0},
+    }
     past = record_from_status(
         status,
         spec.model_copy(update={"job_id": "past-run"}),
@@ -450,6 +461,11 @@ def test_inline_warm_start_replaces_the_plan_and_says_so_in_xcom(
     assert pushed["warm_start"]["matches"][0]["job_id"] == "past-run"
     assert pushed["warm_start"]["matches"][0]["score"] == pytest.approx(1.0)
     assert launched[-1].plan == final
+    prior = launched[-1].autoscale.prior
+    assert prior is not None and prior.jobs == ("past-run",)
+    assert (prior.worker_start_s, prior.ps_reload_s, prior.hot_share) == (14.0, 9.0, 0.0)
+    assert prior.grad is not None  # fitted on the two plans it ran
+    assert pushed["warm_start"]["prior"] == prior.model_dump(mode="json")
 
 
 # -- refine: the history's model moves the smoothed plan before the launch -------------------
