@@ -12,9 +12,10 @@ from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel, features
 
 SHAPE = JobShape(batch_size=512, model_size=40.0, bandwidth=1250.0, embedding_dim=16)
-# Known coefficients on the scale of SHAPE's features: each term a sizeable part of an
-# iteration (tens of ms), so every one of them is identifiable from the timings.
-TRUE = Coefficients(grad=0.35, upd=90.0, sync=900.0, emb=0.004, bias=12.0)
+# Known coefficients on the scale of SHAPE's features (m and D in units of the paper's batch of
+# 512 and width of 16: both 1 here): each term a sizeable part of an iteration (tens of ms),
+# so every one of them is identifiable from the timings.
+TRUE = Coefficients(grad=179.2, upd=90.0, sync=900.0, emb=32.768, bias=12.0)
 
 
 def _plans() -> list[ResourcePlan]:
@@ -28,11 +29,12 @@ def _plans() -> list[ResourcePlan]:
 def test_iteration_time_is_the_papers_formula() -> None:
     plan = ResourcePlan(num_workers=8, num_ps=4, worker_cpu=4.0, ps_cpu=8.0)
     c = TRUE
+    m, d = 512 / 512, 16 / 16  # in the paper's units
     expected = (
-        c.grad * 512 / 4.0
+        c.grad * m / 4.0
         + c.upd * 8 / (4 * 8.0)
         + c.sync * (40.0 / 4) / (1250.0 / 8)
-        + c.emb * 512 * 16 / 4
+        + c.emb * m * d / 4
         + c.bias
     )
     model = ThroughputModel(TRUE, SHAPE)
