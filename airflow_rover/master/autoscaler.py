@@ -399,13 +399,20 @@ class Autoscaler:
         key = (
             plan,
             seen.bit_length(),
-            (round(model.shape.hot_share, 2), model.shape.hot_ps),
+            self._hot_key(model.shape),
             tuple(round(c / 10) for c in asdict(self.costs()).values()),
             round(math.log2(max(remaining_samples, 1.0))),
         )
         if self._search is None or self._search[0] != key:
             self._search = (key, self._search_model(model, plan, remaining_samples))
         return self._search[1]
+
+    @staticmethod
+    def _hot_key(shape: JobShape) -> tuple[float, int | None]:
+        """The hot share to a tenth (the profile's noise moves the estimate in the second
+        decimal) and, if there is one, which PS holds it."""
+        share = round(shape.hot_share, 1)
+        return share, shape.hot_ps if share > 0 else None
 
     def _search_model(
         self, model: ThroughputModel, plan: ResourcePlan, remaining_samples: float
