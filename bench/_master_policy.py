@@ -74,7 +74,7 @@ class MasterAutoscaler:
     _ps_change_at: float | None = None
 
     def __post_init__(self) -> None:
-        shape = JobShape(self.world.batch_size, 0.25, 1.0, self.world.embedding_dim)
+        shape = JobShape.sized(self.world.batch_size, self.world.embedding_dim)
         self.autoscaler = Autoscaler(
             autoscale_config(self.setting),
             shape,

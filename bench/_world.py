@@ -8,7 +8,9 @@ Every world counts work in global steps: one iteration of one worker is one step
 
 from __future__ import annotations
 
+import functools
 import importlib
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -89,3 +91,17 @@ class Setting:
     @property
     def max_cpu(self) -> float:
         return max(*self.bounds.worker_cpus, *self.bounds.ps_cpus)
+
+
+@functools.cache
+def grid_plans(hot: bool, max_workers: int, max_ps: int, sizes: tuple[float, ...]) -> list[Config]:
+    """Every plan of one worker size and one PS size; with a hot PS (the busiest, PS 0) also
+    those where that PS alone is bigger."""
+    found = []
+    for w, p, wc, pc in itertools.product(
+        range(1, max_workers + 1), range(1, max_ps + 1), sizes, sizes
+    ):
+        found.append(Config(w, wc, (pc,) * p))
+        if hot and p >= 2:
+            found += [Config(w, wc, (big, *(pc,) * (p - 1))) for big in sizes if big > pc]
+    return found

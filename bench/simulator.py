@@ -69,7 +69,7 @@ HISTORY_SIZES = (0.6, 0.8, 1.2)  # the earlier runs' data, in shares of today's
 
 
 def shape_of(world: World) -> JobShape:
-    return JobShape(world.batch_size, 0.25, 1.0, world.embedding_dim)
+    return JobShape.sized(world.batch_size, world.embedding_dim)
 
 
 def traits(world: World) -> JobTraits:

@@ -111,4 +111,4 @@ def prior_from(
 def job_shape(batch_size: int, embedding_dim: int) -> JobShape:
     """The shape of a job of this batch size and embedding width, as ``JobShape.of`` gives it
     for a spec (for a caller that has no spec: the ``WarmStartOperator``)."""
-    return JobShape(batch_size, model_size=0.25, bandwidth=1.0, embedding_dim=embedding_dim)
+    return JobShape.sized(batch_size, embedding_dim)

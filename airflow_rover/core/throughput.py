@@ -45,14 +45,15 @@ class JobShape:
 
     @classmethod
     def of(cls, spec: JobSpec) -> JobShape:
-        """A job's shape as its master models it: step times are fitted directly, so the dense
-        size and bandwidth only set the unit of the sync term (the paper's proportions)."""
-        return cls(
-            spec.training.batch_size,
-            model_size=0.25,
-            bandwidth=1.0,
-            embedding_dim=spec.embedding_dim,
-        )
+        """A job's shape as its master models it."""
+        return cls.sized(spec.training.batch_size, spec.embedding_dim)
+
+    @classmethod
+    def sized(cls, batch_size: int, embedding_dim: int) -> JobShape:
+        """The shape of a job of this batch and embedding width: step times are fitted
+        directly, so the dense size and bandwidth only set the unit of the sync term (the
+        paper's proportions)."""
+        return cls(batch_size, model_size=0.25, bandwidth=1.0, embedding_dim=embedding_dim)
 
     def ps_share(self, num_ps: int) -> float:
         """Share of the PS load on the busiest PS: ``h + (1 - h) / p``. Hot rows (a Zipf head,

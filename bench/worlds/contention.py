@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from bench._simcore import Config
+from bench._world import grid_plans
 
 CPU_SIZES = (1.0, 2.0, 4.0, 8.0, 16.0)
 MAX_WORKERS, MAX_PS = 24, 8
@@ -71,7 +71,8 @@ class ContentionWorld:
         return worker, tuple(float(x) for x in ps)
 
     def plans(self) -> list[Config]:
-        return _plans(len(self.tables) > 0 and max(self.tables) > 1.5 / len(self.tables))
+        hot = len(self.tables) > 0 and max(self.tables) > 1.5 / len(self.tables)
+        return grid_plans(hot, MAX_WORKERS, MAX_PS, CPU_SIZES)
 
     def runs(self, cfg: Config) -> bool:
         return (
@@ -88,19 +89,6 @@ def _placement(tables: tuple[float, ...], p: int) -> np.ndarray:
     for share in sorted(tables, reverse=True):
         loads[int(np.argmin(loads))] += share
     return np.sort(loads)[::-1]
-
-
-@functools.cache
-def _plans(hot: bool) -> list[Config]:
-    """Uniform plans; with a hot table also those where the busiest PS alone is bigger."""
-    found = []
-    for w, p, wc, pc in itertools.product(
-        range(1, MAX_WORKERS + 1), range(1, MAX_PS + 1), CPU_SIZES, CPU_SIZES
-    ):
-        found.append(Config(w, wc, (pc,) * p))
-        if hot and p >= 2:
-            found += [Config(w, wc, (big, *(pc,) * (p - 1))) for big in CPU_SIZES if big > pc]
-    return found
 
 
 def worlds() -> list[ContentionWorld]:

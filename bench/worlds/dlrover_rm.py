@@ -15,14 +15,13 @@ its update time, more PS only the ``(1 - h)/p`` part.
 
 from __future__ import annotations
 
-import functools
-import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from airflow_rover.core.throughput import Coefficients
 from bench._simcore import INIT_S, POD_START_S, Config
+from bench._world import grid_plans
 
 TIME_UNIT_S = 0.01  # the paper's coefficients give iterations of ~50-200 units
 CPU_SIZES = (1.0, 2.0, 4.0, 8.0, 12.0, 16.0, 24.0, 32.0)
@@ -78,7 +77,7 @@ class DlroverRmWorld:
         return worker, tuple(float(x) for x in ps)
 
     def plans(self) -> list[Config]:
-        return _plans(self.hot_share > 0, self.max_workers, self.max_ps, self.cpu_sizes)
+        return grid_plans(self.hot_share > 0, self.max_workers, self.max_ps, self.cpu_sizes)
 
     def runs(self, cfg: Config) -> bool:
         return (
@@ -87,19 +86,6 @@ class DlroverRmWorld:
             and 0 < cfg.worker_cpu <= max(self.cpu_sizes)
             and all(0 < c <= max(self.cpu_sizes) for c in cfg.ps_cpu)
         )
-
-
-@functools.cache
-def _plans(hot: bool, max_workers: int, max_ps: int, sizes: tuple[float, ...]) -> list[Config]:
-    """Uniform plans; with a hot PS also those where PS 0 alone is bigger."""
-    found = []
-    for w, p, wc, pc in itertools.product(
-        range(1, max_workers + 1), range(1, max_ps + 1), sizes, sizes
-    ):
-        found.append(Config(w, wc, (pc,) * p))
-        if hot and p >= 2:
-            found += [Config(w, wc, (big, *(pc,) * (p - 1))) for big in sizes if big > pc]
-    return found
 
 
 def scaled(**factors: float) -> Coefficients:
