@@ -83,6 +83,7 @@ class MasterAutoscaler:
             now=0.0,
             prior=self.prior,
             resizable=self.world.resizable,
+            host_cores=self.world.host_cores,
         )
 
     def initial(self) -> Config:

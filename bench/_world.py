@@ -30,6 +30,7 @@ class World(Protocol):
     init_s: float  # then its training process initialises in this many seconds
     budget: float  # cores the job may use
     resizable: bool  # whether a running job's nodes change size (Kubernetes) or not (local)
+    host_cores: float | None  # the cores all nodes share on one host (local); None: their own
 
     def plans(self) -> Sequence[Config]:
         """Every plan this world can run: the oracle's space and the bounds of every policy."""

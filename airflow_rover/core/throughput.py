@@ -14,6 +14,9 @@ batch (512) and of a reference width (16), so that its coefficients keep their p
 for any job: they are the cold start's prior. All coefficients are >= 0. ``fit`` finds them from
 observed iteration times with non-negative least squares on relative errors (each row divided
 by its observed time), a linear stand-in for the paper's RMSLE that NNLS can solve exactly.
+
+Where the nodes share one host (the local launcher), an iteration takes at least what the
+host's cores allow (``core.host_bound``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import nnls
 
+from airflow_rover.core.host_bound import HostBound
 from airflow_rover.core.spec import JobSpec, ResourcePlan
 
 TERMS = ("grad", "upd", "sync", "emb")
@@ -122,9 +126,13 @@ def features(plan: ResourcePlan, shape: JobShape) -> np.ndarray:
 class ThroughputModel:
     coefficients: Coefficients
     shape: JobShape
+    host: HostBound | None = None  # where the nodes share one host: what its cores allow
 
     def iteration_time(self, plan: ResourcePlan) -> float:
-        return float(features(plan, self.shape) @ self.coefficients.as_array())
+        seconds = float(features(plan, self.shape) @ self.coefficients.as_array())
+        if self.host is not None:
+            seconds = max(seconds, plan.num_workers / self.host.max_steps_per_s(plan))
+        return seconds
 
     def throughput(self, plan: ResourcePlan) -> float:
         """Samples per second of the whole job under ``plan``."""

@@ -108,6 +108,7 @@ class LocalNodeLauncher(NodeLauncher):
         """``exited``: set whenever a node process ends (the master wakes on it)."""
         self.exited = exited
         self.capacity_cpu = float(os.cpu_count() or 1)  # plans beyond it are not proposed
+        self.shared_host_cores = float(len(os.sched_getaffinity(0)))  # every node is ours
         self.job_dir = job_dir
         self.master_addr = master_addr
         self.threads_per_node = threads_per_node

@@ -30,6 +30,7 @@ from typing import Any
 import psutil
 
 from airflow_rover.core.autoscale_prior import PRIOR_WEIGHT, Prior
+from airflow_rover.core.host_bound import HostBound, HostUse
 from airflow_rover.core.optimizer import (
     PlanBounds,
     ScalingCosts,
@@ -46,6 +47,8 @@ from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputMode
 log = logging.getLogger(__name__)
 
 MEMORY_TREND_SAMPLES = 30
+HOST_USE_SAMPLES = 60  # the busy cores a plan showed: its last samples
+IDLE_PS_SHARE = 0.3  # a PS busy under this share of its cores idles
 MIN_MODEL_GAIN = 0.03  # a model-based plan must promise at least 3% more samples/s
 GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: take the cheapest
 SEARCH_GENERATIONS = 40
@@ -113,11 +116,16 @@ class Autoscaler:
         now: float | None = None,
         prior: Prior | None = None,
         resizable: bool = False,
+        host_cores: float | None = None,
     ) -> None:
         self.config = config
         self.prior = prior or Prior()
         self.shape = replace(shape, hot_share=self.prior.hot_share)
         self.resizable = resizable  # whether the launcher resizes nodes: the search tries sizes
+        self.host_cores = host_cores  # the cores all nodes share on one host; None: their own
+        self._host_use: dict[ResourcePlan, collections.deque[tuple[float, float]]] = (
+            collections.defaultdict(lambda: collections.deque(maxlen=HOST_USE_SAMPLES))
+        )
         # the bounds, resolved against the plan the job started with (``start``)
         self.limits = plan_limits(config, start or ResourcePlan())
         # the budget: the job's own, else what the launcher can host (a machine's cores)
@@ -216,6 +224,7 @@ class Autoscaler:
         waiting = self.pending()
         if not cfg.enabled or now - self._plan_since < cfg.sampling_s:
             return None
+        self._learn_host_use(plan, nodes, step_times)
         if waiting is None and now - self._last_change < cfg.min_plan_interval_s:
             return None
         if waiting is None and now - self._last_decline < cfg.decline_cooldown_s:
@@ -246,7 +255,11 @@ class Autoscaler:
                 return None
             waiting.supersede(f"replaced by the urgent {choice.rule} rule")
         else:
-            choice = self._from_rules(profile) or self._from_model(plan, remaining_samples)
+            choice = (
+                self._from_rules(profile)
+                or self._probe_fewer_ps(plan, nodes)
+                or self._from_model(plan, remaining_samples)
+            )
         if choice is None:
             return None
         gain = self._expected_gain(plan, choice.plan, remaining_samples)
@@ -334,6 +347,33 @@ class Autoscaler:
                 return Proposal(plan, proposal.rule, reason, proposal.nodes)
         return None
 
+    def _probe_fewer_ps(
+        self, plan: ResourcePlan, nodes: Mapping[str, NodeSample]
+    ) -> Proposal | None:
+        """On a shared host, one PS fewer once while every PS idles: a PS is a process on the
+        job's own cores, and what it adds to each step shows only once two PS counts ran (the
+        model's equation cannot say a PS fewer is faster). The data decide from there."""
+        if self.host_cores is None or plan.num_ps <= self.limits.low("num_ps"):
+            return None
+        if "shared_host_ps" in self._declined(plan):
+            return None
+        busy = {n: s.cpu_used for n, s in nodes.items() if s.role == "ps" and n.startswith("ps-")}
+        if len(busy) < plan.num_ps or any(
+            used > IDLE_PS_SHARE * plan.size_of(node)[0] for node, used in busy.items()
+        ):
+            return None
+        if any(ran.num_ps < plan.num_ps for ran in self._host_use):
+            return None
+        fewer = plan.with_counts(num_ps=plan.num_ps - 1)
+        if not self._fits(fewer):
+            return None
+        return Proposal(
+            fewer,
+            "shared_host_ps",
+            f"every PS at most {max(busy.values()):.2f} cores busy on a shared host: "
+            f"{plan.num_ps} -> {fewer.num_ps} PS, to learn what a PS adds to each step",
+        )
+
     def _within_budget(self, plan: ResourcePlan, current: ResourcePlan) -> ResourcePlan | None:
         """``plan``, or as many more workers as the budget allows; None if nothing changes."""
         while plan.num_workers > current.num_workers and not self._fits(plan):
@@ -352,7 +392,37 @@ class Autoscaler:
         prior = self.prior.coefficients
         if prior is None:  # cold: the paper's proportions at the first plan's speed
             prior = Coefficients.paper().scaled_to(self.shape, *observations[0])
-        return ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT)
+        model = ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT)
+        return replace(model, host=self.host_bound())
+
+    def host_bound(self) -> HostBound | None:
+        """What the shared host's cores allow, from what each plan kept busy; None where
+        the nodes have their own cores or before a plan was profiled."""
+        if self.host_cores is None or not self._host_use:
+            return None
+        uses = [
+            HostUse(
+                plan,
+                statistics.median(busy for busy, _ in seen),
+                statistics.median(cost for _, cost in seen),
+            )
+            for plan, seen in self._host_use.items()
+        ]
+        return HostBound.fit(self.host_cores, uses)
+
+    def _learn_host_use(
+        self, plan: ResourcePlan, nodes: Mapping[str, NodeSample], step_times: Mapping[str, float]
+    ) -> None:
+        """The job's busy cores and core-seconds per global step under ``plan`` (kept only
+        where the nodes share a host)."""
+        if self.host_cores is None:
+            return
+        busy = sum(s.cpu_used for s in nodes.values() if s.role in ("ps", "worker"))
+        times = [ms for node, ms in step_times.items() if ms > 0 and node in nodes]
+        if busy <= 0 or not times:
+            return
+        steps_per_s = plan.num_workers / (statistics.median(times) / 1000.0)
+        self._host_use[plan].append((busy, busy / steps_per_s))
 
     def _expected_gain(
         self, plan: ResourcePlan, new: ResourcePlan, remaining_samples: float
@@ -466,6 +536,7 @@ class Autoscaler:
             "scaling_costs": {k: round(v, 1) for k, v in asdict(self.costs()).items()},
             "hot_share": round(self.shape.hot_share, 3),
             "measured": self.measured_by_job(),
+            "host_bound": _host_report(self.host_bound()),
             "peak_memory_mb": {n: round(s.peak_memory_mb, 1) for n, s in profiler.nodes.items()},
             "cpu_used": {n: round(s.cpu_used, 3) for n, s in profiler.nodes.items()},
         }
@@ -484,3 +555,13 @@ def _clamped(asked: ResourcePlan, bounded: ResourcePlan) -> str:
         if node in asked.node_ids() and asked.size_of(node) != bounded.size_of(node)
     ]
     return f"; within the autoscale bounds: {', '.join(changed)}" if changed else ""
+
+
+def _host_report(bound: HostBound | None) -> dict[str, float] | None:
+    if bound is None:
+        return None
+    return {
+        "cores": round(bound.cores, 2),
+        "step_base_core_s": round(bound.step_base, 5),
+        "step_per_ps_core_s": round(bound.step_per_ps, 5),
+    }

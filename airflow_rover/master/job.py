@@ -101,6 +101,7 @@ class JobMaster:
             start=spec.plan,
             prior=Prior.from_config(spec.autoscale.prior),  # warm start's, else cold
             resizable=launcher.can(Capability.RESIZE),
+            host_cores=launcher.shared_host_cores,
         )
         profiles = launcher.can(Capability.PROFILE)
         self.profiler = Profiler(launcher.pid if profiles else lambda _node: None)

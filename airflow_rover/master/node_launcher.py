@@ -33,6 +33,9 @@ class NodeLauncher(ABC):
     capabilities: ClassVar[frozenset[Capability]] = frozenset()
     capacity_cpu: float | None = None
     """Cores the launcher can host for the job (a machine's); None: no bound known."""
+    shared_host_cores: float | None = None
+    """Cores every node of the job shares, where they all run on one host; None: each node
+    has its own."""
 
     def can(self, capability: Capability) -> bool:
         return capability in self.capabilities

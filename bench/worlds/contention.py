@@ -50,6 +50,7 @@ class ContentionWorld:
     init_s: float = 60.0
     budget: float = 96.0
     resizable: bool = True
+    host_cores: float | None = None
 
     def ps_shares(self, p: int) -> np.ndarray:
         """Each PS's share of the PS work, busiest first."""

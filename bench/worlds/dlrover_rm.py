@@ -43,6 +43,7 @@ class DlroverRmWorld:
     init_s: float = INIT_S
     budget: float = 200.0
     resizable: bool = True
+    host_cores: float | None = None
     model_size: float = 0.25
     bandwidth: float = 1.0
     max_workers: int = MAX_WORKERS

@@ -46,6 +46,7 @@ class MeasuredWorld:
     budget: float
     table: Mapping[Config, PlanFigures] = field(compare=False)
     resizable: bool = False  # the local launcher: node sizes are fixed while a job runs
+    host_cores: float | None = None  # the measuring machine's cores, which every node shared
 
     def plans(self) -> Sequence[Config]:
         return tuple(self.table)
@@ -87,10 +88,14 @@ def load(path: Path) -> list[MeasuredWorld]:
         f"TF {_get(_get(record, 'software', where), 'tensorflow', where)}"
     )
     workloads = _get(record, "workloads", where)
-    return [_world(w, f"{where}: workload {i}", measured_on) for i, w in enumerate(workloads)]
+    return [
+        _world(w, machine, f"{where}: workload {i}", measured_on) for i, w in enumerate(workloads)
+    ]
 
 
-def _world(workload: dict[str, Any], where: str, measured_on: str) -> MeasuredWorld:
+def _world(
+    workload: dict[str, Any], machine: dict[str, Any], where: str, measured_on: str
+) -> MeasuredWorld:
     rows = _get(workload, "plans", where)
     if not rows:
         raise ValueError(f"{where}: plans is empty; expected the measured plans")
@@ -122,6 +127,7 @@ def _world(workload: dict[str, Any], where: str, measured_on: str) -> MeasuredWo
         init_s=init,
         budget=max(c.cores for c in table),
         table=table,
+        host_cores=float(_positive(machine, "cpu_count", where)),
     )
 
 

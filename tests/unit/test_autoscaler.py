@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import collections
 
+import pytest
+
 from airflow_rover.core.plans import PlanRecord
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
 from airflow_rover.core.throughput import JobShape
@@ -237,3 +239,67 @@ def test_a_declined_proposal_starts_the_decline_cooldown() -> None:
             NOW + 600, plan(2), profiler(ps_memory_growth_mb_s=2.0), STEPS, 1e6
         )
         assert later is not None or expected
+
+
+# -- nodes that share one host (the local launcher) --------------------------------------------
+def on_host(host_cores: float | None) -> Autoscaler:
+    """``bounded()`` whose nodes share ``host_cores`` cores (None: each node has its own)."""
+    config = AutoscaleConfig(sampling_s=0, min_plan_interval_s=0, cpu_budget=64, max_ps=4)
+    autoscaler = Autoscaler(config, SHAPE, start=plan(2, ps=2), host_cores=host_cores)
+    autoscaler.plan_changed(NOW - 1000)
+    return autoscaler
+
+
+def busy(workers: int, ps: int, worker_cpu: float, ps_cpu: float) -> dict[str, NodeSample]:
+    nodes = {f"ps-{j}": NodeSample("ps", cpu_used=ps_cpu) for j in range(ps)}
+    for i in range(workers):
+        nodes[f"worker-{i}"] = NodeSample("worker", cpu_used=worker_cpu)
+    return nodes
+
+
+def steps(workers: int, ms: float = 20.0) -> dict[str, float]:
+    return {f"worker-{i}": ms for i in range(workers)}
+
+
+def test_on_a_shared_host_idle_ps_are_probed_one_fewer_once() -> None:
+    """Every PS idles: one PS fewer, to learn what a PS adds; not once a smaller PS count ran,
+    and not where each node has its own cores (there the model counts what a PS costs)."""
+    autoscaler = on_host(2.0)
+    observed_plan = plan(2, ps=2)
+    autoscaler.record(NOW, observed_plan, 2 * 512 / 0.02, [20.0])
+    probe = autoscaler.propose(NOW, observed_plan, busy(2, 2, 0.7, 0.15), steps(2), 1e7)
+    assert probe is not None and probe.rule == "shared_host_ps"
+    assert probe.plan.num_ps == 1 and probe.plan.num_workers == 2
+    assert "0.15 cores busy" in probe.reason
+    # The probe ran: the PS count is the data's to decide from now on.
+    again = on_host(2.0)
+    again.propose(NOW, plan(2, ps=1), busy(2, 1, 0.7, 0.3), steps(2), 1e7)
+    later = again.propose(NOW, observed_plan, busy(2, 2, 0.7, 0.15), steps(2), 1e7)
+    assert later is None or later.rule != "shared_host_ps"
+    # A busy PS is not probed away.
+    busy_ps = on_host(2.0).propose(NOW, observed_plan, busy(2, 2, 0.7, 0.6), steps(2), 1e7)
+    assert busy_ps is None or busy_ps.rule != "shared_host_ps"
+    own = on_host(None).propose(NOW, observed_plan, busy(2, 2, 0.7, 0.15), steps(2), 1e7)
+    assert own is None or own.rule != "shared_host_ps"
+
+
+def test_a_saturated_shared_host_gets_no_more_workers() -> None:
+    """Two workers keep both cores of the host busy: more workers only share them. With cores
+    of their own, the same observations call for more workers."""
+    proposals = {}
+    for host_cores in (2.0, None):
+        autoscaler = on_host(host_cores)
+        current = plan(2, ps=1)
+        autoscaler.record(NOW, current, 2 * 512 / 0.02, [20.0])
+        proposals[host_cores] = autoscaler.propose(
+            NOW, current, busy(2, 1, 0.9, 0.5), steps(2), 1e7
+        )
+    dedicated = proposals[None]
+    assert dedicated is not None and dedicated.plan.num_workers > 2
+    assert proposals[2.0] is None
+    report = on_host(2.0)
+    report.record(NOW, plan(2, ps=1), 2 * 512 / 0.02, [20.0])
+    report.propose(NOW, plan(2, ps=1), busy(2, 1, 0.9, 0.5), steps(2), 1e7)
+    bound = report.host_bound()
+    assert bound is not None and bound.cores == pytest.approx(2.0)  # 2.3 busy: all of it
+    assert bound.step_base == pytest.approx(2.3 * 0.01, rel=0.01)  # core-s per global step

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -32,8 +33,10 @@ from master_rig import (
     NUM_TRAIN,
     SHARD_SIZE,
     TOKEN,
+    FakeLauncher,
     Job,
     P,
+    new_job,
     observable,
     start_running,
 )
@@ -48,8 +51,10 @@ from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.prior_config import AutoscalePrior
 from airflow_rover.core.spec import AutoscaleConfig, RecoveryConfig
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.data.synthetic import GeneratedDataset
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master.checkpointer import CheckpointTimes
+from airflow_rover.master.job import JobMaster
 from airflow_rover.master.serve import supervise
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -1227,3 +1232,22 @@ def test_the_masters_autoscaler_starts_from_the_specs_prior_and_says_so(make_job
     cold = make_job()
     assert cold.master.autoscaler.prior == Prior()
     assert cold.status()["autoscale"]["start"] == "cold"
+
+
+def test_local_nodes_share_the_hosts_cores_and_the_autoscaler_knows(
+    dataset: GeneratedDataset, tmp_path: Path
+) -> None:
+    """The local launcher's nodes are processes of one machine: the master's autoscaler
+    bounds its plans by that machine's cores (``core.host_bound``); a launcher whose nodes
+    have their own cores (the default) leaves it unbounded."""
+    local = LocalNodeLauncher(JobDir(tmp_path / "local"), "http://127.0.0.1:1")
+    assert local.shared_host_cores == len(os.sched_getaffinity(0))
+    job = new_job(dataset, tmp_path / "shared")
+    try:
+        assert job.master.autoscaler.host_cores is None  # FakeLauncher: nodes of their own
+    finally:
+        job.api.close()
+    shared = FakeLauncher()
+    shared.shared_host_cores = 3.0
+    master = JobMaster(job.layout, job.master.spec, shared, TOKEN)
+    assert master.autoscaler.host_cores == 3.0
