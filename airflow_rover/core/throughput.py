@@ -34,6 +34,7 @@ TERMS = ("grad", "upd", "sync", "emb")
 HOT_SHARE_FLOOR = 0.05
 REFERENCE_BATCH = 512  # DLRover-RM's evaluation batch: m = 1 in the paper's units
 REFERENCE_DIM = 16  # D = 1 in the paper's units
+BUSY_FLOOR = 0.05  # a busy share's error counts relative to it, or to this if it is smaller
 
 
 @dataclass(frozen=True)
@@ -145,12 +146,16 @@ class ThroughputModel:
         observations: Sequence[tuple[ResourcePlan, float]],
         prior: Coefficients | None = None,
         prior_weight: float = 0.0,
+        busy: Sequence[BusyShare] = (),
     ) -> ThroughputModel:
         """Fit the coefficients to ``(plan, observed iteration time)`` pairs.
 
         Few plans cannot pin five coefficients down (a job that never changed its plan has one
         distinct row); ``prior`` with ``prior_weight`` > 0 adds ridge rows that pull each
         coefficient towards the prior's, so the model stays sensible until the data decide.
+        ``busy`` adds what the profile shows under a plan: a worker computes (the gradient
+        term) for the share of an iteration its cores are busy, and the busiest PS per core
+        updates (the update term) for its share: two terms told apart by one plan.
         """
         if not observations:
             raise ValueError("observations: at least one (plan, iteration time) is needed")
@@ -160,6 +165,14 @@ class ThroughputModel:
                 raise ValueError(f"observations: iteration time must be > 0, got {seconds}")
             rows.append(features(plan, shape) / seconds)
             targets.append(1.0)
+        for share in busy:  # relative errors too, those of a near-idle node from a floor up
+            terms = features(share.plan, shape) / share.seconds
+            for term, busy_share in ((0, share.worker), (1, share.ps)):
+                weight = 1.0 / max(min(busy_share, 1.0), BUSY_FLOOR)
+                row = np.zeros(len(TERMS) + 1)
+                row[term] = terms[term] * weight
+                rows.append(row)
+                targets.append(min(busy_share, 1.0) * weight)
         a, y = np.array(rows), np.array(targets)
         if prior is not None and prior_weight > 0:
             ridge = np.sqrt(prior_weight) * np.eye(len(TERMS) + 1)
@@ -169,3 +182,14 @@ class ThroughputModel:
             y = np.concatenate([y, np.where(scale > 0, target, 0.0)])
         solution, _ = nnls(a, y)
         return cls(Coefficients(*map(float, solution)), shape)
+
+
+@dataclass(frozen=True)
+class BusyShare:
+    """The share of an iteration a plan's workers computed and its busiest PS (per core)
+    worked, from the nodes' busy cores."""
+
+    plan: ResourcePlan
+    seconds: float  # the iteration time it was seen at
+    worker: float
+    ps: float

@@ -42,7 +42,7 @@ from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.plans import PlanRecord, PlanState, pending_plan
 from airflow_rover.core.post_scaling import JobProfile, NodeProfile, Proposal, post_scaling
 from airflow_rover.core.spec import AutoscaleConfig, ResourcePlan
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+from airflow_rover.core.throughput import BusyShare, Coefficients, JobShape, ThroughputModel
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,9 @@ class Autoscaler:
         self.resizable = resizable  # whether the launcher resizes nodes: the search tries sizes
         self.host_cores = host_cores  # the cores all nodes share on one host; None: their own
         self._host_use: dict[ResourcePlan, collections.deque[tuple[float, float]]] = (
+            collections.defaultdict(lambda: collections.deque(maxlen=HOST_USE_SAMPLES))
+        )
+        self._busy: dict[ResourcePlan, collections.deque[tuple[float, float]]] = (
             collections.defaultdict(lambda: collections.deque(maxlen=HOST_USE_SAMPLES))
         )
         # the bounds, resolved against the plan the job started with (``start``)
@@ -225,6 +228,7 @@ class Autoscaler:
         if not cfg.enabled or now - self._plan_since < cfg.sampling_s:
             return None
         self._learn_host_use(plan, nodes, step_times)
+        self._learn_busy(plan, nodes)
         if waiting is None and now - self._last_change < cfg.min_plan_interval_s:
             return None
         if waiting is None and now - self._last_decline < cfg.decline_cooldown_s:
@@ -392,7 +396,17 @@ class Autoscaler:
         prior = self.prior.coefficients
         if prior is None:  # cold: the paper's proportions at the first plan's speed
             prior = Coefficients.paper().scaled_to(self.shape, *observations[0])
-        model = ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT)
+        busy = [
+            BusyShare(
+                p,
+                seconds,
+                statistics.median(w for w, _ in self._busy[p]),
+                statistics.median(ps for _, ps in self._busy[p]),
+            )
+            for p, seconds in observations
+            if self._busy.get(p)
+        ]
+        model = ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT, busy)
         return replace(model, host=self.host_bound())
 
     def host_bound(self) -> HostBound | None:
@@ -409,6 +423,15 @@ class Autoscaler:
             for plan, seen in self._host_use.items()
         ]
         return HostBound.fit(self.host_cores, uses)
+
+    def _learn_busy(self, plan: ResourcePlan, nodes: Mapping[str, NodeSample]) -> None:
+        """The share of their cores the workers (on average) and the busiest PS kept busy."""
+        shares: dict[str, list[float]] = {"ps": [], "worker": []}
+        for node, sample in nodes.items():
+            if sample.role in shares and node in plan.node_ids():
+                shares[sample.role].append(sample.cpu_used / plan.size_of(node)[0])
+        if shares["ps"] and shares["worker"]:
+            self._busy[plan].append((statistics.mean(shares["worker"]), max(shares["ps"])))
 
     def _learn_host_use(
         self, plan: ResourcePlan, nodes: Mapping[str, NodeSample], step_times: Mapping[str, float]

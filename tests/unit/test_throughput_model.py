@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel, features
+from airflow_rover.core.throughput import (
+    BusyShare,
+    Coefficients,
+    JobShape,
+    ThroughputModel,
+    features,
+)
 
 SHAPE = JobShape(batch_size=512, model_size=40.0, bandwidth=1250.0, embedding_dim=16)
 # Known coefficients on the scale of SHAPE's features (m and D in units of the paper's batch of
@@ -86,6 +92,28 @@ def test_prior_fills_what_one_plan_cannot_tell() -> None:
     # enough to match the timing the prior over-predicts by 30%.
     assert (got > 0.5 * prior.as_array()).all()
     assert (got <= prior.as_array() * 1.001).all()
+
+
+def test_busy_shares_tell_the_compute_and_update_terms_apart_from_one_plan() -> None:
+    """A compute-bound job whose PS idle, seen under one plan: the prior (the paper's
+    proportions) alone puts a third of the time in the PS terms and says more PS help; the
+    profile (workers busy 80% of an iteration, the busiest PS 2%) pins both terms."""
+    truth = Coefficients(grad=300.0, upd=1.0, sync=5.0, emb=2.0, bias=20.0)
+    model = ThroughputModel(truth, SHAPE)
+    plan = ResourcePlan(num_workers=4, num_ps=4, worker_cpu=4.0, ps_cpu=4.0)
+    seconds = model.iteration_time(plan)
+    terms = features(plan, SHAPE) * truth.as_array()
+    busy = BusyShare(plan, seconds, worker=terms[0] / seconds, ps=terms[1] / seconds)
+    prior = Coefficients.paper().scaled_to(SHAPE, plan, seconds)
+    blind = ThroughputModel.fit(SHAPE, [(plan, seconds)], prior, 0.01)
+    seeing = ThroughputModel.fit(SHAPE, [(plan, seconds)], prior, 0.01, busy=[busy])
+    assert seeing.coefficients.grad == pytest.approx(truth.grad, rel=0.15)
+    assert seeing.coefficients.upd < 0.1 * blind.coefficients.upd
+    # Cores moved from the PS to the workers: the profile's model says how much it gains.
+    moved = ResourcePlan(num_workers=4, num_ps=4, worker_cpu=7.0, ps_cpu=1.0)  # same 32 cores
+    gain = model.throughput(moved) / model.throughput(plan)
+    assert seeing.throughput(moved) / seeing.throughput(plan) == pytest.approx(gain, rel=0.1)
+    assert blind.throughput(moved) < blind.throughput(plan)  # the prior's guess: a loss
 
 
 @pytest.mark.parametrize(
