@@ -312,8 +312,11 @@ class FlashCheckpointer:
         if placed:
             self._end = placed[-1][3] + placed[-1][4]
 
-    def finish(self, target: Path, owner: int, pause_s: float) -> SnapshotTimes:
-        """Publish the snapshot in the slot and start writing it to ``target``."""
+    def finish(
+        self, target: Path, owner: int, pause_s: float, sort: Iterable[str] = ()
+    ) -> SnapshotTimes:
+        """Publish the snapshot in the slot and start writing it to ``target``; the 1-D arrays
+        named in ``sort`` (sets held in any order: the ledger's keys) are written sorted."""
         if self._meta is None:
             raise RuntimeError("finish() without begin()")
         meta = {
@@ -323,6 +326,7 @@ class FlashCheckpointer:
             "owner": owner,
             "taken_at": time.time(),
             "persisted": None,
+            "sort": list(sort),
         }
         self._meta = None
         self.slot.publish(meta)
@@ -355,6 +359,9 @@ class FlashCheckpointer:
         start = time.perf_counter()
         try:
             arrays = slot.arrays(meta)
+            for name in meta.get("sort", []):
+                if name in arrays and arrays[name].ndim == 1:
+                    arrays[name] = np.sort(arrays[name])
             try:
                 digest = write_npz(job.target, arrays.items())
             finally:

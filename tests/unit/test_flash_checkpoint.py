@@ -304,6 +304,29 @@ def test_flash_save_replies_before_the_part_is_durable_and_keeps_that_point_in_t
     assert meta is not None and meta["persisted"]["sha256"] == digest.sha256
 
 
+def test_the_ledger_is_copied_as_logged_and_sorted_only_by_the_persister(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing sorts or walks the ledger before the Save call replies: the slot holds its keys
+    in the order they were applied; the durable part lists them sorted all the same."""
+    gate = Gate(monkeypatch)
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    for key in (7, 2, 5):
+        _push(ps, key, np.arange(key * 10, key * 10 + 20, dtype=np.int64))
+    target = tmp_path / "c" / "ckpt-000001" / "ps-0.npz"
+    ps.save(_flash_req(target))
+    assert ps.flash is not None
+    meta = ps.flash.slot.read_meta()
+    assert meta is not None and meta["sort"] == ["ledger/applied"]
+    views = ps.flash.slot.arrays(meta)
+    assert views["ledger/applied"].tolist() == [7, 2, 5]  # copied as logged, at the reply
+    del views
+    gate.open()
+    _wait_persisted(ps, target)
+    with np.load(target) as npz:
+        assert npz["ledger/applied"].tolist() == [2, 5, 7]
+
+
 def test_a_second_flash_save_waits_for_the_first_persist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
