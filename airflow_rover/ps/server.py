@@ -222,7 +222,7 @@ class ParameterServer(Partition):
                 for table in self.tables.values():
                     stack.enter_context(table.holding())
                 stack.enter_context(self.dense.holding())
-                # The ledger's log: a view no later push changes, copied after the pause.
+                # The ledger's log: a view no later push changes (no set is walked here).
                 applied = self.ledger.applied_keys()
                 rejected = collections.Counter(self.ledger.rejected)
                 frozen = _Frozen(_live_views(self.tables.values(), self.dense), applied, rejected)
@@ -402,10 +402,10 @@ class ParameterServer(Partition):
             self.flash = FlashCheckpointer.for_job(path.parent.parent, self.index)
         flash = self.flash
         flash.begin(self._state_bytes())
-        with self._frozen() as frozen:
+        with self._frozen() as frozen:  # all of the snapshot: its pause is the copy
             flash.copy(frozen.views)
-        # The ledger's keys go to the slot as logged; the persister sorts them for the file.
-        flash.copy(self._tail_arrays(frozen, sort=False).items())
+            # The ledger's keys as logged (one array copy); the persister sorts them.
+            flash.copy(self._tail_arrays(frozen, sort=False).items())
         owner = int(frames.one(req, "owner")) if "owner" in req else 0
         times = flash.finish(path, owner, frozen.pause_s, sort=("ledger/applied",))
         return {
