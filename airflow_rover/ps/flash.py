@@ -269,7 +269,7 @@ def _grow_ahead(slot: ShmSlot, end: int) -> None:
     grows it or says why."""
     try:
         slot.reserve(math.ceil(end * HEADROOM))
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, BufferError) as exc:  # BufferError: a view still maps it
         log.warning("the flash slot %s was not grown ahead: %s", slot.data_path, exc)
 
 
