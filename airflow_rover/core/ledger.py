@@ -17,12 +17,23 @@ import numpy as np
 NO_KEY = -1  # a push that carries no batch (tests, tools): always applied, never recorded
 
 
+_LOG_START = 1024
+
+
 class BatchLedger:
-    """Applied batch keys of one PS, with how often each was offered (offers > 1: a retry)."""
+    """Applied batch keys of one PS, with how often each was offered (offers > 1: a retry).
+
+    Beside the set (membership), the keys ``admit`` records go to an append-only int64 log, so
+    a snapshot takes them as one array copy (``applied_keys``) instead of walking a set of a
+    million keys while pushes wait. Keys are never removed from ``applied``; a key added to it
+    directly (a restore, a hand-over) is noticed by the count and the log rebuilt once."""
 
     def __init__(self) -> None:
         self.applied: set[int] = set()
         self.rejected: collections.Counter[int] = collections.Counter()
+        self._log = np.empty(_LOG_START, dtype=np.int64)
+        self._logged = 0
+        self._log_of = self.applied  # the set the log lists
 
     def admit(self, key: int) -> bool:
         """True if a push for ``key`` must be applied now (and records it as applied)."""
@@ -32,7 +43,26 @@ class BatchLedger:
             self.rejected[key] += 1
             return False
         self.applied.add(key)
+        if self._log_of is self.applied and self._logged == len(self.applied) - 1:
+            if self._logged == self._log.size:
+                self._log = np.concatenate([self._log, np.empty_like(self._log)])
+            self._log[self._logged] = key
+            self._logged += 1
         return True
+
+    def applied_keys(self) -> np.ndarray:
+        """The applied keys as int64, in no particular order: a view of the log whose entries
+        never change afterwards (admits append past it, growth and rebuilds copy), so it may
+        be read after the lock that orders admits is released."""
+        if self._log_of is not self.applied or self._logged != len(self.applied):
+            self._relog(np.fromiter(self.applied, np.int64, len(self.applied)))
+        return self._log[: self._logged]
+
+    def _relog(self, keys: np.ndarray) -> None:
+        self._log = np.empty(max(2 * keys.size, _LOG_START), dtype=np.int64)
+        self._log[: keys.size] = keys
+        self._logged = keys.size
+        self._log_of = self.applied
 
     def missing(self, keys: Iterable[int]) -> list[int]:
         return [k for k in keys if k not in self.applied]
@@ -40,7 +70,7 @@ class BatchLedger:
     def to_arrays(self) -> dict[str, np.ndarray]:
         rejected = sorted(self.rejected.items())
         return {
-            "ledger/applied": np.array(sorted(self.applied), dtype=np.int64),
+            "ledger/applied": np.sort(self.applied_keys()),
             "ledger/rejected_keys": np.array([k for k, _ in rejected], dtype=np.int64),
             "ledger/rejected_counts": np.array([n for _, n in rejected], dtype=np.int64),
         }
@@ -48,7 +78,9 @@ class BatchLedger:
     @classmethod
     def from_arrays(cls, arrays: dict[str, np.ndarray]) -> BatchLedger:
         ledger = cls()
-        ledger.applied = {int(k) for k in arrays.get("ledger/applied", ())}
+        applied = np.asarray(arrays.get("ledger/applied", np.empty(0, np.int64)), np.int64)
+        ledger.applied = set(applied.reshape(-1).tolist())
+        ledger._relog(applied.reshape(-1))  # duplicates: the count differs, rebuilt when used
         keys = arrays.get("ledger/rejected_keys", np.empty(0, np.int64))
         counts = arrays.get("ledger/rejected_counts", np.empty(0, np.int64))
         ledger.rejected = collections.Counter(

@@ -3,10 +3,12 @@
 A checkpoint copies the PS's state into its **slot**, one file in shared memory
 (``JobDir.flash_dir``, ``/dev/shm`` by default) kept for the PS process's whole life and
 reused by every checkpoint: its pages are allocated and mapped once (allocating tmpfs pages costs
-more than the copy itself), so the copy runs at memory speed and pushes wait only for it. The
-Save RPC returns then; a persister thread writes the slot to the durable checkpoint directory as
-a checksummed ``.npz`` (``core.checkpoint_files.write_npz``) and the master commits the
-checkpoint once every PS reports its part persisted.
+more than the copy itself), and grown ahead by the persister when a snapshot fills it past
+``1 / HEADROOM``, so the copy runs at memory speed and pushes wait only for it. The Save RPC
+returns then; a persister thread does the rest off the training path: it sorts the arrays the
+snapshot names (the ledger's keys, copied in log order), writes the slot to the durable
+checkpoint directory as a checksummed ``.npz`` (``core.checkpoint_files.write_npz``: hashing,
+fsync, rename) and the master commits the checkpoint once every PS reports its part persisted.
 
 A slot is ``ps-<index>-<pid>.data`` with its metadata ``ps-<index>-<pid>.json`` (the arrays'
 places, the durable target, the master that asked, whether it is persisted): only the process
@@ -260,6 +262,17 @@ class Persist:
     seconds: float = 0.0
 
 
+def _grow_ahead(slot: ShmSlot, end: int) -> None:
+    """Leave the slot room for the state to grow by ``HEADROOM`` past the snapshot that ends at
+    ``end``, so the next Save call finds its pages allocated and mapped (growing takes longer
+    than the copy; here it runs in the persister). Best effort: without room, the next save
+    grows it or says why."""
+    try:
+        slot.reserve(math.ceil(end * HEADROOM))
+    except (ValueError, OSError, BufferError) as exc:  # BufferError: a view still maps it
+        log.warning("the flash slot %s was not grown ahead: %s", slot.data_path, exc)
+
+
 @dataclass(frozen=True)
 class SnapshotTimes:
     bytes: int
@@ -312,8 +325,11 @@ class FlashCheckpointer:
         if placed:
             self._end = placed[-1][3] + placed[-1][4]
 
-    def finish(self, target: Path, owner: int, pause_s: float) -> SnapshotTimes:
-        """Publish the snapshot in the slot and start writing it to ``target``."""
+    def finish(
+        self, target: Path, owner: int, pause_s: float, sort: Iterable[str] = ()
+    ) -> SnapshotTimes:
+        """Publish the snapshot in the slot and start writing it to ``target``; the 1-D arrays
+        named in ``sort`` (sets held in any order: the ledger's keys) are written sorted."""
         if self._meta is None:
             raise RuntimeError("finish() without begin()")
         meta = {
@@ -323,6 +339,7 @@ class FlashCheckpointer:
             "owner": owner,
             "taken_at": time.time(),
             "persisted": None,
+            "sort": list(sort),
         }
         self._meta = None
         self.slot.publish(meta)
@@ -355,6 +372,9 @@ class FlashCheckpointer:
         start = time.perf_counter()
         try:
             arrays = slot.arrays(meta)
+            for name in meta.get("sort", []):
+                if name in arrays and arrays[name].ndim == 1:
+                    arrays[name] = np.sort(arrays[name])
             try:
                 digest = write_npz(job.target, arrays.items())
             finally:
@@ -362,6 +382,7 @@ class FlashCheckpointer:
             meta["persisted"] = {"sha256": digest.sha256, "bytes": digest.bytes}
             if not adopted:
                 slot.publish(meta)
+                _grow_ahead(slot, int(meta["end"]))
         except Exception as exc:
             job.error = f"{type(exc).__name__}: {exc}"
             job.state = FAILED

@@ -43,7 +43,7 @@ class _Frozen:
     """What ``ParameterServer._frozen`` hands out: live views, the ledger, the pause."""
 
     views: list[tuple[str, np.ndarray]]
-    applied: np.ndarray  # the ledger's applied keys, unsorted
+    applied: np.ndarray  # the ledger's applied keys, unsorted: a view later admits never change
     rejected: collections.Counter[int]
     pause_s: float = field(default=0.0)
 
@@ -222,8 +222,8 @@ class ParameterServer(Partition):
                 for table in self.tables.values():
                     stack.enter_context(table.holding())
                 stack.enter_context(self.dense.holding())
-                # The ledger as an array (its fastest copy); sorted after the pause.
-                applied = np.fromiter(self.ledger.applied, np.int64, len(self.ledger.applied))
+                # The ledger's log: a view no later push changes (no set is walked here).
+                applied = self.ledger.applied_keys()
                 rejected = collections.Counter(self.ledger.rejected)
                 frozen = _Frozen(_live_views(self.tables.values(), self.dense), applied, rejected)
                 try:
@@ -232,12 +232,13 @@ class ParameterServer(Partition):
                     frozen.views = []
             frozen.pause_s = time.perf_counter() - start
 
-    def _tail_arrays(self, frozen: _Frozen) -> dict[str, np.ndarray]:
-        """The ledger (as ``BatchLedger.to_arrays`` writes it) and the partition's identity."""
+    def _tail_arrays(self, frozen: _Frozen, sort: bool = True) -> dict[str, np.ndarray]:
+        """The ledger (as ``BatchLedger.to_arrays`` writes it, its applied keys in log order
+        unless ``sort``) and the partition's identity."""
         ledger = BatchLedger()
         ledger.rejected = frozen.rejected
         arrays = ledger.to_arrays()
-        arrays["ledger/applied"] = np.sort(frozen.applied)
+        arrays["ledger/applied"] = np.sort(frozen.applied) if sort else frozen.applied
         arrays["num_ps"] = np.array([self.num_ps], dtype=np.int64)
         arrays["ps_index"] = np.array([self.index], dtype=np.int64)
         return arrays
@@ -401,11 +402,12 @@ class ParameterServer(Partition):
             self.flash = FlashCheckpointer.for_job(path.parent.parent, self.index)
         flash = self.flash
         flash.begin(self._state_bytes())
-        with self._frozen() as frozen:
+        with self._frozen() as frozen:  # all of the snapshot: its pause is the copy
             flash.copy(frozen.views)
-        flash.copy(self._tail_arrays(frozen).items())
+            # The ledger's keys as logged (one array copy); the persister sorts them.
+            flash.copy(self._tail_arrays(frozen, sort=False).items())
         owner = int(frames.one(req, "owner")) if "owner" in req else 0
-        times = flash.finish(path, owner, frozen.pause_s)
+        times = flash.finish(path, owner, frozen.pause_s, sort=("ledger/applied",))
         return {
             "rows": rows,
             "bytes": np.array([times.bytes], dtype=np.int64),

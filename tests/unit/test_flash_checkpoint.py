@@ -304,6 +304,29 @@ def test_flash_save_replies_before_the_part_is_durable_and_keeps_that_point_in_t
     assert meta is not None and meta["persisted"]["sha256"] == digest.sha256
 
 
+def test_the_ledger_is_copied_as_logged_and_sorted_only_by_the_persister(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing sorts or walks the ledger before the Save call replies: the slot holds its keys
+    in the order they were applied; the durable part lists them sorted all the same."""
+    gate = Gate(monkeypatch)
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    for key in (7, 2, 5):
+        _push(ps, key, np.arange(key * 10, key * 10 + 20, dtype=np.int64))
+    target = tmp_path / "c" / "ckpt-000001" / "ps-0.npz"
+    ps.save(_flash_req(target))
+    assert ps.flash is not None
+    meta = ps.flash.slot.read_meta()
+    assert meta is not None and meta["sort"] == ["ledger/applied"]
+    views = ps.flash.slot.arrays(meta)
+    assert views["ledger/applied"].tolist() == [7, 2, 5]  # copied as logged, at the reply
+    del views
+    gate.open()
+    _wait_persisted(ps, target)
+    with np.load(target) as npz:
+        assert npz["ledger/applied"].tolist() == [2, 5, 7]
+
+
 def test_a_second_flash_save_waits_for_the_first_persist(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -353,6 +376,42 @@ def test_the_slot_grows_during_the_copy_when_rows_outgrew_the_estimate(
     assert ps.flash is not None and ps.flash.slot.capacity > 0
     with np.load(target) as npz:
         _assert_same(dict(npz), expected)
+
+
+def test_every_save_reuses_the_slot_the_first_one_allocated(tmp_path: Path) -> None:
+    """The same file and mapping, at the same size, for each checkpoint: no save allocates
+    shared memory again while the state fits."""
+    ps = _trained()
+    inodes, capacities = [], []
+    for number in (1, 2, 3):
+        _push(ps, 10 + number, np.arange(5, dtype=np.int64))  # training between checkpoints
+        target = tmp_path / "c" / f"ckpt-{number:06d}" / "ps-0.npz"
+        ps.save(_flash_req(target))
+        _wait_persisted(ps, target)
+        assert ps.flash is not None
+        inodes.append(ps.flash.slot.data_path.stat().st_ino)
+        capacities.append(ps.flash.slot.capacity)
+    assert len(set(inodes)) == 1 and len(set(capacities)) == 1 and capacities[0] > 0
+
+
+def test_the_persister_grows_a_nearly_full_slot_before_the_next_save_needs_it(
+    tmp_path: Path,
+) -> None:
+    """A snapshot that fills the slot past 1 / HEADROOM (the state grew since the slot was
+    sized): the persister grows it, so the next save, of a state grown further, finds room."""
+    flash = FlashCheckpointer(ShmSlot(tmp_path / "shm" / "job", 0))
+    mib = 1 << 20
+    flash.begin(mib)  # sized for an early, small state
+    sized = flash.slot.capacity
+    state = np.ones(int(sized * 0.9) // 8, dtype=np.int64)
+    flash.copy([("table/t/rows", state)])
+    flash.finish(tmp_path / "c" / "ckpt-000001" / "ps-0.npz", 0, 0.0)
+    flash.wait()
+    assert flash.slot.capacity >= state.nbytes * flash_module.HEADROOM > sized
+    grown = flash.slot.capacity
+    flash.begin(int(state.nbytes * 1.2))  # the next save: more rows than the old slot held
+    assert flash.slot.capacity == grown
+    flash.close()
 
 
 # -- a (re)starting PS: from the verified checkpoint, or from shared memory ----------------------

@@ -82,3 +82,36 @@ def test_empty_ledger_round_trips_and_missing_arrays_mean_empty() -> None:
     legacy = BatchLedger.from_arrays({"table/dim4/ids": np.arange(3)})
     assert legacy.applied == set() and not legacy.rejected
     assert legacy.admit(0)
+
+
+def test_applied_keys_lists_every_applied_key_however_it_was_added() -> None:
+    """The log a snapshot copies holds the set's keys once each: admitted ones (retries
+    not repeated), keys added to the set directly (a hand-over), and restored ones."""
+    ledger = BatchLedger()
+    for key in (9, 3, 9, 2**40, NO_KEY, 3):
+        ledger.admit(key)
+    assert ledger.applied_keys().tolist() == [9, 3, 2**40]  # in admit order, unsorted
+    ledger.applied.update({100, 101})
+    ledger.admit(5)
+    assert sorted(ledger.applied_keys().tolist()) == sorted(ledger.applied)
+    ledger.applied = ledger.applied & {3, 5}
+    assert sorted(ledger.applied_keys().tolist()) == [3, 5]
+    restored = BatchLedger.from_arrays({"ledger/applied": np.array([4, 1, 4], np.int64)})
+    assert sorted(restored.applied_keys().tolist()) == [1, 4]
+    assert restored.admit(2) and sorted(restored.applied_keys().tolist()) == [1, 2, 4]
+    assert restored.applied_keys().dtype == np.int64
+
+
+def test_a_view_of_the_applied_keys_never_changes_afterwards() -> None:
+    """A snapshot takes the view under the apply lock and copies it after the lock is
+    released: later admits (also ones that grow the log) and rebuilds leave it as it was."""
+    ledger = BatchLedger()
+    for key in range(10):
+        ledger.admit(key)
+    view = ledger.applied_keys()
+    kept = view.copy()
+    for key in range(10, 5000):  # grows the log past its first size, more than once
+        ledger.admit(key)
+    ledger.applied.add(-7)  # a direct add: the next applied_keys rebuilds the log
+    assert ledger.applied_keys().size == 5001
+    np.testing.assert_array_equal(view, kept)
