@@ -22,7 +22,7 @@ from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.plans import PlanRecord, PlanState
 from airflow_rover.core.policies import CheckpointPolicy, MasterPort
-from airflow_rover.core.spec import JobSpec, ResourcePlan
+from airflow_rover.core.spec import AutoscaleConfig, JobSpec, ResourcePlan
 from airflow_rover.core.states import TERMINAL_STATES, JobState, NodeState
 from airflow_rover.core.throughput import JobShape
 from airflow_rover.master.autoscaler import Autoscaler, Profiler
@@ -95,7 +95,7 @@ class JobMaster:
         self.wrap_up = WrapUp(self)
         self.data_workers = DataWorkerRoom(self, spec.data_workers)
         self.autoscaler = Autoscaler(
-            spec.autoscale,
+            at_least_ps(spec.autoscale, self.policy.min_ps),
             JobShape.of(spec),
             launcher.capacity_cpu,
             start=spec.plan,
@@ -421,3 +421,10 @@ class JobMaster:
     @property
     def pls(self) -> float:
         return self.lost.pls(self.queue.total_samples, self.spec.plan.num_ps)
+
+
+def at_least_ps(autoscale: AutoscaleConfig, min_ps: int) -> AutoscaleConfig:
+    """``autoscale`` with no fewer PS than the checkpoint policy runs on (ECRM's k + 1)."""
+    if autoscale.min_ps >= min_ps:
+        return autoscale
+    return autoscale.model_copy(update={"min_ps": min_ps})

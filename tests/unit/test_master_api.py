@@ -665,6 +665,7 @@ def test_under_ecrm_the_workers_keep_their_shards_through_a_lost_ps(
     recorded, not made.)"""
     config = CheckpointPolicyConfig.parse({"policy": "ecrm", "ecrm": {"k": 2}})
     job = make_job(num_ps=3, checkpoint=config)
+    assert job.master.autoscaler.limits.low("num_ps") == 3  # no plan below ECRM's k + 1 PS
     rebuilt: list[int] = []
 
     def ecrm_ready() -> bool:

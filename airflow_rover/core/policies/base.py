@@ -187,6 +187,11 @@ class CheckpointPolicy(ABC):
     def check_cluster(self, num_ps: int) -> None:
         """Reject a PS count this policy cannot run on (``CheckpointPolicyError``)."""
 
+    @property
+    def min_ps(self) -> int:
+        """The fewest PS this policy runs on: the autoscaler proposes no fewer."""
+        return 1
+
     def check_runtime(self) -> None:
         """Reject options the runtime does not run (``CheckpointPolicyError``)."""
 

@@ -170,6 +170,10 @@ class ErasureCoding(CheckpointPolicy):
         backup = ECRM_BACKUP_FACTOR * optimal_full_interval(costs.save_s, costs.mtbf_s)
         return max(backup, costs.min_interval_s)
 
+    @property
+    def min_ps(self) -> int:
+        return self.options.k + 1
+
     def check_cluster(self, num_ps: int) -> None:
         k = self.options.k
         if num_ps < k + 1:
