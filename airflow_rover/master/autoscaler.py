@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_TREND_SAMPLES = 30
 HOST_USE_SAMPLES = 60  # the busy cores a plan showed: its last samples
+PLAN_SAMPLES = 360  # a plan's step times the model takes the median of: its last hour's
 IDLE_PS_SHARE = 0.3  # a PS busy under this share of its cores idles
 MIN_MODEL_GAIN = 0.03  # a model-based plan must promise at least 3% more samples/s
 GAIN_TOLERANCE = 0.01  # plans within 1% of the best gain count as the best: take the cheapest
@@ -129,6 +130,11 @@ class Autoscaler:
         self._busy: dict[ResourcePlan, collections.deque[tuple[float, float]]] = (
             collections.defaultdict(lambda: collections.deque(maxlen=HOST_USE_SAMPLES))
         )
+        # each plan's recent step times (ms) and how many samples it had: the model's rows
+        self._step_ms: dict[ResourcePlan, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=PLAN_SAMPLES)
+        )
+        self._seen: collections.Counter[ResourcePlan] = collections.Counter()
         # the bounds, resolved against the plan the job started with (``start``)
         self.limits = plan_limits(config, start or ResourcePlan())
         # the budget: the job's own, else what the launcher can host (a machine's cores)
@@ -202,14 +208,17 @@ class Autoscaler:
         if now - self._plan_since < self.config.sampling_s or not step_times:
             return
         self._time_change()
+        step_ms = round(statistics.mean(step_times), 3)
         self.throughput.append(
             {
                 "at": now,
                 "plan": plan.model_dump(),
                 "samples_per_second": round(samples_per_second, 1),
-                "step_time_ms": round(statistics.mean(step_times), 3),
+                "step_time_ms": step_ms,
             }
         )
+        self._step_ms[plan].append(step_ms)
+        self._seen[plan] += 1
 
     def pending(self) -> PlanRecord | None:
         return pending_plan(self.plans)
@@ -387,12 +396,9 @@ class Autoscaler:
     def model(self) -> ThroughputModel | None:
         """The throughput model fitted on the median iteration time seen under each plan,
         pulled towards the prior; None before the first observation."""
-        by_plan: dict[ResourcePlan, list[float]] = collections.defaultdict(list)
-        for sample in self.throughput:
-            by_plan[ResourcePlan.model_validate(sample["plan"])].append(sample["step_time_ms"])
-        if not by_plan:
+        if not self._step_ms:
             return None
-        observations = [(p, statistics.median(ms) / 1000.0) for p, ms in by_plan.items()]
+        observations = [(p, statistics.median(ms) / 1000.0) for p, ms in self._step_ms.items()]
         prior = self.prior.coefficients
         if prior is None:  # cold: the paper's proportions at the first plan's speed
             prior = Coefficients.paper().scaled_to(self.shape, *observations[0])
@@ -487,11 +493,9 @@ class Autoscaler:
         model = self.model()
         if model is None or "pareto" in self._declined(plan) or not self.limits.admits(plan):
             return None
-        dumped = plan.model_dump()
-        seen = sum(1 for sample in self.throughput if sample["plan"] == dumped)
         key = (
             plan,
-            seen.bit_length(),
+            self._seen[plan].bit_length(),
             self._hot_key(model.shape),
             tuple(round(c / 10) for c in asdict(self.costs()).values()),
             round(math.log2(max(remaining_samples, 1.0))),
