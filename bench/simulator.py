@@ -48,6 +48,7 @@ from airflow_rover.core.warm_start import (
     refine,
     warm_start,
 )
+from airflow_rover.master.autoscaler import REPORTED_SAMPLES
 from bench._brain import PastRun
 from bench._master_policy import MasterAutoscaler, config_of, plan_of
 from bench._policies import DLRoverHeuristic, ElasticScheduler, Optimus, Setting, Static
@@ -139,7 +140,7 @@ def past_runs(world: World, setting: Setting, seed: int, runs: int) -> tuple[lis
         job = PastJob(f"{world.name}-{i}", traits(past), plan, float(i))
         observations = [
             (ResourcePlan.model_validate(s["plan"]), s["step_time_ms"] / 1000.0)
-            for s in scaler.throughput
+            for s in scaler.throughput[-REPORTED_SAMPLES:]  # what the history store keeps
         ]
         history.append(Past(job, observations, scaler.shape.hot_share, scaler.costs()))
         how = "warm" if i else "cold"

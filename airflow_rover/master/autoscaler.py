@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 MEMORY_TREND_SAMPLES = 30
 HOST_USE_SAMPLES = 60  # the busy cores a plan showed: its last samples
+REPORTED_SAMPLES = 200  # the status's (and so the history store's) last throughput samples
 PLAN_SAMPLES = 360  # a plan's step times the model takes the median of: its last hour's
 IDLE_PS_SHARE = 0.3  # a PS busy under this share of its cores idles
 MIN_MODEL_GAIN = 0.03  # a model-based plan must promise at least 3% more samples/s
@@ -559,7 +560,7 @@ class Autoscaler:
 
     def report(self, profiler: Profiler) -> dict[str, Any]:
         return {
-            "throughput": self.throughput[-200:],
+            "throughput": self.throughput[-REPORTED_SAMPLES:],
             "scaling_costs": {k: round(v, 1) for k, v in asdict(self.costs()).items()},
             "hot_share": round(self.shape.hot_share, 3),
             "measured": self.measured_by_job(),
