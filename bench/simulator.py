@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from airflow_rover.core.autoscale_prior import prior_from
 from airflow_rover.core.optimizer import ScalingCosts
 from airflow_rover.core.spec import FeatureConfig, ResourcePlan, TableConfig
-from airflow_rover.core.throughput import JobShape
+from airflow_rover.core.throughput import BusyShare, JobShape
 from airflow_rover.core.warm_start import (
     JobTraits,
     PastJob,
@@ -100,6 +100,7 @@ class Past:
 
     job: PastJob
     observations: list[tuple[ResourcePlan, float]]
+    busy: list[BusyShare]
     hot_share: float
     costs: ScalingCosts
 
@@ -111,18 +112,20 @@ def rover(world: World, setting: Setting, history: list[Past], label: str) -> Ma
         return MasterAutoscaler(label, world, setting, cold)
     decision = warm_start(traits(world), [p.job for p in history], cold_start=cold)
     observations = [obs for p in history for obs in p.observations]
+    busy = [share for p in history for share in p.busy]
     budget = setting.budget
 
     def fits(plan: ResourcePlan) -> bool:
         return plan.total_cores <= budget + 1e-9 and world.runs(config_of(plan))
 
     hot_shares = [p.hot_share for p in history]
-    prior = prior_from(shape_of(world), observations, hot_shares, [p.costs for p in history])
+    costs = [p.costs for p in history]
+    prior = prior_from(shape_of(world), observations, hot_shares, costs, busy=busy)
     # Before the launch every plan costs the same: the history's model picks the start among
     # every plan the job may have, the hot PS's own size included where there is one.
     shape = replace(shape_of(world), hot_share=prior.hot_share)
     bounds = replace(setting.bounds, hot_ps=0 if prior.hot_share > 0 else None)
-    decision = refine(decision, observations, Refinement(shape, bounds, fits))
+    decision = refine(decision, observations, Refinement(shape, bounds, fits), busy=busy)
     return MasterAutoscaler(label, world, setting, decision.plan, prior)
 
 
@@ -138,11 +141,14 @@ def past_runs(world: World, setting: Setting, seed: int, runs: int) -> tuple[lis
         scaler = policy.autoscaler
         plan = plan_of(result.final, policy.start).model_dump()
         job = PastJob(f"{world.name}-{i}", traits(past), plan, float(i))
-        observations = [
-            (ResourcePlan.model_validate(s["plan"]), s["step_time_ms"] / 1000.0)
-            for s in scaler.throughput[-REPORTED_SAMPLES:]  # what the history store keeps
-        ]
-        history.append(Past(job, observations, scaler.shape.hot_share, scaler.costs()))
+        kept = scaler.throughput[-REPORTED_SAMPLES:]  # what the history store keeps
+        observations, busy = [], []
+        for s in kept:
+            seen, seconds = ResourcePlan.model_validate(s["plan"]), s["step_time_ms"] / 1000.0
+            observations.append((seen, seconds))
+            if "worker_busy" in s:
+                busy.append(BusyShare(seen, seconds, s["worker_busy"], s["ps_busy"]))
+        history.append(Past(job, observations, busy, scaler.shape.hot_share, scaler.costs()))
         how = "warm" if i else "cold"
         notes.append(
             f"history run {i} ({past.total_steps:,.0f} steps, {how}): {result.final.describe()}"

@@ -18,7 +18,7 @@ from typing import Any
 from airflow_rover.core.optimizer import ScalingCosts
 from airflow_rover.core.prior_config import COEFFICIENTS, COSTS, AutoscalePrior
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+from airflow_rover.core.throughput import BusyShare, Coefficients, JobShape, ThroughputModel
 
 PRIOR_WEIGHT = 0.01  # how hard a prior pulls the coefficients until the data decide
 
@@ -96,15 +96,18 @@ def prior_from(
     hot_shares: Sequence[float] = (),
     costs: Sequence[ScalingCosts | Mapping[str, float | None]] = (),
     jobs: Sequence[str] = (),
+    busy: Sequence[BusyShare] = (),
 ) -> Prior:
     """The prior of a job like the past jobs ``jobs`` that saw ``observations`` (plan,
-    seconds per worker iteration), kept ``hot_shares`` and measured ``costs``."""
+    seconds per worker iteration) and ``busy`` shares, kept ``hot_shares`` and measured
+    ``costs``."""
     hot_share = statistics.median(hot_shares) if hot_shares else shape.hot_share
     shape = replace(shape, hot_share=hot_share)  # the shape the autoscaler predicts with
     coefficients = None
     if observations:
         paper = Coefficients.paper().scaled_to(shape, *observations[0])
-        coefficients = ThroughputModel.fit(shape, observations, paper, PRIOR_WEIGHT).coefficients
+        fitted = ThroughputModel.fit(shape, observations, paper, PRIOR_WEIGHT, busy)
+        coefficients = fitted.coefficients
     return Prior(coefficients, hot_share, measured_costs(costs), tuple(jobs))
 
 

@@ -53,7 +53,7 @@ from airflow_rover.core.optimizer import PlanBounds, ScalingCosts, choose_plan, 
 from airflow_rover.core.plan_limits import plan_limits
 from airflow_rover.core.prior_config import AutoscalePrior
 from airflow_rover.core.spec import AutoscaleConfig, FeatureConfig, JobSpec, ResourcePlan
-from airflow_rover.core.throughput import JobShape, ThroughputModel
+from airflow_rover.core.throughput import BusyShare, JobShape, ThroughputModel
 
 WEIGHTS: Mapping[str, float] = {"model": 0.4, "features": 0.3, "dataset": 0.2, "owner": 0.1}
 DEFAULT_K = 5
@@ -371,15 +371,17 @@ def refine(
     observations: Sequence[tuple[ResourcePlan, float]],
     how: Refinement,
     seed: int = 0,
+    busy: Sequence[BusyShare] = (),
 ) -> WarmStart:
     """The smoothed plan moved to the best plan of the model fitted on the similar jobs'
     ``observations`` (plan, seconds per worker iteration), when that plan fits and is
     predicted ``how.min_rel_gain`` faster; ``decision`` as it is otherwise (a cold start, or a
-    history of a single plan, which cannot tell the model's terms apart)."""
+    history of a single plan without ``busy`` shares, which cannot tell the model's terms
+    apart)."""
     plans = {plan for plan, _ in observations}
-    if decision.source != "history" or len(plans) < 2:
+    if decision.source != "history" or len(plans) < (1 if busy else 2):
         return decision
-    prior = prior_from(how.shape, observations).coefficients
+    prior = prior_from(how.shape, observations, busy=busy).coefficients
     model = ThroughputModel(prior, how.shape) if prior is not None else None
     if model is None:
         return decision

@@ -145,6 +145,8 @@ def _throughput(profile: Mapping[str, Any]) -> list[dict[str, Any]]:
             "plan": scrub(dict(s["plan"])) if isinstance(s.get("plan"), Mapping) else None,
             "samples_per_second": number_or_none(s.get("samples_per_second")),
             "step_time_ms": number_or_none(s.get("step_time_ms")),
+            "worker_busy": number_or_none(s.get("worker_busy")),
+            "ps_busy": number_or_none(s.get("ps_busy")),
         }
         for s in samples
         if isinstance(s, Mapping)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -58,7 +59,7 @@ from airflow_rover.core.autoscale_prior import cost_medians, job_shape, prior_fr
 from airflow_rover.core.policies import FailureHistory
 from airflow_rover.core.prior_config import COSTS, AutoscalePrior
 from airflow_rover.core.spec import ResourcePlan
-from airflow_rover.core.throughput import JobShape
+from airflow_rover.core.throughput import BusyShare, JobShape
 from airflow_rover.core.warm_start import (
     DEFAULT_K,
     DEFAULT_MIN_SIMILARITY,
@@ -147,6 +148,8 @@ throughput = Table(
     Column("plan", JSON),
     Column("samples_per_second", Float),
     Column("step_time_ms", Float),
+    Column("worker_busy", Float),  # the share of an iteration a worker's cores were busy
+    Column("ps_busy", Float),  # the busiest PS's, per core
 )
 
 nodes = Table(
@@ -246,6 +249,7 @@ class HistoryStore:
             return
         create_tables(self.engine, metadata)
         add_missing_columns(self.engine, jobs)
+        add_missing_columns(self.engine, throughput)
         self._schema_ready = True
 
     # -- writing -----------------------------------------------------------------------------
@@ -467,16 +471,19 @@ class HistoryStore:
         if decision.source != "history":
             return decision
         ids = [m.job.job_id for m in decision.matches]
-        samples = self.observations(ids)
+        samples, busy = self.observations(ids), self.busy_shares(ids)
         shape = shape or (refinement.shape if refinement is not None else None)
-        decision = replace(decision, prior=self.prior(ids, samples, shape))
-        return decision if refinement is None else refine(decision, samples, refinement)
+        decision = replace(decision, prior=self.prior(ids, samples, shape, busy))
+        if refinement is None:
+            return decision
+        return refine(decision, samples, refinement, busy=busy)
 
     def prior(
         self,
         job_ids: list[str],
         samples: list[tuple[ResourcePlan, float]],
         shape: JobShape | None,
+        busy: Sequence[BusyShare] = (),
     ) -> AutoscalePrior | None:
         """The autoscaler's prior from these jobs' ``samples`` (fitted for ``shape``; None:
         not fitted) and what they measured; None when they left nothing to start from."""
@@ -490,8 +497,8 @@ class HistoryStore:
                     hot_shares.append(float(row["hot_share"]))
                 costs.append({name: row[name] for name in COSTS})
         if shape is None:  # no job shape to fit the samples for: hot share and costs only
-            shape, samples = job_shape(1, 1), []
-        prior = prior_from(shape, samples, hot_shares, costs, job_ids)
+            shape, samples, busy = job_shape(1, 1), [], ()
+        prior = prior_from(shape, samples, hot_shares, costs, job_ids, busy)
         if prior.coefficients is None and not hot_shares and prior.costs is None:
             return None
         measured = cost_medians(costs)  # a cost none of them timed stays out: the default
@@ -511,6 +518,25 @@ class HistoryStore:
                 if step_ms and step_ms > 0:
                     found.append((ResourcePlan.model_validate(plan), float(step_ms) / 1000.0))
             except ValidationError:  # a plan recorded by another version: not comparable
+                continue
+        return found
+
+    def busy_shares(self, job_ids: list[str]) -> list[BusyShare]:
+        """What the nodes kept busy at each throughput sample of these jobs that says
+        (samples recorded before busy shares were kept have none)."""
+        t = throughput.c
+        query = select(t.plan, t.step_time_ms, t.worker_busy, t.ps_busy).where(
+            t.job_id.in_(job_ids), t.worker_busy.is_not(None), t.ps_busy.is_not(None)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        found = []
+        for plan, step_ms, worker, ps in rows:
+            try:
+                if step_ms and step_ms > 0:
+                    seen = ResourcePlan.model_validate(plan)
+                    found.append(BusyShare(seen, float(step_ms) / 1000.0, float(worker), float(ps)))
+            except ValidationError:
                 continue
         return found
 

@@ -210,14 +210,16 @@ class Autoscaler:
             return
         self._time_change()
         step_ms = round(statistics.mean(step_times), 3)
-        self.throughput.append(
-            {
-                "at": now,
-                "plan": plan.model_dump(),
-                "samples_per_second": round(samples_per_second, 1),
-                "step_time_ms": step_ms,
-            }
-        )
+        sample = {
+            "at": now,
+            "plan": plan.model_dump(),
+            "samples_per_second": round(samples_per_second, 1),
+            "step_time_ms": step_ms,
+        }
+        if self._busy.get(plan):  # what the plan's nodes kept busy: the history's prior uses it
+            sample["worker_busy"] = round(statistics.median(w for w, _ in self._busy[plan]), 4)
+            sample["ps_busy"] = round(statistics.median(ps for _, ps in self._busy[plan]), 4)
+        self.throughput.append(sample)
         self._step_ms[plan].append(step_ms)
         self._seen[plan] += 1
 

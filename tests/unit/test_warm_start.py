@@ -16,7 +16,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_rover.core.optimizer import PlanBounds
 from airflow_rover.core.spec import FeatureConfig, JobSpec, ResourcePlan, TableConfig
-from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel
+from airflow_rover.core.throughput import Coefficients, JobShape, ThroughputModel, features
 from airflow_rover.core.warm_start import (
     WEIGHTS,
     JobTraits,
@@ -544,3 +544,50 @@ def test_the_history_store_refines_with_the_matched_jobs_throughput_samples(
         refined = store.warm_start(QUERY, ResourcePlan(), k=2, refinement=REFINE)
     assert smoothed.plan == plan_of(4, 1)
     assert TRUTH.throughput(refined.plan) >= 1.03 * TRUTH.throughput(smoothed.plan)
+
+
+def busy_of(plan: ResourcePlan) -> tuple[float, float]:
+    """The share of an iteration TRUTH's workers compute and its busiest PS updates."""
+    terms = features(plan, TRUTH.shape) * TRUTH.coefficients.as_array()
+    seconds = TRUTH.iteration_time(plan)
+    return float(terms[0] / seconds), float(terms[1] / seconds)
+
+
+def test_one_plan_with_its_busy_shares_is_enough_to_refine(tmp_path: Path) -> None:
+    """The history's only plan cannot tell the model's terms apart from its times alone; the
+    busy shares its samples carry (a worker computing a tenth of an iteration, the PS
+    updating most of it) can: the warm start moves to more PS. A throughput table made
+    before the shares were kept gains their columns."""
+    ran = plan_of(4, 1)
+    worker, ps = busy_of(ran)
+    assert ps > 0.5 > worker  # PS-bound
+    decisions = {}
+    for shares in (False, True):
+        url = f"sqlite:///{tmp_path / f'h{int(shares)}.db'}"
+        if shares:
+            with HistoryStore(url) as store, store.engine.begin() as conn:
+                conn.exec_driver_sql(  # rover_job_throughput as the previous version made it
+                    "CREATE TABLE rover_job_throughput (job_id VARCHAR(200) NOT NULL, seq "
+                    "INTEGER NOT NULL, at FLOAT, plan JSON, samples_per_second FLOAT, "
+                    "step_time_ms FLOAT, PRIMARY KEY (job_id, seq))"
+                )
+        with HistoryStore(url) as store:
+            status = status_of("job-0", ran, 10.0, 100_000)
+            sample = {
+                "plan": ran.model_dump(),
+                "samples_per_second": TRUTH.throughput(ran),
+                "step_time_ms": 1000 * TRUTH.iteration_time(ran),
+            }
+            if shares:
+                sample |= {"worker_busy": worker, "ps_busy": ps}
+            status["profile"] = {"throughput": [{"at": float(n), **sample} for n in range(3)]}
+            spec = JobSpec(job_id="job-0", train_data="/d", features=FEATURES, plan=ran)
+            store.record_job(
+                record_from_status(status, spec, features=FEATURES, dag_id="d", task_id="t")
+            )
+            assert len(store.busy_shares(["job-0"])) == (3 if shares else 0)
+            decisions[shares] = store.warm_start(QUERY, ResourcePlan(), k=1, refinement=REFINE)
+    assert decisions[False].plan == ran  # one plan, times only: the smoothed plan as it is
+    refined = decisions[True].plan
+    assert refined.num_ps > ran.num_ps
+    assert TRUTH.throughput(refined) >= 1.2 * TRUTH.throughput(ran)
