@@ -7,6 +7,7 @@ Every process of a job (master, parameter servers, workers) reads the same ``Job
 from __future__ import annotations
 
 import re
+import typing
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -710,7 +711,36 @@ def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) 
             if re.match(rf"{re.escape(where)}\b", message):  # it names the field already
                 parts.append(message)
                 continue
-        if err["type"] == "extra_forbidden" and model is not None:
-            message += f" (accepted: {', '.join(model.model_fields)})"
+        owner = _model_at(model, err["loc"][:-1]) if model is not None else None
+        if err["type"] == "extra_forbidden" and owner is not None:
+            message += f" (accepted: {', '.join(owner.model_fields)})"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
+    """The model that holds the key at ``loc`` (a path of field names and list indexes from
+    ``model``); None where the path leaves the models (a plain dict)."""
+    for step in loc:
+        if isinstance(step, int):
+            continue  # an item of a list or tuple field: its model was found with the field
+        field = model.model_fields.get(str(step))
+        if field is None:
+            return None
+        found = _model_in(field.annotation)
+        if found is None:
+            return None
+        model = found
+    return model
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model class in a field's type: itself, or inside Optional, a union or a
+    list/tuple of it."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None

@@ -230,6 +230,24 @@ def test_a_bad_prior_is_refused_naming_its_field(prior: dict[str, Any], field: s
     assert field in message
 
 
+@pytest.mark.parametrize(
+    ("extra", "where", "accepted"),
+    [
+        ({"bogus": 1}, "bogus", "job_id, train_data"),
+        ({"autoscale": {"bogus": 1}}, "autoscale.bogus", "enabled, interval_s"),
+        ({"autoscale": {"prior": {"speed": 2}}}, "autoscale.prior.speed", "grad, upd"),
+        ({"plan": {"sizes": [{"node": "ps-0", "x": 2}]}}, "plan.sizes.0.x", "node, cpu, memory_mb"),
+    ],
+)
+def test_an_unknown_key_is_named_with_the_keys_accepted_where_it_is(
+    extra: dict[str, Any], where: str, accepted: str
+) -> None:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate({"job_id": "j", "train_data": "/d", **extra})
+    message = describe_errors(info.value, JobSpec)
+    assert f"{where}: Extra inputs are not permitted (accepted: {accepted}" in message
+
+
 # -- the operators ---------------------------------------------------------------------------
 def test_an_xcom_prior_templated_into_autoscale_reaches_the_spec() -> None:
     """``autoscale={"prior": "{{ ti.xcom_pull('warm_start')['prior'] }}"}`` renders (without
