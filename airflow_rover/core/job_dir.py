@@ -75,6 +75,11 @@ class JobDir:
         return self.root / "state.json"
 
     @property
+    def oom_grown_file(self) -> Path:
+        """The nodes grown after an OOM: each grows once per job, relaunched masters too."""
+        return self.root / "oom_grown.json"
+
+    @property
     def keeper_file(self) -> Path:
         """The master deaths the master's keeper relaunched after."""
         return self.root / "keeper.json"

@@ -2,7 +2,8 @@
 (``OOMKilled``: the kubelet's word on Kubernetes, the local launcher's memory watch), the
 ``core.post_scaling.after_oom`` rule sizes that node alone with twice the memory, the master
 makes it the job's plan before relaunching the node, and the plan history records it with
-rule ``oom``. A second OOM of the same node is a failure like any other."""
+rule ``oom``. A second OOM of the same node is a failure like any other, also after the master
+was relaunched (the grown nodes are kept in the job directory)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import time
 from typing import Protocol
 
+from airflow_rover.core.job_dir import atomic_write_json
 from airflow_rover.core.post_scaling import after_oom
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.master.autoscaler import Autoscaler
@@ -27,11 +29,12 @@ class GrowingJob(JobCore, Protocol):
 
 
 class OomRelaunch:
-    """Grows the memory of nodes killed out of memory, each node once per master."""
+    """Grows the memory of nodes killed out of memory, each node once per job."""
 
     def __init__(self, job: GrowingJob) -> None:
         self.job = job
-        self.grown: set[str] = set()
+        kept = job.job_dir.read_json(job.job_dir.oom_grown_file) or {}
+        self.grown: set[str] = {str(n) for n in kept.get("nodes", [])}
 
     def grow(self, node: NodeInfo) -> str | None:
         """If ``node`` died out of memory for the first time and can grow: the plan with its
@@ -47,6 +50,7 @@ class OomRelaunch:
         if proposal is None:
             return None
         self.grown.add(node.node_id)
+        atomic_write_json(job.job_dir.oom_grown_file, {"nodes": sorted(self.grown)})
         job.autoscaler.master_applied(time.time(), plan, proposal)
         job.set_plan(proposal.plan)
         return proposal.reason

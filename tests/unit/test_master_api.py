@@ -55,6 +55,7 @@ from airflow_rover.data.synthetic import GeneratedDataset
 from airflow_rover.launchers.local import LocalNodeLauncher, notify_exit
 from airflow_rover.master.checkpointer import CheckpointTimes
 from airflow_rover.master.job import JobMaster
+from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.serve import supervise
 from airflow_rover.operators.training import ElasticTrainingOperator
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -539,6 +540,27 @@ def test_failure_message_counts_the_shards_returned_to_todo(make_job) -> None:
     job.launcher.exit("worker-0", 1)
     job.master.step()
     assert "2 shard(s) returned to TODO" in job.status()["message"]
+
+
+def test_a_node_grows_once_after_an_oom_even_across_a_master_relaunch(
+    make_job, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """worker-1 killed out of memory comes back with twice its memory; killed so again after
+    its master was relaunched (a new master on the same job directory), it is relaunched at
+    that size: once per job, not once per master."""
+    job = make_job()
+    start_running(job)
+    monkeypatch.setattr(job.launcher, "exit_reason", lambda node: "OOMKilled", raising=False)
+    job.launcher.exit("worker-1", 137)
+    job.master.step()
+    grown = job.master.spec.plan.size_of("worker-1")
+    assert grown[1] == 2 * job.master.spec.plan.worker_memory_mb
+    assert [p.rule for p in job.master.autoscaler.plans].count("oom") == 1
+    relaunched = JobMaster(job.layout, job.layout.read_spec(), job.launcher, TOKEN)
+    assert relaunched.spec.plan.size_of("worker-1") == grown
+    # grown already: a failure like any other
+    assert relaunched.recovery.oom.grow(NodeInfo("worker-1", "worker")) is None
+    assert relaunched.spec.plan.size_of("worker-1") == grown
 
 
 def test_crashed_worker_is_relaunched_and_its_shards_go_back_to_todo(make_job) -> None:
