@@ -169,6 +169,7 @@ def run_baseline(work: Workload, net: DenseNet, num_ps: int, root: Path) -> Base
         saves.append(store.save_full(cluster, 0).pause)
         loads.append(max(store.load_ps(cluster, p) for p in range(num_ps)))
         partial.append(store.save_partial(cluster, R, "mfu").pause)
+    store.close()
     return Baseline(
         num_ps=num_ps,
         auc=auc,

@@ -239,18 +239,18 @@ class SsuTracker:
     batch granularity); when it overflows, random entries of the whole list are dropped, so
     rows accessed often are likely to be (re)added and stay.
 
-    ``record`` runs on every pull, so it only draws the sample and keeps a sampled batch's
-    rows aside; the list is updated in bulk (``_flush``) once the rows kept aside reach the
-    list's capacity (at least ``FLUSH_ROWS``), or when the list is read: a few numpy calls
-    per flush instead of a dozen per pull (36-51 us per step of the recovery bench before).
-    A flush treats the batches it holds as one: each of their distinct new rows draws a place
-    among the list and the newcomers, as a single batch's rows did. The list is unordered (a
-    new row takes an evicted row's place) and a 1-byte membership flag per row answers
-    "listed already?". Memory: 1 byte per row plus 8 bytes per listed row and as much again
-    for the rows kept aside (3 bytes per row at r = 1/8), below MFU's 4-byte counters.
+    ``record`` runs on every pull, so it only draws the sample and, for a sampled pull, sets a
+    1-byte "sampled" flag per row (one scatter); the list is updated in bulk (``_flush``) once
+    a capacity's worth of rows was marked (at least ``FLUSH_ROWS``), or when it is read: one
+    pass over the flags finds the marked rows not listed yet, each once, and they are added
+    as one batch's rows were (each draws a place among the list and the newcomers). This
+    replaced a dozen numpy calls and a pass over each sampled pull's rows per call (36-51 us
+    per step of the recovery bench). The list is unordered (a new row takes an evicted row's
+    place) and a 1-byte "listed" flag per row answers "listed already?". Memory: 2 bytes per
+    row plus 8 bytes per listed row (3 bytes per row at r = 1/8), below MFU's 4-byte counters.
     """
 
-    FLUSH_ROWS = 4096  # rows kept aside before a flush, for lists smaller than that
+    FLUSH_ROWS = 4096  # marks before a flush, for lists smaller than that
 
     def __init__(
         self, num_rows: int = 0, r: float = 0.125, sample_period: int = 2, seed: int = 0
@@ -264,11 +264,11 @@ class SsuTracker:
         self._rng = np.random.default_rng(seed)
         self._coin = random.Random(seed)  # one draw per call: Python's is 10x numpy's scalar
         self._n = max(num_rows, 0)
-        self._listed = np.zeros(self._n, dtype=bool)  # per row: in the list now
+        self._listed = np.zeros(self._n, dtype=np.uint8)  # per row: 1 in the list now
         self._list = np.empty(self.capacity, dtype=np.int64)  # unordered; first _len valid
         self._len = 0
-        self._pending: list[np.ndarray] = []  # sampled batches not yet in the list
-        self._pending_rows = 0
+        self._pending = np.zeros(self._n, dtype=np.uint8)  # per row: 1 sampled since a flush
+        self._pending_rows = 0  # marks since the last flush (repeats counted)
         self.evicted = 0
         self.flushes = 0
 
@@ -289,15 +289,18 @@ class SsuTracker:
             return
         self._n = num_rows
         if num_rows > self._listed.size:  # doubling: tables grow a batch at a time
-            listed = np.zeros(max(num_rows, 2 * self._listed.size), dtype=bool)
+            size = max(num_rows, 2 * self._listed.size)
+            listed = np.zeros(size, dtype=np.uint8)
             listed[: self._listed.size] = self._listed
             self._listed = listed
+            pending = np.zeros(size, dtype=np.uint8)
+            pending[: self._pending.size] = self._pending
+            self._pending = pending
 
     def record(self, rows: np.ndarray, assume_unique: bool = False) -> None:
-        """Keep the accesses in ``rows`` (row indices, repeats allowed) for the list if this
-        call is sampled. The array is kept, not copied, until the next flush: do not change
-        it. Rows out of range are reported by the flush that meets them. ``assume_unique``
-        is accepted for callers that know (a flush deduplicates in bulk anyway)."""
+        """Mark the accesses in ``rows`` (row indices, repeats allowed) for the list if this
+        call is sampled: one scatter of a flag per row. ``assume_unique`` is accepted for
+        callers that know (the flags make repeats free anyway)."""
         del assume_unique
         rows = np.asarray(rows)
         if rows.size == 0:
@@ -306,27 +309,34 @@ class SsuTracker:
             raise ValueError(f"rows must be integers, got {rows.dtype}")
         if self.sample_period > 1 and self._coin.random() * self.sample_period >= 1.0:
             return
-        self._pending.append(rows)
+        if rows.dtype.kind == "i" and rows.min() < 0:
+            raise ValueError(f"rows must lie in [0, {self._n}), got {rows.min()}")
+        try:
+            self._pending[rows] = 1
+        except IndexError:
+            raise ValueError(f"rows must lie in [0, {self._n}), got {rows.max()}") from None
         self._pending_rows += rows.size
         if self._pending_rows >= max(self.capacity, self.FLUSH_ROWS):
             self._flush()
 
     def _flush(self) -> None:
-        """Add the rows kept aside to the list, all at once."""
-        if not self._pending:
+        """Add the marked rows to the list, all at once: one pass over the flags (1 byte a
+        row) finds the marked rows not listed yet, each once."""
+        if not self._pending_rows:
             return
-        batches, self._pending, self._pending_rows = self._pending, [], 0
-        rows = batches[0] if len(batches) == 1 else np.concatenate(batches)
+        self._pending_rows = 0
         self.flushes += 1
-        low, high = int(rows.min()), int(rows.max())
-        if low < 0 or high >= self._n:
-            raise ValueError(f"rows must lie in [0, {self._n}), got [{low}, {high}]")
-        fresh = _distinct(rows[~self._listed[rows]], self._n)
+        n, pending = self._n, self._pending
+        if pending[n:].any():  # past the rows (the flags grow by doubling)
+            pending.fill(0)
+            raise ValueError(f"rows must lie in [0, {n})")
+        fresh = np.flatnonzero(pending[:n] > self._listed[:n])
+        pending[:n] = 0
         if fresh.size == 0:
             return
-        # In random order: which newcomers fill the free places must not favour low rows.
-        fresh = self._rng.permutation(fresh)
         space = max(self.capacity - self._len, 0)
+        if 0 < space < fresh.size:  # which newcomers take the free places: not the lowest
+            fresh = self._rng.permutation(fresh)
         if space:
             added = fresh[:space]
             end = self._len + added.size
@@ -335,7 +345,7 @@ class SsuTracker:
                 grown[: self._len] = self._list[: self._len]
                 self._list = grown
             self._list[self._len : end] = added
-            self._listed[added] = True
+            self._listed[added] = 1
             self._len = end
         if fresh.size > space:
             self._overflow(fresh[space:])
@@ -348,9 +358,9 @@ class SsuTracker:
         at = self._rng.integers(0, self._len + rows.size, size=rows.size)
         keep = at < self._len
         at = at[keep]
-        self._listed[self._list[at]] = False
+        self._listed[self._list[at]] = 0
         self._list[at] = rows[keep]
-        self._listed[self._list[at]] = True
+        self._listed[self._list[at]] = 1
         self.evicted += rows.size
 
     def rows(self) -> np.ndarray:
@@ -361,21 +371,9 @@ class SsuTracker:
     def take(self) -> np.ndarray:
         """The rows to save now, ascending; the list starts empty again."""
         out = self.rows()
-        self._listed[out] = False
+        self._listed[out] = 0
         self._len = 0
         return out
-
-
-def _distinct(rows: np.ndarray, num_rows: int) -> np.ndarray:
-    """The distinct values of ``rows`` (in ``[0, num_rows)``), ascending, as int64: a count
-    per row when they are many, else a sort (numpy 2's hashing ``np.unique`` took 4.9 s for
-    10 M rows here, against 0.3 s for a sort)."""
-    if rows.size * 8 >= num_rows:
-        return np.flatnonzero(np.bincount(rows, minlength=num_rows))
-    ordered = np.sort(rows.astype(np.int64, copy=False))
-    if ordered.size < 2:
-        return ordered
-    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
 # ----------------------------------------------------------------------------- saves

@@ -101,8 +101,17 @@ def test_ssu_updates_its_list_in_bulk_not_per_pull() -> None:
     assert 0 < listed.size <= ssu.capacity and np.unique(listed).size == listed.size
 
 
-def test_ssu_reports_rows_out_of_range_when_it_meets_them() -> None:
+def test_ssu_rejects_rows_out_of_range() -> None:
+    """Past the flags' end at once; past the rows but inside the flags (they grow by
+    doubling) at the flush that meets them; negative ones at once."""
     ssu = SsuTracker(num_rows=10, r=1.0, sample_period=1)
-    ssu.record(np.array([3, 12]))
     with pytest.raises(ValueError, match=r"rows must lie in \[0, 10\)"):
+        ssu.record(np.array([3, 12]))
+    with pytest.raises(ValueError, match=r"rows must lie in \[0, 10\)"):
+        ssu.record(np.array([-1]))
+    ssu.grow(11)  # flags for 20 rows now
+    ssu.record(np.array([2, 15]))
+    with pytest.raises(ValueError, match=r"rows must lie in \[0, 11\)"):
         ssu.rows()
+    ssu.record(np.array([2, 4]))
+    np.testing.assert_array_equal(ssu.rows(), [2, 4])
