@@ -12,7 +12,8 @@ rows: 8 PS (a failure clears 12.5% of the rows), 4 PS (25%) and 2 PS (50%). Poli
 - cpr-vanilla: the same with the interval from the PLS target 0.1 (``T_save = 2*PLS*N*T_fail``),
   CPR's benefit check deciding (``core.policies.plan_checkpoints``);
 - cpr-mfu / cpr-ssu: r = 0.125 of each PS's rows every ``r*T_save`` (most-used rows by the PS's
-  access counters / an ``SsuTracker`` list), restored by replaying the saves (``core.cpr``);
+  access counters / its tables' ``SsuTracker`` lists: ``ParameterServer.partial_save``),
+  restored from the chain ``core.cpr_chain.PartialChain`` folds in the background;
 - ecrm k=2 / k=4: parity of k rows on other PS, kept current by difference propagation; a
   lost PS is decoded chunk by chunk in a background thread while training goes on
   (``core.ecrm``, ``bench/_recovery_ecrm.py``); needs k+1 PS.
@@ -23,7 +24,9 @@ explains), the formula's estimate at the same costs, the held-out AUC change and
 ECRM also each rebuild against reloading that PS's checkpoint and against recovering from it
 (the reload plus the samples trained again, as ECRM's paper compares), the training throughput
 during the rebuild against normal steps of the same run, and whether every decoded row is the
-lost one. Goals (issue 7) end the output as MET / NOT MET; the exit code is 0 when all are met.
+lost one. Goals (issues 7 and 29) end the output as MET / NOT MET; the exit code is 0 when all
+are met. Per failure size it also prints each CPR variant against CPR's model bound, and what
+the MFU/SSU partial saves wrote and their restores read.
 
 The job's length sets how save cost compares with the time between failures. CPR's emulation
 scales its overheads down to keep the production ratio (O_save/T_fail about 0.0034); the
