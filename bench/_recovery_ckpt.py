@@ -3,9 +3,10 @@
 A full save writes every PS's ``ParameterServer.snapshot()`` with
 ``core.checkpoint_files.write_npz`` (checksummed, fsynced, renamed) plus the dense model; a
 load checks the file's checksum and reads it (``read_npz``), then ``restore``-s it into a
-fresh ``ParameterServer``, as a replacement PS does. MFU/SSU saves write the ``r*N`` selected
-rows of each PS (``core.cpr``: ``top_rows`` over the PS's own access counters, or an
-``SsuTracker``'s list) and a restore replays that PS's chain with ``latest_rows``.
+fresh ``ParameterServer``, as a replacement PS does. MFU/SSU saves are the PS's own
+``partial_save`` (the ``r*N`` rows its access counters or its SSU lists select), kept per PS
+in a ``core.cpr_chain.PartialChain`` that folds them in the background; a restore reads the
+folded base and the saves since.
 
 Every PS's save and load is timed on its own: in a cluster the PS save and load in parallel,
 so a save (or a full restore) pauses training for the slowest PS's time, a partial restore for
@@ -14,7 +15,6 @@ the failed PS's time. Here they run one after the other in one process.
 
 from __future__ import annotations
 
-import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -22,8 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import read_npz, read_npz_parts, write_npz
-from airflow_rover.core.cpr import SsuTracker, latest_rows, top_rows
+from airflow_rover.core.checkpoint_files import read_npz, write_npz
+from airflow_rover.core.cpr_chain import PartialChain
+from airflow_rover.ps.server import ParameterServer
 from bench._recovery_cluster import Cluster
 
 
@@ -47,9 +48,14 @@ class CheckpointStore:
     root: Path
     last_full: Path | None = None
     last_full_step: int = 0
-    chains: dict[int, list[Path]] = field(default_factory=dict)
+    chains: dict[int, PartialChain] = field(default_factory=dict)
     saves: int = 0
     partial_saves: int = 0
+    partial_rows: int = 0
+    full_bytes: int = 0  # the last full save's PS files
+    partial_bytes: int = 0
+    restore_bytes: list[int] = field(default_factory=list)  # per partial restore: files read
+    table_bytes_at_restore: list[int] = field(default_factory=list)  # the lost PS's full table
 
     def __post_init__(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -62,7 +68,9 @@ class CheckpointStore:
         per_ps = []
         for p, ps in enumerate(cluster.ps):
             start = time.perf_counter()
-            write_npz(target / f"ps-{p}.npz", ps.snapshot().items())
+            self.full_bytes = write_npz(target / f"ps-{p}.npz", ps.snapshot().items()).bytes + (
+                self.full_bytes if p else 0
+            )
             if p == 0:  # the dense model is saved with PS 0
                 write_npz(target / "dense.npz", cluster.net.state().items())
             per_ps.append(time.perf_counter() - start)
@@ -99,65 +107,66 @@ class CheckpointStore:
 
     # -- MFU / SSU partial saves
 
-    def save_partial(
-        self, cluster: Cluster, r: float, ssu: list[dict[str, SsuTracker]] | None
-    ) -> SaveTimes:
-        """Each PS writes ``ceil(r*N)`` rows per group (N: the ids it owns): MFU the most
-        accessed since their last save (the PS's access counters, cleared for the rows
-        saved), SSU the rows its tracker listed (the list starts over)."""
+    def save_partial(self, cluster: Cluster, r: float, variant: str) -> SaveTimes:
+        """Each PS writes ``ceil(r*N)`` rows per table (N: the rows it holds) with the product's
+        ``ParameterServer.partial_save``: MFU the most accessed since their last save (their
+        counters cleared), SSU the rows its tables' ``SsuTracker`` listed (the list starts
+        over). The PS's ``PartialChain`` takes the file and folds the chain in the background
+        once it holds more than the PS's full table."""
         index = self.partial_saves
         per_ps = []
         for p, ps in enumerate(cluster.ps):
             start = time.perf_counter()
-            arrays: dict[str, np.ndarray] = {}
-            share = cluster.vocab_share(p)
-            for name, table in ps.tables.items():
-                n = math.ceil(r * share[name])
-                with table._lock:  # the PS's own arrays: no call returns them by slot
-                    size = table.size
-                    if ssu is None:
-                        slots = top_rows(table.counts[:size], n)
-                    else:
-                        ids = cluster.local_ids[name][p][ssu[p][name].take()]
-                        slots = table._slot[ids]
-                        slots = np.sort(slots[slots >= 0])
-                    prefix = f"table/{name}/"
-                    arrays[f"{prefix}ids"] = table._ids[slots]
-                    arrays[f"{prefix}rows"] = table.rows[slots]
-                    for key, value in table.state.items():
-                        arrays[f"{prefix}state/{key}"] = value[slots]
-                    if ssu is None:
-                        table.counts[slots] = 0
             path = self.root / f"partial-{index:05d}" / f"ps-{p}.npz"
-            write_npz(path, arrays.items())
-            self.chains.setdefault(p, []).append(path)
+            self.partial_rows += ps.partial_save(path, variant, r)
+            self.chain(p).add(path, table_bytes(ps))
             per_ps.append(time.perf_counter() - start)
+            self.partial_bytes += path.stat().st_size
         self.partial_saves += 1
         return SaveTimes(per_ps)
 
+    def chain(self, p: int) -> PartialChain:
+        if p not in self.chains:
+            self.chains[p] = PartialChain(self.root / f"chain-ps-{p}")
+        return self.chains[p]
+
     def load_chain(self, cluster: Cluster, p: int) -> float:
         """Replace PS ``p`` by a fresh one holding, for each row ever saved, its newest saved
-        copy (``latest_rows``); every other row restarts from its seeded initial value."""
+        copy (the folded base and the saves since); every other row restarts from its seeded
+        initial value."""
         start = time.perf_counter()
         ps = cluster.new_ps(p)
-        saves = []
-        for _, arrays in read_npz_parts(self.chains.get(p, [])):
-            if isinstance(arrays, Exception):
-                raise arrays
-            saves.append(arrays)
+        chain = self.chain(p)
+        saved = chain.read()
+        self.restore_bytes.append(chain.read_bytes)
+        self.table_bytes_at_restore.append(table_bytes(cluster.ps[p]))
         for name, table in ps.tables.items():
             prefix = f"table/{name}/"
-            parts = [
-                (
-                    s[f"{prefix}ids"],
-                    {k[len(prefix) :]: v for k, v in s.items() if k.startswith(prefix)},
-                )
-                for s in saves
-            ]
-            ids, fields = latest_rows(parts, ascending=False)
-            if ids.size:
-                fields.pop("ids", None)
-                fields["counts"] = np.zeros(ids.size, np.uint32)
-                table.restore({"ids": ids, **fields})
+            fields = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+            if fields and fields["ids"].size:
+                fields["counts"] = np.zeros(fields["ids"].size, np.uint32)  # saved: 0 since
+                table.restore(fields)
         cluster.ps[p] = ps
         return time.perf_counter() - start
+
+    def close(self) -> None:
+        """Wait for the folds in flight (their time is reported, not charged)."""
+        for chain in self.chains.values():
+            chain.wait()
+
+    @property
+    def fold_s(self) -> float:
+        return sum(c.fold_s for c in self.chains.values())
+
+    @property
+    def folds(self) -> int:
+        return sum(c.folds for c in self.chains.values())
+
+
+def table_bytes(ps: ParameterServer) -> int:
+    """What a full save of ``ps``'s rows takes: every row with its id, state and counters."""
+    total = 0
+    for table in ps.tables.values():
+        per_row = table.rows.itemsize * table.dim * (1 + len(table.state))
+        total += table.size * (per_row + table.live_ids.itemsize + 4 + 4)  # counts, seen
+    return total

@@ -28,7 +28,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
-from airflow_rover.core.cpr import SsuTracker
 from airflow_rover.core.embedding_placement import EmbeddingGroup, EmbeddingPlacement
 from airflow_rover.core.hashing import partition_of
 from airflow_rover.core.metrics import roc_auc
@@ -264,6 +263,9 @@ class Cluster:
         self.work = work
         self.num_ps = num_ps
         self.layout = work.layout
+        # CPR-SSU (r, sample period): every PS's tables sample their pulls (``enable_ssu``).
+        self.ssu: tuple[float, int] | None = None
+        self.clock = StepClock()
         self.ps = [self.new_ps(i) for i in range(num_ps)]
         self.owner = {
             g.name: partition_of(g.name, np.arange(g.vocab_size, dtype=np.int64), num_ps).astype(
@@ -271,31 +273,31 @@ class Cluster:
             )
             for g in self.layout.groups
         }
-        # The ids each PS owns (ascending) and each id's rank among them: SSU lists rows by rank.
-        self.local_ids = {
-            g: [np.flatnonzero(own == p) for p in range(num_ps)] for g, own in self.owner.items()
-        }
-        self.local_index = {}
-        for g, per_ps in self.local_ids.items():
-            index = np.empty(self.owner[g].size, dtype=np.int64)
-            for ids in per_ps:
-                index[ids] = np.arange(ids.size)
-            self.local_index[g] = index
-        self.ssu: list[dict[str, SsuTracker]] | None = None  # CPR-SSU: fed by every pull
         self.net = net
         net.reset()
-        self.clock = StepClock()
         self.hooks = PsHooks()
         # Held by the trainer while it touches a PS; ECRM's rebuild thread takes them too.
         self.locks = [threading.RLock() for _ in range(num_ps)]
 
     def new_ps(self, index: int) -> ParameterServer:
-        """A PS process as it starts: empty tables, rows created on first use."""
-        return ParameterServer(index, self.num_ps, self.layout, optimizer(), SEED)
+        """A PS process as it starts: empty tables, rows created on first use (and with
+        CPR-SSU on, its tables sampling the pulls, as ``PartialRecovery.setup_ps`` does)."""
+        ps = ParameterServer(index, self.num_ps, self.layout, optimizer(), SEED)
+        if self.ssu is not None:
+            r, period = self.ssu
+            for table in ps.tables.values():
+                table.enable_ssu(r, period, SEED + 31 * index + self.clock.steps)
+        return ps
 
-    def vocab_share(self, index: int) -> dict[str, int]:
-        """Ids of each group PS ``index`` owns (the "N" of CPR's r*N rows per save)."""
-        return {g: ids[index].size for g, ids in self.local_ids.items()}
+    def enable_ssu(self, r: float, sample_period: int) -> None:
+        self.ssu = (r, sample_period)
+        for p, ps in enumerate(self.ps):
+            for table in ps.tables.values():
+                table.enable_ssu(r, sample_period, SEED + 31 * p)
+
+    def ssu_seconds(self) -> list[float]:
+        """Per PS: the seconds its tables spent feeding their SSU lists so far."""
+        return [sum(t.ssu_s for t in ps.tables.values()) for ps in self.ps]
 
     def rows_held(self) -> int:
         return sum(t.size for ps in self.ps for t in ps.tables.values())
@@ -321,6 +323,7 @@ class Cluster:
     def train_step(self, step: int) -> float:
         batch = self.work.batch(step)
         t0 = time.perf_counter()
+        fed = self.ssu_seconds() if self.ssu is not None else []
         groups = self._split(batch)
         inputs: list[Any] = [batch.dense, batch.label]
         for gb in groups:
@@ -329,15 +332,8 @@ class Cluster:
                 with self.locks[p]:
                     rows[pos] = self.hooks.pull(p, self.ps[p].tables[gb.group.name], ids)
             inputs += [rows, gb.inverse]
-        if self.ssu is not None:  # each PS feeds its own lists (the busiest one is charged)
-            spent = np.zeros(self.num_ps)
-            for gb in groups:
-                local = self.local_index[gb.group.name]
-                for p, ids, _ in gb.per_ps:
-                    tracker, slots = self.ssu[p][gb.group.name], local[ids]  # a PS has its slots
-                    ts = time.perf_counter()
-                    tracker.record(slots, assume_unique=True)
-                    spent[p] += time.perf_counter() - ts
+        if fed:  # each PS feeds its own lists inside its pulls (the busiest one is charged)
+            spent = [b - a for a, b in zip(fed, self.ssu_seconds(), strict=True)]
             by_ps = self.clock.tracking_by_ps
             by_ps[:] = [a + b for a, b in zip(by_ps or [0.0] * self.num_ps, spent, strict=True)]
         t1 = time.perf_counter()

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import read_npz, write_npz
-from airflow_rover.core.cpr import CprSaveSchedule, PlsTracker, SsuTracker
+from airflow_rover.core.cpr import CprSaveSchedule, PlsTracker
 from airflow_rover.core.policies import (
     CheckpointCosts,
     CheckpointPlan,
@@ -35,7 +35,7 @@ from airflow_rover.core.policies import (
     plan_checkpoints,
 )
 from bench._recovery_ckpt import CheckpointStore
-from bench._recovery_cluster import BATCH_SIZE, SEED, Cluster, DenseNet, Workload
+from bench._recovery_cluster import BATCH_SIZE, Cluster, DenseNet, Workload
 from bench._recovery_ecrm import EcrmHooks, Verdict
 
 WARMUP_STEPS = 5  # excluded from the failure-free time per step (first-touch pages)
@@ -77,6 +77,7 @@ class Baseline:
     save_s: float
     load_s: float
     partial_save_s: float
+    save_bytes: int  # a full save's PS files
     wall_s: float
 
     @property
@@ -108,6 +109,19 @@ class RecoveryStats:
     held: int
 
 
+@dataclass(frozen=True)
+class PartialStats:
+    """CPR-MFU/SSU: what the partial saves wrote and what each restore read."""
+
+    saves: int
+    rows: int
+    bytes: int
+    restore_bytes: list[int]  # per restore: the files it read
+    table_bytes: list[int]  # per restore: the lost PS's full table then
+    folds: int
+    fold_s: float  # folding the chains, in the background
+
+
 @dataclass
 class RunResult:
     policy: str
@@ -127,6 +141,7 @@ class RunResult:
     interval_steps: float | None = None
     note: str = ""
     recoveries: list[RecoveryStats] = field(default_factory=list)
+    partial: PartialStats | None = None
     wall_s: float = 0.0
 
 
@@ -153,7 +168,8 @@ def run_baseline(work: Workload, net: DenseNet, num_ps: int, root: Path) -> Base
     for _ in range(CALIBRATION_REPEATS):
         saves.append(store.save_full(cluster, 0).pause)
         loads.append(max(store.load_ps(cluster, p) for p in range(num_ps)))
-        partial.append(store.save_partial(cluster, R, None).pause)
+        partial.append(store.save_partial(cluster, R, "mfu").pause)
+    store.close()
     return Baseline(
         num_ps=num_ps,
         auc=auc,
@@ -163,6 +179,7 @@ def run_baseline(work: Workload, net: DenseNet, num_ps: int, root: Path) -> Base
         save_s=min(saves),
         load_s=min(loads),
         partial_save_s=min(partial),
+        save_bytes=store.full_bytes,
         wall_s=time.perf_counter() - started,
     )
 
@@ -208,13 +225,7 @@ def run_checkpointed(
         variant = plan.variant or "vanilla"
     cluster = Cluster(work, base.num_ps, net)
     if variant == "ssu":
-        cluster.ssu = [
-            {
-                g: SsuTracker(n, R, SSU_SAMPLE_PERIOD, seed=SEED + 31 * p)
-                for g, n in cluster.vocab_share(p).items()
-            }
-            for p in range(base.num_ps)
-        ]
+        cluster.enable_ssu(R, SSU_SAMPLE_PERIOD)
     store = CheckpointStore(root / f"{policy}-{base.num_ps}")
     interval = plan.interval_s or math.inf
     schedule = CprSaveSchedule(interval, variant if mode == "partial" else "vanilla", R)  # type: ignore[arg-type]
@@ -233,7 +244,7 @@ def run_checkpointed(
                 result.save_s += store.save_full(cluster, step).pause
                 pls.checkpoint(samples)
             else:
-                result.save_s += store.save_partial(cluster, R, cluster.ssu).pause
+                result.save_s += store.save_partial(cluster, R, variant).pause
                 if due.cycle_start:
                     pls.checkpoint(samples)
             result.saves += 1
@@ -248,12 +259,7 @@ def run_checkpointed(
             if variant == "vanilla":
                 result.load_s += store.load_ps(cluster, failure.ps)
             else:
-                result.load_s += store.load_chain(cluster, failure.ps)
-                if cluster.ssu is not None:  # its list was in the lost process
-                    cluster.ssu[failure.ps] = {
-                        g: SsuTracker(n, R, SSU_SAMPLE_PERIOD, seed=SEED + 97 * step)
-                        for g, n in cluster.vocab_share(failure.ps).items()
-                    }
+                result.load_s += store.load_chain(cluster, failure.ps)  # SSU lists start empty
             pls.failure(samples)
         tracked = cluster.clock.tracking
         start = time.perf_counter()
@@ -263,6 +269,16 @@ def run_checkpointed(
     # SSU: the busiest PS's list work (the PS feed their lists in parallel in a cluster; the
     # total, not the sum of per-step maxima, which would charge this process's noise).
     result.other_s = max(cluster.clock.tracking_by_ps, default=0.0)
+    store.close()
+    result.partial = PartialStats(
+        saves=store.partial_saves,
+        rows=store.partial_rows,
+        bytes=store.partial_bytes,
+        restore_bytes=store.restore_bytes,
+        table_bytes=store.table_bytes_at_restore,
+        folds=store.folds,
+        fold_s=store.fold_s,
+    )
     result.auc = cluster.evaluate()
     result.pls = pls.pls
     # Charged at this run's own time per step (the machine may be busier or quieter than

@@ -118,9 +118,14 @@ def fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-def write_npz(path: Path, arrays: Iterable[tuple[str, np.ndarray]]) -> PartDigest:
+def write_npz(
+    path: Path, arrays: Iterable[tuple[str, np.ndarray]], durable: bool = True
+) -> PartDigest:
     """Write ``arrays`` as a checksummed ``.npz`` at ``path``: temporary sibling, fsync,
-    rename, fsync of the directory. Returns the file's digest and size."""
+    rename, fsync of the directory. Returns the file's digest and size. ``durable=False``
+    leaves both fsyncs to the caller (``sync_file``, off the hot path): the name still only
+    ever holds a complete file for other processes, and the checksum catches a file a
+    machine crash cut short."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "wb") as fh:
@@ -138,11 +143,19 @@ def write_npz(path: Path, arrays: Iterable[tuple[str, np.ndarray]]) -> PartDiges
         fh.seek(-_HEX, os.SEEK_END)
         fh.write(digest.encode())
         fh.flush()
-        os.fsync(fh.fileno())
+        if durable:
+            os.fsync(fh.fileno())
         size = fh.tell()
     os.replace(tmp, path)
-    fsync_path(path.parent)
+    if durable:
+        fsync_path(path.parent)
     return PartDigest(digest, size)
+
+
+def sync_file(path: Path) -> None:
+    """Make a ``write_npz(..., durable=False)`` file durable: the file, then its directory."""
+    fsync_path(path)
+    fsync_path(path.parent)
 
 
 def read_digest(path: Path) -> PartDigest:

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from airflow_rover.core.checkpoint_files import write_npz
+from airflow_rover.core.checkpoint_files import sync_file, write_npz
 from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.job_tls import JobTLS
@@ -33,6 +33,9 @@ from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.tls import add_port, grpc_channel
 
 log = logging.getLogger(__name__)
+# Makes CPR partial saves durable off the request's path, one after the other (a started
+# thread per save cost 0.6 ms of the save's 2-4 ms: its start waits for the GIL).
+_SYNCER = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="partial-sync")
 
 Handler = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 _PERSIST_CODES = {PERSISTING: 1, DONE: 2, FAILED: 3}
@@ -388,13 +391,7 @@ class ParameterServer(Partition):
             return _persist_reply(self.flash.status(path) if self.flash else None)
         if mode == "partial":  # CPR-MFU/SSU: the chosen rows only, written before the reply
             variant = req["variant"].tobytes().decode()
-            r = float(frames.one(req, "r"))
-            arrays: dict[str, np.ndarray] = {}
-            for name, table in self.tables.items():
-                part = table.partial_rows(variant, r)
-                arrays.update({f"table/{name}/{k}": v for k, v in part.items()})
-            write_npz(path, arrays.items())
-            saved = sum(v.shape[0] for k, v in arrays.items() if k.endswith("/ids"))
+            saved = self.partial_save(path, variant, float(frames.one(req, "r")))
             return {"rows": np.array([saved], dtype=np.int64)}
         if mode != "flash":
             raise ValueError(f"save mode {mode!r}: expected sync, flash, partial or status")
@@ -414,6 +411,19 @@ class ParameterServer(Partition):
             "pause_s": np.array([times.pause_s], dtype=np.float64),
             "save_s": np.array([times.save_s], dtype=np.float64),
         }
+
+    def partial_save(self, path: Path, variant: str, r: float) -> int:
+        """A CPR partial save: every table's ``r`` most-used (``mfu``) or sampled (``ssu``)
+        rows with their optimizer state, in one file; returns the rows saved."""
+        arrays: dict[str, np.ndarray] = {}
+        for name, table in self.tables.items():
+            part = table.partial_rows(variant, r)
+            arrays.update({f"table/{name}/{k}": v for k, v in part.items()})
+        # The fsyncs (a fixed 1-5 ms a file, more than the rows of a small save) run in the
+        # background: a save cut short by a machine crash fails its checksum and is skipped.
+        write_npz(path, arrays.items(), durable=False)
+        _SYNCER.submit(sync_file, path)
+        return sum(v.shape[0] for k, v in arrays.items() if k.endswith("/ids"))
 
     def _state_bytes(self) -> int:
         """About what a snapshot takes now (read without locks: an estimate)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
@@ -44,6 +45,7 @@ class EmbeddingTable:
         self._size = 0
         self._lock = threading.Lock()
         self.ssu: SsuTracker | None = None  # CPR-SSU: sub-sampled accesses (``enable_ssu``)
+        self.ssu_s = 0.0  # seconds spent feeding ``ssu`` (what SSU costs the pulls)
 
     def enable_ssu(self, r: float, sample_period: int, seed: int) -> None:
         """Track a sub-sample of the accessed rows for CPR-SSU partial saves."""
@@ -55,8 +57,10 @@ class EmbeddingTable:
         self.counts[slots] += 1
         self.seen[slots] = self.day
         if self.ssu is not None:
+            start = time.perf_counter()
             self.ssu.grow(self._size)
             self.ssu.record(slots, assume_unique=True)  # slots of unique ids
+            self.ssu_s += time.perf_counter() - start
 
     def partial_rows(self, variant: str, r: float) -> dict[str, np.ndarray]:
         """The rows a CPR partial save writes (``snapshot``'s arrays): ``mfu`` the ``r``

@@ -4,6 +4,7 @@ the partial saves after it (a damaged one is skipped)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from test_ps import ADAGRAD, LAYOUT, SEED
 from airflow_rover.core.checkpoint_files import write_npz
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.policies.cpr import apply_partial_saves
+from airflow_rover.ps import server
 from airflow_rover.ps.server import ParameterServer
 
 GROUP = "dim4"
@@ -89,3 +91,43 @@ def test_a_restored_ps_takes_the_partial_saves_after_its_checkpoint(tmp_path: Pa
     now = restored.tables[GROUP].lookup(np.arange(100), create=False)
     np.testing.assert_array_equal(now[:10], fresh[:10])  # the most used: as they were
     np.testing.assert_array_equal(now[10:], stale[10:])  # the rest: as in the checkpoint
+
+
+def test_a_partial_save_file_holds_only_the_selected_rows(tmp_path: Path) -> None:
+    """Its bytes scale with the rows it holds: r of the rows, about r of a full save's
+    bytes (every row's id, values, optimizer state and counters, nothing else)."""
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    for start in range(0, 1200, 100):  # 1200 rows, the first 300 pulled 3 times
+        for _ in range(3 if start < 300 else 1):
+            ps.pull({f"ids/{GROUP}": np.arange(start, start + 100)})
+    full = write_npz(tmp_path / "full.npz", ps.snapshot().items()).bytes
+    path = tmp_path / "p" / "ps-0.npz"
+    rows = ps.partial_save(path, "mfu", 0.125)
+    assert rows == math.ceil(0.125 * 1200)
+    with np.load(path) as saved:
+        ids = saved[f"table/{GROUP}/ids"]
+        assert ids.size == rows and set(ids) <= set(range(300))  # the most pulled only
+        assert all(v.shape[0] == rows for k, v in saved.items() if k.startswith(f"table/{GROUP}/"))
+    size = path.stat().st_size
+    print(f"partial save: {rows}/1200 rows, {size:,} of a full save's {full:,} bytes")
+    assert size <= 0.125 * full + 4096  # + the zip headers of its 18 arrays
+
+
+def test_a_partial_save_is_made_durable_off_the_request(tmp_path: Path) -> None:
+    """The reply does not wait for the fsyncs: they run on the PS's sync thread, in order."""
+    ps = trained_ps()
+    path = tmp_path / "p" / "ps-0.npz"
+    ps.partial_save(path, "mfu", 0.1)
+    assert path.exists()
+    server._SYNCER.submit(lambda: None).result(timeout=10)  # the sync before it is done
+    with np.load(path) as saved:
+        assert saved[f"table/{GROUP}/ids"].size == 10
+
+
+def test_ssu_time_feeding_the_lists_is_counted(tmp_path: Path) -> None:
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    table = ps.tables[GROUP]
+    table.enable_ssu(r=0.1, sample_period=1, seed=3)
+    ps.pull({f"ids/{GROUP}": np.arange(200, dtype=np.int64)})
+    assert table.ssu_s > 0
+    assert ps.tables["dim1"].ssu_s == 0  # not sampling: nothing counted

@@ -85,6 +85,28 @@ def test_costs_and_goals_are_printed(quick_run: tuple[str, float]) -> None:
     costs = section(out, "Measured costs")
     assert sum(1 for line in costs if re.match(r"^(12\.5|25|50)%\s", line)) == 3
     goals = [g for g in section(out, "Goals")[1:] if g.strip() and not g.startswith("(")]
-    assert len(goals) == 3 * 5 + 2 * 2 + 2  # CPR x3 + AUC x2 per size; ECRM (k, size) x2
+    # per size: CPR's bound x3, vs vanilla x2, AUC x2; 90% below full x2 at 12.5% and 25%;
+    # ECRM (k, size) x2
+    assert len(goals) == 3 * (3 + 2 + 2) + 2 * 2 + 3 * 2
     assert all(re.match(r"^(MET|NOT MET) ", g) for g in goals)
     assert re.search(r"^\(seed 0, quick run, [\d.]+ s\)$", out, flags=re.M)
+
+
+def test_partial_saves_scale_with_their_rows_and_restores_read_about_one_table(
+    quick_run: tuple[str, float],
+) -> None:
+    """Per failure size: each CPR variant against the model bound; an MFU/SSU save writes
+    about r = 1/8 of a full save's bytes, and a restore reads at most about one table (the
+    folded chain: base, slack 1/4, the newest save), not the whole chain."""
+    lines = section(quick_run[0], "CPR against its model bound")
+    for variant in ("cpr-vanilla", "cpr-mfu", "cpr-ssu"):
+        for size in SIZES:
+            row = next(line for line in lines if re.match(rf"^{variant}\s+{size}\s", line))
+            cells = row.split()
+            of_bound = float(cells[5])
+            assert -100 < of_bound < 2
+            if variant == "cpr-vanilla":
+                continue
+            save_share, restore_share = float(cells[7]), float(cells[8])
+            assert 0 < save_share <= 0.125 * 1.2, row
+            assert 0 < restore_share <= 1.0 + 0.25 + 0.125 + 0.1, row
