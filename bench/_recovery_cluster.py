@@ -219,13 +219,7 @@ class StepClock:
     push: float = 0.0
     parity: float = 0.0  # ECRM difference propagation, inside push
     degraded: float = 0.0  # ECRM degraded reads, inside pull
-    tracking_by_ps: list[float] = field(default_factory=list)  # CPR-SSU: each PS feeding its lists
     steps: int = 0
-
-    @property
-    def tracking(self) -> float:
-        """CPR-SSU list work of every PS (inside pull; this process does it serially)."""
-        return sum(self.tracking_by_ps)
 
     @property
     def total(self) -> float:
@@ -295,10 +289,6 @@ class Cluster:
             for table in ps.tables.values():
                 table.enable_ssu(r, sample_period, SEED + 31 * p)
 
-    def ssu_seconds(self) -> list[float]:
-        """Per PS: the seconds its tables spent feeding their SSU lists so far."""
-        return [sum(t.ssu_s for t in ps.tables.values()) for ps in self.ps]
-
     def rows_held(self) -> int:
         return sum(t.size for ps in self.ps for t in ps.tables.values())
 
@@ -323,7 +313,6 @@ class Cluster:
     def train_step(self, step: int) -> float:
         batch = self.work.batch(step)
         t0 = time.perf_counter()
-        fed = self.ssu_seconds() if self.ssu is not None else []
         groups = self._split(batch)
         inputs: list[Any] = [batch.dense, batch.label]
         for gb in groups:
@@ -332,10 +321,6 @@ class Cluster:
                 with self.locks[p]:
                     rows[pos] = self.hooks.pull(p, self.ps[p].tables[gb.group.name], ids)
             inputs += [rows, gb.inverse]
-        if fed:  # each PS feeds its own lists inside its pulls (the busiest one is charged)
-            spent = [b - a for a, b in zip(fed, self.ssu_seconds(), strict=True)]
-            by_ps = self.clock.tracking_by_ps
-            by_ps[:] = [a + b for a, b in zip(by_ps or [0.0] * self.num_ps, spent, strict=True)]
         t1 = time.perf_counter()
         loss, grads = self.net.step(*inputs)
         grads = [g.numpy() for g in grads]

@@ -10,7 +10,8 @@ rollback replays exactly the samples it lost. The overhead is charged like CPR's
 * each failure: the measured load (the failed PS's, or the slowest PS's for full recovery);
 * full recovery: the retrained samples at the run's own median time per step (lost
   computation), and the failure-free time is that same time per step times the steps;
-* CPR-SSU: the busiest PS's measured time spent feeding its lists;
+* CPR-SSU: nothing per step (its rows are drawn at save time from the access counters,
+  inside the save);
 * ECRM: the measured difference-propagation time of normal steps, plus the time the steps
   during a rebuild took beyond normal steps, plus its backup saves;
 * rescheduling a replacement (O_res) is 0: nothing is rescheduled here.
@@ -130,7 +131,7 @@ class RunResult:
     save_s: float = 0.0
     load_s: float = 0.0
     lost_s: float = 0.0
-    other_s: float = 0.0  # SSU: feeding its lists; ECRM: slower steps while rebuilding
+    other_s: float = 0.0  # ECRM: slower steps while rebuilding
     running: float = 0.0  # ECRM: the busiest PS's parity work, share of the step time
     serial_running: float = 0.0  # ECRM: all PS's parity work (as this process does it)
     overhead: float = 0.0  # share of the failure-free training time
@@ -234,7 +235,7 @@ def run_checkpointed(
     if plan.policy != plan.requested and policy != "partial":
         result.note = "fell back to full recovery (CPR's benefit check)"
     pending = list(failures)
-    own: list[float] = []  # this run's step times, SSU tracking left out
+    own: list[float] = []  # this run's step times
     step = 0
     while step < work.steps:
         samples = step * BATCH_SIZE
@@ -261,14 +262,10 @@ def run_checkpointed(
             else:
                 result.load_s += store.load_chain(cluster, failure.ps)  # SSU lists start empty
             pls.failure(samples)
-        tracked = cluster.clock.tracking
         start = time.perf_counter()
         cluster.train_step(step)
-        own.append(time.perf_counter() - start - (cluster.clock.tracking - tracked))
+        own.append(time.perf_counter() - start)
         step += 1
-    # SSU: the busiest PS's list work (the PS feed their lists in parallel in a cluster; the
-    # total, not the sum of per-step maxima, which would charge this process's noise).
-    result.other_s = max(cluster.clock.tracking_by_ps, default=0.0)
     store.close()
     result.partial = PartialStats(
         saves=store.partial_saves,

@@ -436,12 +436,12 @@ def main(argv: list[str] | None = None) -> int:
         lines,
     )
     print(
-        "   overhead: measured save/load pauses + retrained samples (+ SSU tracking, ECRM parity\n"
+        "   overhead: measured save/load pauses + retrained samples (+ ECRM parity\n"
         "   and slower steps while rebuilding) over the failure-free training time; model: CPR\n"
         f"   eq. 1/2 (ECRM: ecrm_overhead) at the measured costs; PLS target {TARGET_PLS}, "
         f"r = {R}; AUC delta vs the failure-free run.\n"
         "   ms s/l/r/o: the overhead's parts in ms: saves / loads / retrained samples / other\n"
-        "   (SSU tracking; ECRM: slower steps while rebuilding; ECRM's parity work not included)."
+        "   (ECRM: slower steps while rebuilding; ECRM's parity work not included)."
     )
     if rec_lines:
         print("\n== ECRM: each failure's rebuild (training goes on) vs the checkpoint's recovery")

@@ -10,8 +10,9 @@ Pure numpy, no Airflow, network or TensorFlow (CPR paper sections 4.1-4.2,
   vanilla every PS in full every ``T_save``; MFU/SSU ``r*N`` rows of each PS every ``r*T_save``.
 * each PS selects the rows of an MFU/SSU save: MFU from its 4-byte per-row access counters
   (``top_rows(table.counts[:size], n)`` on the counters the PS already keeps, or an
-  ``MfuTracker``), then clears the saved rows' counters; SSU from an ``SsuTracker`` fed with the
-  row indices each pull touches. A restore replays the partial saves in order
+  ``MfuTracker``), then clears the saved rows' counters; SSU from the same counters at save
+  time (``SsuSampler``: what an ``SsuTracker`` fed with every pull's rows would list, drawn
+  with no work per pull). A restore replays the partial saves in order
   (``latest_rows``): a row never saved is still its seeded initial value.
 * ``simulate_pls`` / ``simulate_overhead`` run the failure process the formulas assume, so a
   unit test can hold the formulas to it.
@@ -374,6 +375,48 @@ class SsuTracker:
         self._listed[out] = 0
         self._len = 0
         return out
+
+
+class SsuSampler:
+    """CPR-SSU's list drawn at save time from the access counters the PS keeps for every row
+    anyway, instead of a list fed on every pull (``SsuTracker``).
+
+    Each data point is sampled with probability ``1/sample_period``: a row accessed ``c``
+    times since the last save was touched by a sampled point with probability
+    ``1 - (1 - 1/sample_period)**c``, so each accessed row is drawn with that probability. Of
+    the drawn rows at most ``ceil(r*N)`` are kept; as the tracker's full list drops random
+    entries and rows accessed often come back, the kept ones are drawn with weights by their
+    accesses (Efraimidis-Spirakis keys: one pass, no per-row Python). The counters are the
+    caller's to clear after a save.
+    """
+
+    def __init__(self, r: float = 0.125, sample_period: int = 2, seed: int = 0) -> None:
+        if not 0 < r <= 1:
+            raise ValueError(f"r={r!r}: must be in (0, 1]")
+        if sample_period < 1:
+            raise ValueError(f"sample_period={sample_period!r}: must be >= 1")
+        self.r = r
+        self.sample_period = sample_period
+        self._rng = np.random.default_rng(seed)
+
+    def capacity(self, num_rows: int) -> int:
+        return max(1, math.ceil(self.r * num_rows)) if num_rows else 0
+
+    def take(self, counts: np.ndarray) -> np.ndarray:
+        """The rows (ascending) of the list, from each row's accesses since the last save."""
+        touched = np.flatnonzero(counts)
+        if touched.size == 0:
+            return touched
+        accesses = counts[touched].astype(np.float64)
+        if self.sample_period > 1:
+            missed = math.log1p(-1.0 / self.sample_period)  # log of one access unsampled
+            drawn = self._rng.random(touched.size) < -np.expm1(accesses * missed)
+            touched, accesses = touched[drawn], accesses[drawn]
+        cap = self.capacity(counts.size)
+        if touched.size > cap:
+            keys = np.log(self._rng.random(touched.size)) / accesses
+            touched = touched[np.argpartition(keys, touched.size - cap)[touched.size - cap :]]
+        return np.sort(touched)
 
 
 # ----------------------------------------------------------------------------- saves

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import numpy as np
 
-from airflow_rover.core.cpr import SsuTracker, top_rows
+from airflow_rover.core.cpr import SsuSampler, top_rows
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.training_optimizers import Optimizer
@@ -44,28 +43,22 @@ class EmbeddingTable:
         self.day = UNKNOWN_DAY  # the job's day: what a row touched now records
         self._size = 0
         self._lock = threading.Lock()
-        self.ssu: SsuTracker | None = None  # CPR-SSU: sub-sampled accesses (``enable_ssu``)
-        self.ssu_s = 0.0  # seconds spent feeding ``ssu`` (what SSU costs the pulls)
+        self.ssu: SsuSampler | None = None  # CPR-SSU: its rows drawn from ``counts``
 
     def enable_ssu(self, r: float, sample_period: int, seed: int) -> None:
-        """Track a sub-sample of the accessed rows for CPR-SSU partial saves."""
-        self.ssu = SsuTracker(self._size, r, sample_period, seed)
+        """CPR-SSU partial saves: a sub-sample of the rows accessed since the last one."""
+        self.ssu = SsuSampler(r, sample_period, seed)
 
     def _accessed(self, slots: np.ndarray) -> None:
         """Count an access to ``slots`` (caller holds the lock): the 4-byte counter CPR-MFU
-        ranks by, and the SSU sample when it is on."""
+        ranks by and CPR-SSU samples from."""
         self.counts[slots] += 1
         self.seen[slots] = self.day
-        if self.ssu is not None:
-            start = time.perf_counter()
-            self.ssu.grow(self._size)
-            self.ssu.record(slots, assume_unique=True)  # slots of unique ids
-            self.ssu_s += time.perf_counter() - start
 
     def partial_rows(self, variant: str, r: float) -> dict[str, np.ndarray]:
         """The rows a CPR partial save writes (``snapshot``'s arrays): ``mfu`` the ``r``
-        most-accessed since their last save (their counters are then cleared), ``ssu`` the
-        sub-sampled list (then emptied)."""
+        most-accessed since their last save (their counters are then cleared), ``ssu`` a
+        sub-sample of the rows accessed since the last save (every counter is then cleared)."""
         with self._lock:
             n = self._size
             if variant == "mfu":
@@ -73,7 +66,7 @@ class EmbeddingTable:
             elif variant == "ssu":
                 if self.ssu is None:
                     raise ValueError(f"table {self.name!r}: ssu partial save without SSU sampling")
-                slots = self.ssu.take()
+                slots = self.ssu.take(self.counts[:n])
             else:
                 raise ValueError(f"partial save: variant={variant!r}; accepted: mfu, ssu")
             out = {"ids": self._ids[slots], "rows": self.rows[slots], "counts": self.counts[slots]}
@@ -81,6 +74,8 @@ class EmbeddingTable:
             out.update({f"state/{k}": v[slots] for k, v in self.state.items()})
             if variant == "mfu":
                 self.counts[slots] = 0
+            else:
+                self.counts[:n] = 0
             return out
 
     @property
@@ -263,8 +258,6 @@ class EmbeddingTable:
                 value[: keep.size] = value[keep]
             self._size = keep.size
             self._slot[self._ids[: keep.size]] = np.arange(keep.size, dtype=np.int32)
-            if self.ssu is not None:  # its entries were slots of the old order
-                self.ssu = SsuTracker(keep.size, self.ssu.r, self.ssu.sample_period)
             return out
 
     def absorb(self, arrays: dict[str, np.ndarray]) -> None:

@@ -12,6 +12,7 @@ from airflow_rover.core.cpr import (
     CprSaveSchedule,
     MfuTracker,
     PlsTracker,
+    SsuSampler,
     SsuTracker,
     latest_rows,
     simulate_overhead,
@@ -239,6 +240,37 @@ def test_ssu_keeps_frequent_rows_more_often():
         kept_hot += np.isin(hot, listed).sum()
         kept_cold += np.isin(cold, listed).sum()
     assert kept_hot / (20 * hot.size) > 5 * kept_cold / (20 * cold.size)
+
+
+def test_the_ssu_sampler_keeps_what_the_tracker_keeps_from_the_counters():
+    """Drawn at save time from the access counters, SSU keeps the hot rows as the tracker fed
+    on every pull does (the high-pass filter), within its capacity, seeded."""
+    rng = np.random.default_rng(4)
+    hot, cold = np.arange(20), np.arange(20, 10_000)
+    kept: dict[str, list[int]] = {"tracker": [0, 0], "sampler": [0, 0]}
+    for trial in range(20):
+        tracker = SsuTracker(num_rows=10_000, r=0.01, sample_period=2, seed=trial)
+        counts = np.zeros(10_000, dtype=np.uint32)
+        for _ in range(50):
+            batch = np.unique(np.concatenate([np.repeat(hot, 5), rng.choice(cold, 200)]))
+            tracker.record(batch, assume_unique=True)
+            counts[batch] += 1  # what a table's pulls count (unique rows per pull)
+        sampled = SsuSampler(r=0.01, sample_period=2, seed=trial).take(counts)
+        assert sampled.size <= 100 and np.unique(sampled).size == sampled.size
+        for name, listed in (("tracker", tracker.rows()), ("sampler", sampled)):
+            kept[name][0] += int(np.isin(hot, listed).sum())
+            kept[name][1] += int(np.isin(cold, listed).sum())
+    for hot_kept, cold_kept in kept.values():
+        assert hot_kept / (20 * hot.size) > 5 * cold_kept / (20 * cold.size)
+    assert kept["sampler"][0] >= 0.9 * kept["tracker"][0]
+    counts = rng.integers(0, 3, size=500).astype(np.uint32)
+    np.testing.assert_array_equal(
+        SsuSampler(0.1, 2, 7).take(counts), SsuSampler(0.1, 2, 7).take(counts)
+    )
+    everything = SsuSampler(r=1.0, sample_period=1).take(counts)
+    np.testing.assert_array_equal(everything, np.flatnonzero(counts))
+    with pytest.raises(ValueError, match="sample_period"):
+        SsuSampler(0.1, 0)
 
 
 def test_ssu_is_seeded_and_keeps_everything_under_capacity():

@@ -63,7 +63,8 @@ def test_ssu_saves_its_bounded_sample(tmp_path: Path) -> None:
         ps.pull({f"ids/{GROUP}": np.arange(200, dtype=np.int64)})
     saved = partial_save(ps, tmp_path / "p" / "ps-0.npz", "ssu", 0.1)
     assert 0 < saved["rows"] <= 20  # at most r * rows
-    assert len(ps.tables[GROUP].ssu or []) == 0  # taken
+    table = ps.tables[GROUP]
+    assert not table.counts[: table.size].any()  # taken: the next save samples what follows
     with pytest.raises(ValueError, match="without SSU sampling"):
         partial_save(ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED), tmp_path / "x.npz", "ssu", 0.1)
     with pytest.raises(ValueError, match="accepted: mfu, ssu"):
@@ -124,10 +125,18 @@ def test_a_partial_save_is_made_durable_off_the_request(tmp_path: Path) -> None:
         assert saved[f"table/{GROUP}/ids"].size == 10
 
 
-def test_ssu_time_feeding_the_lists_is_counted(tmp_path: Path) -> None:
+def test_ssu_draws_from_the_access_counters_at_save_time() -> None:
+    """SSU adds nothing to a pull: its partial save draws, from the rows accessed since the
+    last one, at most ceil(r*N), frequent rows more often, and clears the counters."""
     ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
     table = ps.tables[GROUP]
-    table.enable_ssu(r=0.1, sample_period=1, seed=3)
-    ps.pull({f"ids/{GROUP}": np.arange(200, dtype=np.int64)})
-    assert table.ssu_s > 0
-    assert ps.tables["dim1"].ssu_s == 0  # not sampling: nothing counted
+    table.enable_ssu(r=0.1, sample_period=2, seed=3)
+    for _ in range(8):  # rows 0-99 pulled 8 times, 100-999 once
+        ps.pull({f"ids/{GROUP}": np.arange(100, dtype=np.int64)})
+    ps.pull({f"ids/{GROUP}": np.arange(100, 1000, dtype=np.int64)})
+    part = table.partial_rows("ssu", 0.1)
+    ids = part["ids"]
+    assert ids.size == 100 and np.unique(ids).size == 100  # the list is full: ceil(0.1 * 1000)
+    assert np.count_nonzero(ids < 100) > 30  # a tenth of the rows, a third of the list or more
+    assert not table.counts[: table.size].any()  # the next save samples the accesses after it
+    assert table.partial_rows("ssu", 0.1)["ids"].size == 0  # nothing accessed since
