@@ -244,11 +244,11 @@ class SsuTracker:
     1-byte "sampled" flag per row (one scatter); the list is updated in bulk (``_flush``) once
     a capacity's worth of rows was marked (at least ``FLUSH_ROWS``), or when it is read: one
     pass over the flags finds the marked rows not listed yet, each once, and they are added
-    as one batch's rows were (each draws a place among the list and the newcomers). This
-    replaced a dozen numpy calls and a pass over each sampled pull's rows per call (36-51 us
-    per step of the recovery bench). The list is unordered (a new row takes an evicted row's
-    place) and a 1-byte "listed" flag per row answers "listed already?". Memory: 2 bytes per
-    row plus 8 bytes per listed row (3 bytes per row at r = 1/8), below MFU's 4-byte counters.
+    as one batch's rows were (each draws a place among the list and the newcomers). The list
+    is unordered (a new row takes an evicted row's place) and a 1-byte "listed" flag per row
+    answers "listed already?". Memory: 2 bytes per row plus 8 bytes per listed row (3 bytes
+    per row at r = 1/8), below MFU's 4-byte counters. CPR's reference algorithm: the PS, whose
+    tables keep those counters anyway, draws the same list at save time (``SsuSampler``).
     """
 
     FLUSH_ROWS = 4096  # marks before a flush, for lists smaller than that
