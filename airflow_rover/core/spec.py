@@ -720,7 +720,16 @@ def describe_errors(exc: ValidationError, model: type[BaseModel] | None = None) 
 
 def _model_at(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
     """The model that holds the key at ``loc`` (a path of field names and list indexes from
-    ``model``); None where the path leaves the models (a plain dict)."""
+    ``model``, or from a model that holds ``model`` as a field: the path's first steps then
+    name that field); None where the path leaves the models (a plain dict)."""
+    for start in range(len(loc) + 1):
+        found = _walk(model, loc[start:])
+        if found is not None:
+            return found
+    return None
+
+
+def _walk(model: type[BaseModel], loc: Sequence[int | str]) -> type[BaseModel] | None:
     for step in loc:
         if isinstance(step, int):
             continue  # an item of a list or tuple field: its model was found with the field
