@@ -233,6 +233,19 @@ class MfuTracker:
 # ----------------------------------------------------------------------------- SSU
 
 
+def check_ssu_options(r: float, sample_period: int) -> None:
+    """CPR-SSU's list share ``r`` and sampling period, or a ValueError naming the bad one."""
+    if not 0 < r <= 1:
+        raise ValueError(f"r={r!r}: must be in (0, 1]")
+    if sample_period < 1:
+        raise ValueError(f"sample_period={sample_period!r}: must be >= 1")
+
+
+def ssu_capacity(r: float, num_rows: int) -> int:
+    """The most rows an SSU list of share ``r`` holds over ``num_rows`` rows."""
+    return max(1, math.ceil(r * num_rows)) if num_rows else 0
+
+
 class SsuTracker:
     """CPR-SSU: a bounded list of at most ``ceil(r*N)`` distinct rows, fed by a sub-sample of
     the data points (one ``record`` call in ``sample_period`` on average: a call is a batch's
@@ -256,10 +269,7 @@ class SsuTracker:
     def __init__(
         self, num_rows: int = 0, r: float = 0.125, sample_period: int = 2, seed: int = 0
     ) -> None:
-        if not 0 < r <= 1:
-            raise ValueError(f"r={r!r}: must be in (0, 1]")
-        if sample_period < 1:
-            raise ValueError(f"sample_period={sample_period!r}: must be >= 1")
+        check_ssu_options(r, sample_period)
         self.r = r
         self.sample_period = sample_period
         self._rng = np.random.default_rng(seed)
@@ -275,7 +285,7 @@ class SsuTracker:
 
     @property
     def capacity(self) -> int:
-        return max(1, math.ceil(self.r * self._n)) if self._n else 0
+        return ssu_capacity(self.r, self._n)
 
     @property
     def num_rows(self) -> int:
@@ -391,16 +401,13 @@ class SsuSampler:
     """
 
     def __init__(self, r: float = 0.125, sample_period: int = 2, seed: int = 0) -> None:
-        if not 0 < r <= 1:
-            raise ValueError(f"r={r!r}: must be in (0, 1]")
-        if sample_period < 1:
-            raise ValueError(f"sample_period={sample_period!r}: must be >= 1")
+        check_ssu_options(r, sample_period)
         self.r = r
         self.sample_period = sample_period
         self._rng = np.random.default_rng(seed)
 
     def capacity(self, num_rows: int) -> int:
-        return max(1, math.ceil(self.r * num_rows)) if num_rows else 0
+        return ssu_capacity(self.r, num_rows)
 
     def take(self, counts: np.ndarray) -> np.ndarray:
         """The rows (ascending) of the list, from each row's accesses since the last save."""

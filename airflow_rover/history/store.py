@@ -471,7 +471,7 @@ class HistoryStore:
         if decision.source != "history":
             return decision
         ids = [m.job.job_id for m in decision.matches]
-        samples, busy = self.observations(ids), self.busy_shares(ids)
+        samples, busy = self.samples(ids)
         shape = shape or (refinement.shape if refinement is not None else None)
         decision = replace(decision, prior=self.prior(ids, samples, shape, busy))
         if refinement is None:
@@ -507,38 +507,37 @@ class HistoryStore:
 
     def observations(self, job_ids: list[str]) -> list[tuple[ResourcePlan, float]]:
         """(plan, seconds per worker iteration) of every throughput sample of these jobs."""
-        query = select(throughput.c.plan, throughput.c.step_time_ms).where(
-            throughput.c.job_id.in_(job_ids)
-        )
-        with self.engine.connect() as conn:
-            rows = conn.execute(query).all()
-        found = []
-        for plan, step_ms in rows:
-            try:
-                if step_ms and step_ms > 0:
-                    found.append((ResourcePlan.model_validate(plan), float(step_ms) / 1000.0))
-            except ValidationError:  # a plan recorded by another version: not comparable
-                continue
-        return found
+        return self.samples(job_ids)[0]
 
     def busy_shares(self, job_ids: list[str]) -> list[BusyShare]:
         """What the nodes kept busy at each throughput sample of these jobs that says
         (samples recorded before busy shares were kept have none)."""
+        return self.samples(job_ids)[1]
+
+    def samples(
+        self, job_ids: list[str]
+    ) -> tuple[list[tuple[ResourcePlan, float]], list[BusyShare]]:
+        """``observations`` and ``busy_shares`` of these jobs, from one read of their samples."""
         t = throughput.c
         query = select(t.plan, t.step_time_ms, t.worker_busy, t.ps_busy).where(
-            t.job_id.in_(job_ids), t.worker_busy.is_not(None), t.ps_busy.is_not(None)
+            t.job_id.in_(job_ids)
         )
         with self.engine.connect() as conn:
             rows = conn.execute(query).all()
-        found = []
+        times: list[tuple[ResourcePlan, float]] = []
+        busy: list[BusyShare] = []
         for plan, step_ms, worker, ps in rows:
-            try:
-                if step_ms and step_ms > 0:
-                    seen = ResourcePlan.model_validate(plan)
-                    found.append(BusyShare(seen, float(step_ms) / 1000.0, float(worker), float(ps)))
-            except ValidationError:
+            if not (step_ms and step_ms > 0):
                 continue
-        return found
+            try:
+                seen = ResourcePlan.model_validate(plan)
+            except ValidationError:  # a plan recorded by another version: not comparable
+                continue
+            seconds = float(step_ms) / 1000.0
+            times.append((seen, seconds))
+            if worker is not None and ps is not None:
+                busy.append(BusyShare(seen, seconds, float(worker), float(ps)))
+        return times, busy
 
 
 def _job_row(record: JobRecord, now: float) -> dict[str, Any]:

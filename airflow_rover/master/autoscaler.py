@@ -216,9 +216,8 @@ class Autoscaler:
             "samples_per_second": round(samples_per_second, 1),
             "step_time_ms": step_ms,
         }
-        if self._busy.get(plan):  # what the plan's nodes kept busy: the history's prior uses it
-            sample["worker_busy"] = round(statistics.median(w for w, _ in self._busy[plan]), 4)
-            sample["ps_busy"] = round(statistics.median(ps for _, ps in self._busy[plan]), 4)
+        if (busy := self._busy_shares(plan)) is not None:  # the history's prior fits them too
+            sample["worker_busy"], sample["ps_busy"] = round(busy[0], 4), round(busy[1], 4)
         self.throughput.append(sample)
         self._step_ms[plan].append(step_ms)
         self._seen[plan] += 1
@@ -406,14 +405,9 @@ class Autoscaler:
         if prior is None:  # cold: the paper's proportions at the first plan's speed
             prior = Coefficients.paper().scaled_to(self.shape, *observations[0])
         busy = [
-            BusyShare(
-                p,
-                seconds,
-                statistics.median(w for w, _ in self._busy[p]),
-                statistics.median(ps for _, ps in self._busy[p]),
-            )
+            BusyShare(p, seconds, *shares)
             for p, seconds in observations
-            if self._busy.get(p)
+            if (shares := self._busy_shares(p)) is not None
         ]
         model = ThroughputModel.fit(self.shape, observations, prior, PRIOR_WEIGHT, busy)
         return replace(model, host=self.host_bound())
@@ -433,11 +427,19 @@ class Autoscaler:
         ]
         return HostBound.fit(self.host_cores, uses)
 
+    def _busy_shares(self, plan: ResourcePlan) -> tuple[float, float] | None:
+        """The median busy shares (workers', busiest PS's) profiled under ``plan``."""
+        seen = self._busy.get(plan)
+        if not seen:
+            return None
+        return statistics.median(w for w, _ in seen), statistics.median(ps for _, ps in seen)
+
     def _learn_busy(self, plan: ResourcePlan, nodes: Mapping[str, NodeSample]) -> None:
         """The share of their cores the workers (on average) and the busiest PS kept busy."""
         shares: dict[str, list[float]] = {"ps": [], "worker": []}
+        in_plan = set(plan.node_ids())
         for node, sample in nodes.items():
-            if sample.role in shares and node in plan.node_ids():
+            if sample.role in shares and node in in_plan:
                 shares[sample.role].append(sample.cpu_used / plan.size_of(node)[0])
         if shares["ps"] and shares["worker"]:
             self._busy[plan].append((statistics.mean(shares["worker"]), max(shares["ps"])))
