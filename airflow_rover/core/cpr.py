@@ -486,12 +486,13 @@ def latest_rows(
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Merge partial saves (oldest first) into one: each id's fields from its newest save.
 
-    This is what restoring an MFU/SSU checkpoint chain (or compacting it) needs. Ids are unique
-    within a save and bounded (hashed into a vocabulary), so the saves are walked newest first
-    with a 1-byte flag per id: each save gives only the rows no newer save has, and only the
-    result is sorted (a chain holds the hot rows many times). ``ascending=False`` skips that
-    sort and its gather (ids newest save first) for a restore, which takes rows in any order:
-    they were 45 of the 80 ms of a 20-save chain's merge, profiled.
+    This is what restoring an MFU/SSU checkpoint chain (or compacting it) needs. Saves are
+    walked newest first, each giving only the rows no newer save has, and only the result is
+    sorted (a chain holds the hot rows many times). Ids hashed into a bounded vocabulary are
+    flagged in a 1-byte array per id; raw 64-bit ids (any sign, any range) are ranked by
+    ``np.unique`` instead. ``ascending=False`` skips the final sort and its gather (ids newest
+    save first) for a restore, which takes rows in any order: they were 45 of the 80 ms of a
+    20-save chain's merge, profiled.
     """
     if not saves:
         return np.empty(0, dtype=np.int64), {}
@@ -499,16 +500,17 @@ def latest_rows(
     for _, fields in saves:
         if list(fields) != names:
             raise ValueError(f"every save must carry the same fields {names}")
-    all_ids = [np.asarray(i, dtype=np.int64) for i, _ in saves]
-    if any(i.size and i.min() < 0 for i in all_ids):
-        raise ValueError("ids must be >= 0")
-    seen = np.zeros(max((int(i.max()) + 1 for i in all_ids if i.size), default=0), dtype=bool)
+    newest_first = [(np.asarray(ids, dtype=np.int64), fields) for ids, fields in reversed(saves)]
+    total = sum(ids.size for ids, _ in newest_first)
+    low = min((int(ids.min()) for ids, _ in newest_first if ids.size), default=0)
+    high = max((int(ids.max()) for ids, _ in newest_first if ids.size), default=-1)
+    if low >= 0 and high < _FLAG_IDS_PER_ROW * total + _FLAG_MIN_IDS:
+        picks = _fresh_by_flags(newest_first, high + 1)
+    else:
+        picks = _fresh_by_unique(newest_first)
     ids_parts: list[np.ndarray] = []
     field_parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for ids, (_, fields) in zip(reversed(all_ids), reversed(saves), strict=True):
-        newer = seen[ids]
-        seen[ids] = True
-        fresh = None if not newer.any() else ~newer
+    for (ids, fields), fresh in zip(newest_first, picks, strict=True):
         ids_parts.append(ids if fresh is None else ids[fresh])
         for name in names:
             value = np.asarray(fields[name])
@@ -519,6 +521,40 @@ def latest_rows(
         return ids, fields_out
     order = np.argsort(ids, kind="stable")
     return ids[order], {name: value[order] for name, value in fields_out.items()}
+
+
+# A flag per possible id while the ids span at most this many per row merged (plus a floor):
+# beyond, the flags would cost more memory than ``np.unique``'s sort costs time.
+_FLAG_IDS_PER_ROW = 64
+_FLAG_MIN_IDS = 1 << 20
+
+Saves = Sequence[tuple[np.ndarray, Mapping[str, np.ndarray]]]
+
+
+def _fresh_by_flags(newest_first: Saves, span: int) -> list[np.ndarray | None]:
+    """Per save (newest first), the mask of its ids no newer save has (None: all of them)."""
+    seen = np.zeros(span, dtype=bool)
+    picks: list[np.ndarray | None] = []
+    for ids, _ in newest_first:
+        newer = seen[ids]
+        seen[ids] = True
+        picks.append(None if not newer.any() else ~newer)
+    return picks
+
+
+def _fresh_by_unique(newest_first: Saves) -> list[np.ndarray | None]:
+    """``_fresh_by_flags`` for ids of any range: each id's first place in the newest-first
+    concatenation is its newest copy."""
+    every = np.concatenate([np.asarray(ids, dtype=np.int64) for ids, _ in newest_first])
+    fresh = np.zeros(every.size, dtype=bool)
+    fresh[np.unique(every, return_index=True)[1]] = True
+    picks: list[np.ndarray | None] = []
+    start = 0
+    for ids, _ in newest_first:
+        part = fresh[start : start + len(ids)]
+        picks.append(None if part.all() else part)
+        start += len(ids)
+    return picks
 
 
 # ----------------------------------------------------------------------------- simulators

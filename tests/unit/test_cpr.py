@@ -336,12 +336,18 @@ def test_latest_rows_merges_partial_saves_newest_first():
         latest_rows([saves[0], (np.array([1]), {"other": np.zeros((1, 1))})])
 
 
-def test_latest_rows_matches_a_dict_merge_of_random_chains():
+@pytest.mark.parametrize("id_range", ["vocabulary", "raw 64-bit"])
+def test_latest_rows_matches_a_dict_merge_of_random_chains(id_range: str):
     rng = np.random.default_rng(11)
+    pool = (
+        np.arange(500)
+        if id_range == "vocabulary"  # flagged per id
+        else rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 500)  # by np.unique
+    )
     for _ in range(20):
         saves, newest = [], {}
         for _ in range(int(rng.integers(1, 8))):
-            ids = rng.choice(500, size=int(rng.integers(0, 60)), replace=False)
+            ids = rng.choice(pool, size=int(rng.integers(0, 60)), replace=False)
             rows = rng.random((ids.size, 3))
             saves.append((ids, {"row": rows, "count": ids * 2}))
             newest.update({int(i): r for i, r in zip(ids, rows, strict=True)})
