@@ -23,14 +23,18 @@ import hashlib
 import json
 import mmap
 import os
+import struct
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from airflow_rover.core.npz_view import NotPlain, arrays_from_map
 
 DIGEST_TAG = b"rover-sha256:"
 _HEX = 64
@@ -134,6 +138,7 @@ def write_npz(
             archive.comment = DIGEST_TAG + _PLACEHOLDER
             for name, array in arrays:
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as entry:
+                    array = np.require(array, requirements="C")  # the header says C order
                     header = np.lib.format.header_data_from_array_1_0(array)
                     np.lib.format.write_array_header_1_0(entry, header)
                     raw = _raw_bytes(array)
@@ -161,6 +166,13 @@ def sync_file(path: Path) -> None:
 def read_digest(path: Path) -> PartDigest:
     """Hash ``path`` and check it against the digest it carries; raises ``CorruptCheckpoint``
     with the reason when it is missing, truncated or changed."""
+    with _verified(path) as (_, _, digest):
+        return digest
+
+
+@contextmanager
+def _verified(path: Path) -> Iterator[tuple[Any, mmap.mmap, PartDigest]]:
+    """``path`` open and mapped, once its digest checks out (``CorruptCheckpoint`` if not)."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
@@ -185,19 +197,24 @@ def read_digest(path: Path) -> PartDigest:
                     digest.update(view[start : min(start + CHUNK, size - _HEX)])
             finally:
                 view.release()
-    actual = digest.hexdigest()
-    if actual != recorded:
-        raise CorruptCheckpoint(
-            f"{path.name}: checksum mismatch (content sha256 {actual[:12]}..., "
-            f"recorded {recorded[:12]}...)"
-        )
-    return PartDigest(actual, size)
+            actual = digest.hexdigest()
+            if actual != recorded:
+                raise CorruptCheckpoint(
+                    f"{path.name}: checksum mismatch (content sha256 {actual[:12]}..., "
+                    f"recorded {recorded[:12]}...)"
+                )
+            yield fh, mapped, PartDigest(actual, size)
 
 
 def read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of a part ``write_npz`` wrote, once its checksum is checked (raises
-    ``CorruptCheckpoint``; ``OSError`` or ``ValueError`` for a file ``np.load`` rejects)."""
-    read_digest(path)
+    ``CorruptCheckpoint``; ``OSError`` or ``ValueError`` for a file ``np.load`` rejects).
+    The arrays are copied out of the mapping just hashed (``core.npz_view``)."""
+    with _verified(path) as (fh, mapped, _):
+        try:
+            return arrays_from_map(fh, mapped)
+        except (NotPlain, zipfile.BadZipFile, struct.error):
+            pass
     with np.load(path) as archive:
         return {name: archive[name] for name in archive.files}
 

@@ -80,6 +80,7 @@ class PartialChain:
         self.folds = 0
         self.fold_s = 0.0  # spent folding, off the training path
         self.read_bytes = 0  # what the last ``read`` read
+        self._sizes: dict[Path, int] = {}  # of the base and the chain's files, as written
         self._lock = threading.Lock()  # base and chain: a fold swaps them, a restore lists them
         self._thread: threading.Thread | None = None
         self._error: Exception | None = None
@@ -89,7 +90,8 @@ class PartialChain:
             return ([self.base] if self.base else []) + list(self.chain)
 
     def held_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.paths())
+        with self._lock:
+            return sum(self._sizes[p] for p in ([self.base] if self.base else []) + self.chain)
 
     def add(self, path: Path, table_bytes: int) -> None:
         """A save was written at ``path``; fold once the base and the chain hold more than
@@ -98,8 +100,10 @@ class PartialChain:
         if table_bytes < 0:
             raise ValueError(f"table_bytes={table_bytes!r}: must be >= 0")
         self._raise_fold_error()
+        size = path.stat().st_size
         with self._lock:
             self.chain.append(path)
+            self._sizes[path] = size
         if (
             self.folding or self.held_bytes() <= (1 + self.slack) * table_bytes
         ):  # only ``add`` folds
@@ -126,7 +130,7 @@ class PartialChain:
         many bytes of files it read. The chain cannot change meanwhile."""
         with self._lock:
             paths = ([self.base] if self.base else []) + list(self.chain)
-            self.read_bytes = sum(p.stat().st_size for p in paths)
+            self.read_bytes = sum(self._sizes[p] for p in paths)
             return merge_saves(read_saves(paths), ascending=False)
 
     def _fold(self) -> None:
@@ -137,11 +141,14 @@ class PartialChain:
             folded = ([base] if base else []) + chain
             merged = merge_saves(read_saves(folded))
             target = self.root / f"fold-{self.folds:05d}.npz"
-            write_npz(target, merged.items())
+            written = write_npz(target, merged.items())
             with self._lock:  # saves added meanwhile stay in the chain, after the new base
                 self.base = target
                 self.chain = self.chain[len(chain) :]
                 self.folds += 1
+                for path in folded:
+                    del self._sizes[path]
+                self._sizes[target] = written.bytes
             for path in folded:
                 path.unlink(missing_ok=True)
         except Exception as exc:  # reported by the next add or wait
