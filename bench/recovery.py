@@ -12,8 +12,8 @@ rows: 8 PS (a failure clears 12.5% of the rows), 4 PS (25%) and 2 PS (50%). Poli
 - cpr-vanilla: the same with the interval from the PLS target 0.1 (``T_save = 2*PLS*N*T_fail``),
   CPR's benefit check deciding (``core.policies.plan_checkpoints``);
 - cpr-mfu / cpr-ssu: r = 0.125 of each PS's rows every ``r*T_save`` (most-used rows by the PS's
-  access counters / its tables' ``SsuTracker`` lists: ``ParameterServer.partial_save``),
-  restored from the chain ``core.cpr_chain.PartialChain`` folds in the background;
+  access counters / drawn from them by ``SsuSampler``: ``ParameterServer.partial_save``),
+  restored from the chain ``core.cpr_chain.PartialChain`` folds off the timed pauses;
 - ecrm k=2 / k=4: parity of k rows on other PS, kept current by difference propagation; a
   lost PS is decoded chunk by chunk in a background thread while training goes on
   (``core.ecrm``, ``bench/_recovery_ecrm.py``); needs k+1 PS.
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         "   vs full: 1 - overhead / full's; bound: the most CPR's model allows (above); of\n"
         "   bound: their ratio. save/full: bytes per partial save (every PS) over a full save's;\n"
         "   restore/table: the most a restore read over the lost PS's full table; folds: the\n"
-        "   chains folded in the background (core.cpr_chain), and the time, not charged."
+        "   chains folded (core.cpr_chain) off the timed pauses, and the time, not charged."
     )
     print("\n== Goals")
     for text, ok, detail in goals:

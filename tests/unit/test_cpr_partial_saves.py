@@ -120,7 +120,7 @@ def test_a_partial_save_is_made_durable_off_the_request(tmp_path: Path) -> None:
     path = tmp_path / "p" / "ps-0.npz"
     ps.partial_save(path, "mfu", 0.1)
     assert path.exists()
-    server._SYNCER.submit(lambda: None).result(timeout=10)  # the sync before it is done
+    server.partial_saves_synced()  # the sync before it is done
     with np.load(path) as saved:
         assert saved[f"table/{GROUP}/ids"].size == 10
 
