@@ -12,6 +12,8 @@
 #include <string.h>
 
 #define BLOCK 64
+#define AHEAD 16 /* ids between a pipelined loop's stages */
+#define RING 64  /* > 2 * AHEAD, a power of two */
 #define EMPTY (-1)
 
 /* Python's import machinery never loads this file; the symbol only satisfies build tools that
@@ -29,6 +31,33 @@ static inline uint64_t mix(int64_t id) {
     return x;
 }
 
+/* A row's copy: fixed widths (the usual dims) become a few vector moves, not a memcpy call. */
+static inline void copy_row(float *dst, const float *src, size_t width) {
+    switch (width) {
+    case 16: memcpy(dst, src, 16); break;
+    case 32: memcpy(dst, src, 32); break;
+    case 64: memcpy(dst, src, 64); break;
+    case 128: memcpy(dst, src, 128); break;
+    case 256: memcpy(dst, src, 256); break;
+    default: memcpy(dst, src, width);
+    }
+}
+
+static inline void prefetch_row(const float *row, size_t width, int write) {
+    const char *p = (const char *)row;
+    for (size_t off = 0; off < width; off += 64) {
+        if (write) __builtin_prefetch(p + off, 1);
+        else __builtin_prefetch(p + off);
+    }
+}
+
+/* An access to a row: its counter (low 32 bits of ``meta``) + 1, its day (high 32 bits). One
+ * 8-byte word, so counting costs no cache line beyond the one it already needs. */
+static inline void count(uint64_t *meta, int64_t r, int32_t day) {
+    uint32_t c = (uint32_t)meta[r] + 1;
+    meta[r] = ((uint64_t)(uint32_t)day << 32) | c;
+}
+
 /* The row of ``id`` or EMPTY, probing from ``pos``. */
 static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *keys, int64_t id,
                             uint64_t pos) {
@@ -39,24 +68,26 @@ static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *
     }
 }
 
-/* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent. */
+/* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent.
+ * Software-pipelined: id i's slot is prefetched, id i-AHEAD's key, id i-2*AHEAD is probed. */
 int64_t rover_find(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
                    int64_t n, int32_t *out) {
     int64_t absent = 0;
-    uint64_t pos[BLOCK];
-    for (int64_t b = 0; b < n; b += BLOCK) {
-        int64_t m = n - b < BLOCK ? n - b : BLOCK;
-        for (int64_t i = 0; i < m; i++) {
-            pos[i] = mix(ids[b + i]) & mask;
-            __builtin_prefetch(&slots[pos[i]]);
+    uint64_t pos[RING];
+    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
+        if (i < n) {
+            pos[i & (RING - 1)] = mix(ids[i]) & mask;
+            __builtin_prefetch(&slots[pos[i & (RING - 1)]]);
         }
-        for (int64_t i = 0; i < m; i++) {
-            int32_t row = slots[pos[i]];
+        int64_t j = i - AHEAD;
+        if (j >= 0 && j < n) {
+            int32_t row = slots[pos[j & (RING - 1)]];
             if (row != EMPTY) __builtin_prefetch(&keys[row]);
         }
-        for (int64_t i = 0; i < m; i++) {
-            int32_t row = probe(slots, mask, keys, ids[b + i], pos[i]);
-            out[b + i] = row;
+        int64_t k = i - 2 * AHEAD;
+        if (k >= 0 && k < n) {
+            int32_t row = probe(slots, mask, keys, ids[k], pos[k & (RING - 1)]);
+            out[k] = row;
             absent += row == EMPTY;
         }
     }
@@ -106,26 +137,62 @@ int32_t rover_increasing(const int64_t *ids, int64_t n) {
     return ok;
 }
 
-/* out[i] = src[rows[i]] (rows of ``dim`` floats); counts[rows[i]] += 1, seen[rows[i]] = day. */
+/* out[i] = src[rows[i]] (rows of ``dim`` floats) with an access counted on each row. */
 void rover_gather_count(const float *src, int64_t dim, const int32_t *rows, int64_t n,
-                        float *out, uint32_t *counts, int32_t *seen, int32_t day) {
+                        float *out, uint64_t *meta, int32_t day) {
     size_t width = (size_t)dim * sizeof(float);
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
         for (int64_t i = 0; i < m; i++) {
             int64_t r = rows[b + i];
-            const char *p = (const char *)(src + r * dim);
-            for (size_t off = 0; off < width; off += 64) __builtin_prefetch(p + off);
-            __builtin_prefetch(&counts[r], 1);
-            __builtin_prefetch(&seen[r], 1);
+            prefetch_row(src + r * dim, width, 0);
+            __builtin_prefetch(&meta[r], 1);
         }
         for (int64_t i = 0; i < m; i++) {
             int64_t r = rows[b + i];
-            memcpy(out + (b + i) * dim, src + r * dim, width);
-            counts[r] += 1;
-            seen[r] = day;
+            copy_row(out + (b + i) * dim, src + r * dim, width);
+            count(meta, r, day);
         }
     }
+}
+
+/* The pull in one pass over the ids: rows of ids[0:n) into rows_out (EMPTY where absent) and,
+ * for each id present, its row copied to out[i] and its access counted. Returns how many are
+ * absent (the caller creates, copies and counts those). Pipelined as rover_find; the first
+ * slot's row is almost always the id's, so its key, record and row are prefetched together. */
+int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
+                   int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
+                   uint64_t *meta, int32_t day) {
+    size_t width = (size_t)dim * sizeof(float);
+    int64_t absent = 0;
+    uint64_t pos[RING];
+    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
+        if (i < n) {
+            pos[i & (RING - 1)] = mix(ids[i]) & mask;
+            __builtin_prefetch(&slots[pos[i & (RING - 1)]]);
+        }
+        int64_t j = i - AHEAD;
+        if (j >= 0 && j < n) {
+            int32_t row = slots[pos[j & (RING - 1)]];
+            if (row != EMPTY) {
+                __builtin_prefetch(&keys[row]);
+                __builtin_prefetch(&meta[row], 1);
+                prefetch_row(src + (int64_t)row * dim, width, 0);
+            }
+        }
+        int64_t k = i - 2 * AHEAD;
+        if (k >= 0 && k < n) {
+            int32_t row = probe(slots, mask, keys, ids[k], pos[k & (RING - 1)]);
+            rows_out[k] = row;
+            if (row == EMPTY) {
+                absent++;
+                continue;
+            }
+            copy_row(out + k * dim, src + (int64_t)row * dim, width);
+            count(meta, row, day);
+        }
+    }
+    return absent;
 }
 
 /* out[i] = src[rows[i]] (rows of ``dim`` floats), for the push's reads. */
@@ -133,11 +200,27 @@ void rover_gather(const float *src, int64_t dim, const int32_t *rows, int64_t n,
     size_t width = (size_t)dim * sizeof(float);
     for (int64_t b = 0; b < n; b += BLOCK) {
         int64_t m = n - b < BLOCK ? n - b : BLOCK;
-        for (int64_t i = 0; i < m; i++) {
-            const char *p = (const char *)(src + (int64_t)rows[b + i] * dim);
-            for (size_t off = 0; off < width; off += 64) __builtin_prefetch(p + off);
-        }
+        for (int64_t i = 0; i < m; i++) prefetch_row(src + (int64_t)rows[b + i] * dim, width, 0);
         for (int64_t i = 0; i < m; i++)
-            memcpy(out + (b + i) * dim, src + (int64_t)rows[b + i] * dim, width);
+            copy_row(out + (b + i) * dim, src + (int64_t)rows[b + i] * dim, width);
     }
+}
+
+/* dst[rows[i]] = src[i] (rows of ``dim`` floats), for the push's writes. */
+void rover_scatter(float *dst, int64_t dim, const int32_t *rows, int64_t n, const float *src) {
+    size_t width = (size_t)dim * sizeof(float);
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        for (int64_t i = 0; i < m; i++) prefetch_row(dst + (int64_t)rows[b + i] * dim, width, 1);
+        for (int64_t i = 0; i < m; i++)
+            copy_row(dst + (int64_t)rows[b + i] * dim, src + (b + i) * dim, width);
+    }
+}
+
+/* 1 if no value of x[0:n) is inf or nan (exponent bits all set), else 0. */
+int32_t rover_all_finite(const float *x, int64_t n) {
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= (bits[i] & 0x7f800000u) == 0x7f800000u;
+    return !bad;
 }

@@ -43,6 +43,13 @@ class RowIndex(Protocol):
         """int32 rows of ``ids``; those without one take the next rows, in order."""
         ...
 
+    def pull(
+        self, ids: np.ndarray, src: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> tuple[np.ndarray, int]:
+        """``lookup``, and for each id with a row: ``out[i] = src[row]`` and an access
+        counted in ``meta`` (``id_probe.META``); returns the rows and how many ids had none."""
+        ...
+
     def reset(self, keys: np.ndarray) -> None:
         """Hold exactly the distinct ``keys``, as rows 0, 1, ..."""
         ...
@@ -99,6 +106,16 @@ class IdIndex:
             )
             out[missing] = new
         return out
+
+    def pull(
+        self, ids: np.ndarray, src: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> tuple[np.ndarray, int]:
+        ids = _int64(ids)
+        rows = np.empty(ids.size, dtype=np.int32)
+        mask = self._slots.size - 1
+        keys = self._keys.array
+        absent = self.probe.pull(self._slots, mask, keys, ids, rows, src, out, meta, day)
+        return rows, absent
 
     def reset(self, keys: np.ndarray) -> None:
         keys = np.array(_int64(keys))  # a copy: ``keys`` may be a view of this index's own

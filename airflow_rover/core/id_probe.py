@@ -16,6 +16,9 @@ from typing import Protocol
 import numpy as np
 
 EMPTY = -1
+# A row's access record: the counter CPR ranks rows by and the last day it was trained on,
+# one 8-byte word (little-endian: ``count`` its low half, as the C loops read it).
+META = np.dtype([("count", "<u4"), ("seen", "<i4")])
 _C1 = np.uint64(0xBF58476D1CE4E5B9)
 _C2 = np.uint64(0x94D049BB133111EB)
 
@@ -53,21 +56,39 @@ class Probe(Protocol):
         """Whether ``ids`` strictly increase (so hold no repeat)."""
         ...
 
-    def gather_count(
+    def pull(
         self,
-        src: np.ndarray,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
         rows: np.ndarray,
+        src: np.ndarray,
         out: np.ndarray,
-        counts: np.ndarray,
-        seen: np.ndarray,
+        meta: np.ndarray,
         day: int,
+    ) -> int:
+        """``find`` into ``rows`` and, for each id found, ``out[i] = src[rows[i]]`` with an
+        access counted (``meta``: ``META`` records); returns how many are absent."""
+        ...
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
     ) -> None:
-        """``out[i] = src[rows[i]]``, counting an access to each row (``counts`` + 1, ``seen``
-        = ``day``); ``rows`` distinct and valid."""
+        """``out[i] = src[rows[i]]``, counting an access to each row (its ``count`` + 1, its
+        ``seen`` = ``day``); ``rows`` distinct and valid."""
         ...
 
     def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         """``out[i] = src[rows[i]]``; ``rows`` valid."""
+        ...
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        """``dst[rows[i]] = src[i]``; ``rows`` distinct and valid."""
+        ...
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        """Whether no value of float32 ``x`` is inf or nan."""
         ...
 
 
@@ -88,8 +109,11 @@ class CompiledProbe:
             "rover_insert": (i64, [ptr, u64, ptr, ptr, i64, ptr, i64]),
             "rover_rebuild": (None, [ptr, u64, ptr, i64]),
             "rover_increasing": (i32, [ptr, i64]),
-            "rover_gather_count": (None, [ptr, i64, ptr, i64, ptr, ptr, ptr, i32]),
+            "rover_pull": (i64, [ptr, u64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i32]),
+            "rover_gather_count": (None, [ptr, i64, ptr, i64, ptr, ptr, i32]),
             "rover_gather": (None, [ptr, i64, ptr, i64, ptr]),
+            "rover_scatter": (None, [ptr, i64, ptr, i64, ptr]),
+            "rover_all_finite": (i32, [ptr, i64]),
         }
         for name, (restype, argtypes) in sig.items():
             fn = getattr(lib, name)
@@ -121,21 +145,37 @@ class CompiledProbe:
     def increasing(self, ids: np.ndarray) -> bool:
         return bool(self._lib.rover_increasing(_addr(ids), ids.size))
 
-    def gather_count(
+    def pull(
         self,
-        src: np.ndarray,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
         rows: np.ndarray,
+        src: np.ndarray,
         out: np.ndarray,
-        counts: np.ndarray,
-        seen: np.ndarray,
+        meta: np.ndarray,
         day: int,
+    ) -> int:
+        args = (_addr(slots), mask, _addr(keys), _addr(ids), ids.size, _addr(rows))
+        return int(
+            self._lib.rover_pull(*args, _addr(src), src.shape[1], _addr(out), _addr(meta), day)
+        )
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
     ) -> None:
-        dim = src.shape[1]
-        args = (_addr(src), dim, _addr(rows), rows.size, _addr(out))
-        self._lib.rover_gather_count(*args, _addr(counts), _addr(seen), day)
+        args = (_addr(src), src.shape[1], _addr(rows), rows.size, _addr(out))
+        self._lib.rover_gather_count(*args, _addr(meta), day)
 
     def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         self._lib.rover_gather(_addr(src), src.shape[1], _addr(rows), rows.size, _addr(out))
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        self._lib.rover_scatter(_addr(dst), dst.shape[1], _addr(rows), rows.size, _addr(src))
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        return bool(self._lib.rover_all_finite(_addr(x), x.size))
 
 
 def mix(ids: np.ndarray) -> np.ndarray:
@@ -196,21 +236,40 @@ class NumpyProbe:
     def increasing(self, ids: np.ndarray) -> bool:
         return bool(np.all(ids[1:] > ids[:-1]))
 
-    def gather_count(
+    def pull(
         self,
-        src: np.ndarray,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
         rows: np.ndarray,
+        src: np.ndarray,
         out: np.ndarray,
-        counts: np.ndarray,
-        seen: np.ndarray,
+        meta: np.ndarray,
         day: int,
+    ) -> int:
+        absent = self.find(slots, mask, keys, ids, rows)
+        found = np.flatnonzero(rows != EMPTY)
+        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
+        self.gather_count(src, rows[found], got, meta, day)
+        out[found] = got
+        return absent
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
     ) -> None:
         np.take(src, rows, axis=0, out=out)
-        counts[rows] += 1
-        seen[rows] = day
+        meta["count"][rows] += np.uint32(1)
+        meta["seen"][rows] = day
 
     def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
         np.take(src, rows, axis=0, out=out)
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        dst[rows] = src
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        return bool(np.isfinite(x).all())
 
 
 def _place(slots: np.ndarray, mask: int, ids: np.ndarray, first_row: int) -> None:

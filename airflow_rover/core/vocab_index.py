@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from airflow_rover.core.growable import Growable
-from airflow_rover.core.id_probe import EMPTY
+from airflow_rover.core.id_probe import EMPTY, PROBE
 
 
 class VocabIndex:
@@ -44,6 +44,20 @@ class VocabIndex:
             self.size = end
             rows = self._slot[ids]
         return rows
+
+    def pull(
+        self, ids: np.ndarray, src: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> tuple[np.ndarray, int]:
+        rows = self._slot[ids]
+        absent = int(np.count_nonzero(rows < 0))
+        if not absent:
+            PROBE.gather_count(src, rows, out, meta, day)
+            return rows, 0
+        found = np.flatnonzero(rows >= 0)
+        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
+        PROBE.gather_count(src, rows[found], got, meta, day)
+        out[found] = got
+        return rows, absent
 
     def reset(self, keys: np.ndarray) -> None:
         keys = np.array(keys, dtype=np.int64)  # a copy: it may be a view of ``self.keys``

@@ -21,7 +21,7 @@ from airflow_rover.core.cpr import SsuSampler, top_rows
 from airflow_rover.core.growable import Growable
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.id_index import IdIndex, RowIndex
-from airflow_rover.core.id_probe import PROBE
+from airflow_rover.core.id_probe import META, PROBE
 from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.core.vocab_index import VocabIndex
@@ -62,8 +62,8 @@ class EmbeddingTable:
         fresh = optimizer.init_state((0, dim), rows=True)
         self._store = {
             "rows": Growable(np.float32, (dim,)),
-            "counts": Growable(np.uint32),
-            "seen": Growable(np.int32),  # last day trained on (core.incremental)
+            # access counter (CPR) and last day trained on (core.incremental), one word
+            "meta": Growable(META),
             **{f"state/{k}": Growable(v.dtype, v.shape[1:]) for k, v in fresh.items()},
         }
         self._views()
@@ -75,8 +75,9 @@ class EmbeddingTable:
         """Re-read the arrays' views after they grew (same memory, longer view)."""
         store = self._store
         self.rows = store["rows"].array
-        self.counts = store["counts"].array
-        self.seen = store["seen"].array
+        self._meta = store["meta"].array
+        self.counts = self._meta["count"]
+        self.seen = self._meta["seen"]
         self.state = {k[6:]: v.array for k, v in store.items() if k.startswith("state/")}
 
     def enable_ssu(self, r: float, sample_period: int, seed: int) -> None:
@@ -179,11 +180,18 @@ class EmbeddingTable:
                 self.seen[start:need] = self.day
         return slots
 
-    def _accessed_rows(self, slots: np.ndarray) -> np.ndarray:
-        """The rows at ``slots``, counting an access to each (caller holds the lock): the
-        4-byte counter CPR-MFU ranks by and CPR-SSU samples from, and the day eviction reads."""
-        out = np.empty((slots.size, self.dim), dtype=np.float32)
-        PROBE.gather_count(self.rows, slots, out, self.counts, self.seen, self.day)
+    def _pulled(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of checked ``ids``, created if missing, with an access counted on each
+        (caller holds the lock): the counter CPR-MFU ranks by and CPR-SSU samples from, and
+        the day eviction reads. Rows held are found, copied and counted in one pass."""
+        out = np.empty((ids.size, self.dim), dtype=np.float32)
+        rows, absent = self.index.pull(ids, self.rows, out, self._meta, self.day)
+        if absent:
+            missing = np.flatnonzero(rows < 0)
+            created = self._slots(ids[missing])
+            got = np.empty((missing.size, self.dim), dtype=np.float32)
+            PROBE.gather_count(self.rows, created, got, self._meta, self.day)
+            out[missing] = got
         return out
 
     def lookup(self, ids: np.ndarray, create: bool = True) -> np.ndarray:
@@ -191,7 +199,7 @@ class EmbeddingTable:
         ids = self._check_ids(ids)
         with self._lock:
             if create:
-                return self._accessed_rows(self._slots(ids))
+                return self._pulled(ids)
             slots = self.index.lookup(ids)
             out = initial_rows(self.name, ids, self.dim, self.seed, INIT_SCALE)
             known = slots >= 0
@@ -207,7 +215,7 @@ class EmbeddingTable:
         ids = self._check_ids(ids)
         state_ids = self._check_ids(state_ids)
         with self._lock:
-            rows = self._accessed_rows(self._slots(ids))
+            rows = self._pulled(ids)
             state_slots = self.index.lookup(state_ids)
             if state_slots.size and state_slots.min() < 0:
                 raise ValueError(f"table {self.name!r}: state_ids must be a subset of ids")
@@ -220,7 +228,7 @@ class EmbeddingTable:
             raise ValueError(
                 f"table {self.name!r}: gradient shape {grads.shape} != ({ids.size}, {self.dim})"
             )
-        if not np.isfinite(grads).all():
+        if not _all_finite(grads):
             raise ValueError(f"table {self.name!r}: non-finite gradients")
         return checked
 
@@ -243,16 +251,15 @@ class EmbeddingTable:
         ids = self.check_update(ids, grads)
         with self._lock:
             slots = self._slots(ids)
-            rows = np.empty((slots.size, self.dim), dtype=np.float32)
-            PROBE.gather(self.rows, slots, rows)
-            state = {k: np.take(v, slots, axis=0) for k, v in self.state.items()}
+            rows = _take(self.rows, slots)
+            state = {k: _take(v, slots) for k, v in self.state.items()}
             old = None
             if keep_old:
                 old = {"row": rows.copy(), **{f"state/{k}": v.copy() for k, v in state.items()}}
             self.optimizer.apply(rows, state, grads)
-            self.rows[slots] = rows
+            _put(self.rows, slots, rows)
             for key, value in state.items():
-                self.state[key][slots] = value
+                _put(self.state[key], slots, value)
         return old, {"row": rows, **{f"state/{k}": v for k, v in state.items()}}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
@@ -449,3 +456,33 @@ class DenseStore:
             for name, grad in grads.items():
                 self.optimizer.apply(self.values[name], self.state[name], grad)
             self.version += 1
+
+
+def _rows_in_c(slots: np.ndarray, *arrays: np.ndarray) -> bool:
+    """Whether the C loops can copy these rows (2-D, float32, contiguous; int32 slots)."""
+    if slots.dtype != np.int32 or not slots.flags.c_contiguous:
+        return False
+    return all(a.ndim == 2 and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _take(array: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """``array[slots]`` for the push (rows of float32 by the C loop, which prefetches)."""
+    if not _rows_in_c(slots, array):
+        return array[slots]
+    out = np.empty((slots.size, array.shape[1]), dtype=np.float32)
+    PROBE.gather(array, slots, out)
+    return out
+
+
+def _put(array: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
+    """``array[slots] = values`` for the push (no 2-D fancy indexing where C can copy)."""
+    if _rows_in_c(slots, array, values) and values.shape == (slots.size, array.shape[1]):
+        PROBE.scatter(array, slots, values)
+    else:
+        array[slots] = values
+
+
+def _all_finite(grads: np.ndarray) -> bool:
+    if grads.dtype == np.float32 and grads.flags.c_contiguous:
+        return PROBE.all_finite(grads)
+    return bool(np.isfinite(grads).all())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.id_index import MAX_LOAD, IdIndex
-from airflow_rover.core.id_probe import PROBE, CompiledProbe, NumpyProbe, mix
+from airflow_rover.core.id_probe import META, PROBE, CompiledProbe, NumpyProbe, mix
 from airflow_rover.core.vocab_index import VocabIndex
 
 PROBES = [pytest.param(NumpyProbe(), id="numpy")]
@@ -72,18 +72,32 @@ def test_compiled_and_numpy_probes_give_identical_rows() -> None:
         np.testing.assert_array_equal(compiled.lookup(probe_ids), twin.lookup(probe_ids))
     np.testing.assert_array_equal(compiled.keys, twin.keys)
     src = rng.standard_normal((compiled.size, 16)).astype(np.float32)
-    rows = compiled.lookup(compiled.keys[::-7]).astype(np.int32)
-    outs, counts, seen = [], [], []
+    ids = np.unique(np.concatenate([compiled.keys[::-7], raw_ids(rng, 500)]))
+    rng.shuffle(ids)
+    grads = rng.standard_normal((ids.size, 16)).astype(np.float32)
+    bad = grads.copy()
+    bad[3, 2] = np.nan
+    results = []
     for probe in (PROBE, NumpyProbe()):
-        out = np.empty((rows.size, 16), np.float32)
-        c, s = np.zeros(src.shape[0], np.uint32), np.zeros(src.shape[0], np.int32)
-        probe.gather_count(src, rows, out, c, s, 9)
-        outs.append(out), counts.append(c), seen.append(s)
-    np.testing.assert_array_equal(outs[0], outs[1])
-    np.testing.assert_array_equal(outs[0], src[rows])
-    np.testing.assert_array_equal(counts[0], counts[1])
-    np.testing.assert_array_equal(seen[0], seen[1])
-    assert counts[0].sum() == rows.size
+        index = compiled if probe is PROBE else twin
+        out = np.zeros((ids.size, 16), np.float32)
+        meta = np.zeros(src.shape[0], META)
+        meta["seen"] = 4
+        rows, absent = index.pull(ids, src, out, meta, 9)
+        pulled = (rows, absent, out, meta)
+        dst = src.copy()
+        probe.scatter(dst, rows[rows >= 0], grads[rows >= 0])
+        results.append((*pulled, dst, probe.all_finite(grads), probe.all_finite(bad)))
+    for i, (a, b) in enumerate(zip(*results, strict=True)):
+        np.testing.assert_array_equal(a, b, err_msg=str(i))
+    rows, absent, out, meta, dst, finite, infinite = results[0]
+    assert absent == np.count_nonzero(~np.isin(ids, compiled.keys)) > 0
+    assert finite and not infinite
+    found = rows >= 0
+    np.testing.assert_array_equal(out[found], src[rows[found]])
+    assert (out[~found] == 0).all()
+    assert meta["count"].sum() == found.sum() and (meta["seen"][rows[found]] == 9).all()
+    assert (meta["seen"][meta["count"] == 0] == 4).all()
 
 
 def test_the_hash_is_splitmix64() -> None:
