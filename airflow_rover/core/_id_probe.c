@@ -141,55 +141,39 @@ int32_t rover_increasing(const int64_t *ids, int64_t n) {
 void rover_gather_count(const float *src, int64_t dim, const int32_t *rows, int64_t n,
                         float *out, uint64_t *meta, int32_t day) {
     size_t width = (size_t)dim * sizeof(float);
-    for (int64_t b = 0; b < n; b += BLOCK) {
-        int64_t m = n - b < BLOCK ? n - b : BLOCK;
-        for (int64_t i = 0; i < m; i++) {
-            int64_t r = rows[b + i];
-            prefetch_row(src + r * dim, width, 0);
-            __builtin_prefetch(&meta[r], 1);
+    for (int64_t i = 0; i < n + AHEAD; i++) {
+        if (i < n) {
+            prefetch_row(src + (int64_t)rows[i] * dim, width, 0);
+            __builtin_prefetch(&meta[rows[i]], 1);
         }
-        for (int64_t i = 0; i < m; i++) {
-            int64_t r = rows[b + i];
-            copy_row(out + (b + i) * dim, src + r * dim, width);
-            count(meta, r, day);
+        int64_t k = i - AHEAD;
+        if (k >= 0) {
+            copy_row(out + k * dim, src + (int64_t)rows[k] * dim, width);
+            count(meta, rows[k], day);
         }
     }
 }
 
-/* The pull in one pass over the ids: rows of ids[0:n) into rows_out (EMPTY where absent) and,
- * for each id present, its row copied to out[i] and its access counted. Returns how many are
- * absent (the caller creates, copies and counts those). Pipelined as rover_find; the first
- * slot's row is almost always the id's, so its key, record and row are prefetched together. */
+/* The pull: rows of ids[0:n) into rows_out (EMPTY where absent) and, for each id present, its
+ * row copied to out[i] and its access counted. Returns how many are absent (the caller
+ * creates, copies and counts those). Two pipelined passes, not one: finding (slot and key)
+ * then copying (row and record) keeps fewer misses in flight than the fill buffers hold. */
 int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
                    int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
                    uint64_t *meta, int32_t day) {
     size_t width = (size_t)dim * sizeof(float);
-    int64_t absent = 0;
-    uint64_t pos[RING];
-    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
-        if (i < n) {
-            pos[i & (RING - 1)] = mix(ids[i]) & mask;
-            __builtin_prefetch(&slots[pos[i & (RING - 1)]]);
+    int64_t absent = rover_find(slots, mask, keys, ids, n, rows_out);
+    for (int64_t i = 0; i < n + AHEAD; i++) {
+        if (i < n && rows_out[i] != EMPTY) {
+            int64_t r = rows_out[i];
+            prefetch_row(src + r * dim, width, 0);
+            __builtin_prefetch(&meta[r], 1);
         }
-        int64_t j = i - AHEAD;
-        if (j >= 0 && j < n) {
-            int32_t row = slots[pos[j & (RING - 1)]];
-            if (row != EMPTY) {
-                __builtin_prefetch(&keys[row]);
-                __builtin_prefetch(&meta[row], 1);
-                prefetch_row(src + (int64_t)row * dim, width, 0);
-            }
-        }
-        int64_t k = i - 2 * AHEAD;
-        if (k >= 0 && k < n) {
-            int32_t row = probe(slots, mask, keys, ids[k], pos[k & (RING - 1)]);
-            rows_out[k] = row;
-            if (row == EMPTY) {
-                absent++;
-                continue;
-            }
-            copy_row(out + k * dim, src + (int64_t)row * dim, width);
-            count(meta, row, day);
+        int64_t k = i - AHEAD;
+        if (k >= 0 && rows_out[k] != EMPTY) {
+            int64_t r = rows_out[k];
+            copy_row(out + k * dim, src + r * dim, width);
+            count(meta, r, day);
         }
     }
     return absent;
