@@ -58,7 +58,7 @@ class Growable:
         if self._map is None:
             return
         start = -(-keep * self.row_bytes // _PAGE) * _PAGE
-        end = self.capacity * self.row_bytes // _PAGE * _PAGE
+        end = min(-(-self.capacity * self.row_bytes // _PAGE) * _PAGE, len(self._map))
         if end > start and hasattr(mmap, "MADV_DONTNEED"):
             self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
 
