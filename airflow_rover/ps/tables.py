@@ -183,7 +183,7 @@ class EmbeddingTable:
     def _pulled(self, ids: np.ndarray) -> np.ndarray:
         """The rows of checked ``ids``, created if missing, with an access counted on each
         (caller holds the lock): the counter CPR-MFU ranks by and CPR-SSU samples from, and
-        the day eviction reads. Rows held are found, copied and counted in one pass."""
+        the day eviction reads. Rows held are found, copied and counted in one C call."""
         out = np.empty((ids.size, self.dim), dtype=np.float32)
         rows, absent = self.index.pull(ids, self.rows, out, self._meta, self.day)
         if absent:
