@@ -90,7 +90,7 @@ def speed(kind: IndexKind, rows: int, batch: int, how: str, repeats: int) -> dic
     dense = table.rows[:rows].copy()
     accum = table.state["accum"][:rows].copy()
     batches = [draw(rng, ids, batch, how) for _ in range(BATCHES_PER_TIMING)]
-    where = [table.index.lookup(b) for b in batches]  # numpy's precomputed positions
+    where = [table.index.lookup(b).astype(np.intp) for b in batches]  # numpy's index type
     grads = [rng.normal(0, 0.01, (batch, DIM)).astype(np.float32) for _ in batches]
 
     def np_pull(i: int) -> object:
