@@ -194,7 +194,7 @@ class EcrmHooks(PsHooks):
         old = self.cluster.ps[lost]
         truth = {}
         for name, table in old.tables.items():
-            ids = np.sort(table._ids[: table.size])
+            ids = np.sort(table.created_ids())
             truth[name] = {"ids": ids, **table.fields(ids)}
         started = time.perf_counter()
         c, placement = self.cluster, self.placement
@@ -240,7 +240,7 @@ class EcrmHooks(PsHooks):
         out = {}
         for t in self.placement.tables:
             created = [
-                self.cluster.ps[s].tables[t]._ids[: self.cluster.ps[s].tables[t].size]
+                self.cluster.ps[s].tables[t].created_ids()
                 for s in self.placement.sources_of(holder)
             ]
             ids = np.concatenate(created) if created else np.empty(0, np.int64)

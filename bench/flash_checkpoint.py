@@ -72,7 +72,7 @@ def live_arrays(ps: ParameterServer) -> list[np.ndarray]:
     out: list[np.ndarray] = []
     for table in ps.tables.values():
         n = table.size
-        out += [table._ids[:n], table.rows[:n], table.counts[:n]]
+        out += [table.live_ids, table.rows[:n], table.counts[:n]]
         out += [v[:n] for v in table.state.values()]
     out += list(ps.dense.values.values())
     out += [v for slots in ps.dense.state.values() for v in slots.values()]

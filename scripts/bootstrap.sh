@@ -1,5 +1,5 @@
 # Sourced by the other scripts: a virtualenv with the project and its pinned dependencies.
-# Re-installs only when pyproject.toml or constraints.txt changed.
+# Re-installs only when pyproject.toml, constraints.txt or the C loops' build changed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ROVER_VENV:-$ROOT/.venv}"
@@ -36,7 +36,9 @@ if [ ! -x "$VENV/bin/python" ]; then
   echo "creating virtualenv $VENV" >&2
   "$PYTHON" -m venv "$VENV"
 fi
-want="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" | sha256sum | cut -d' ' -f1)"
+# setup.py builds the id index's C loops in place: a change to them re-installs too.
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/constraints.txt" "$ROOT/setup.py" \
+  "$ROOT/airflow_rover/core/_id_probe.c" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$VENV/.rover-installed" 2>/dev/null || true)" != "$want" ]; then
   log="$VENV/install.log"
   : > "$log"

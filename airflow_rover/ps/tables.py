@@ -13,54 +13,83 @@ import math
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import Literal
 
 import numpy as np
 
 from airflow_rover.core.cpr import SsuSampler, top_rows
+from airflow_rover.core.growable import Growable
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
+from airflow_rover.core.id_index import IdIndex, RowIndex
+from airflow_rover.core.id_probe import META, PROBE
 from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.core.vocab_index import VocabIndex
+
+IndexKind = Literal["vocab", "ids"]
 
 
 class EmbeddingTable:
-    """This PS's rows of one (fused) table: a slot index by id plus growable row/state arrays."""
+    """This PS's rows of one (fused) table: an index from id to row position plus row, state
+    and counter arrays that grow in place (``core.growable``).
+
+    ``index="vocab"`` (the default) takes ids hashed into ``[0, vocab_size)``, with 4 bytes per
+    possible id (``core.vocab_index``); ``index="ids"`` takes any int64 id, each its own row,
+    with memory for the rows held only (``core.id_index``; ``vocab_size`` is then nominal).
+    """
 
     def __init__(
-        self, name: str, dim: int, vocab_size: int, seed: int, optimizer: Optimizer
+        self,
+        name: str,
+        dim: int,
+        vocab_size: int,
+        seed: int,
+        optimizer: Optimizer,
+        index: IndexKind = "vocab",
     ) -> None:
         self.name = name
         self.dim = dim
         self.seed = seed
         self.optimizer = optimizer
-        # Direct slot index: ids are hashed into [0, vocab_size), so an int32 per id is the
-        # fastest exact map (fully vectorised); -1 means "not created yet".
-        self._slot = np.full(vocab_size, -1, dtype=np.int32)
-        self._ids = np.empty(0, dtype=np.int64)
-        self.rows = np.empty((0, dim), dtype=np.float32)
-        self.state = optimizer.init_state((0, dim), rows=True)
-        self.counts = np.empty(0, dtype=np.uint32)
-        self.seen = np.empty(0, dtype=np.int32)  # last day trained on (core.incremental)
+        self.index_kind = index
+        self._vocab_size = vocab_size
+        if index == "vocab":
+            self.index: RowIndex = VocabIndex(vocab_size)
+        elif index == "ids":
+            self.index = IdIndex()
+        else:
+            raise ValueError(f"table {name!r}: index={index!r}; accepted: vocab, ids")
+        fresh = optimizer.init_state((0, dim), rows=True)
+        self._store = {
+            "rows": Growable(np.float32, (dim,)),
+            # access counter (CPR) and last day trained on (core.incremental), one word
+            "meta": Growable(META),
+            **{f"state/{k}": Growable(v.dtype, v.shape[1:]) for k, v in fresh.items()},
+        }
+        self._views()
         self.day = UNKNOWN_DAY  # the job's day: what a row touched now records
-        self._size = 0
         self._lock = threading.Lock()
         self.ssu: SsuSampler | None = None  # CPR-SSU: its rows drawn from ``counts``
+
+    def _views(self) -> None:
+        """Re-read the arrays' views after they grew (same memory, longer view)."""
+        store = self._store
+        self.rows = store["rows"].array
+        self._meta = store["meta"].array
+        self.counts = self._meta["count"]
+        self.seen = self._meta["seen"]
+        self.state = {k[6:]: v.array for k, v in store.items() if k.startswith("state/")}
 
     def enable_ssu(self, r: float, sample_period: int, seed: int) -> None:
         """CPR-SSU partial saves: a sub-sample of the rows accessed since the last one."""
         self.ssu = SsuSampler(r, sample_period, seed)
-
-    def _accessed(self, slots: np.ndarray) -> None:
-        """Count an access to ``slots`` (caller holds the lock): the 4-byte counter CPR-MFU
-        ranks by and CPR-SSU samples from."""
-        self.counts[slots] += 1
-        self.seen[slots] = self.day
 
     def partial_rows(self, variant: str, r: float) -> dict[str, np.ndarray]:
         """The rows a CPR partial save writes (``snapshot``'s arrays): ``mfu`` the ``r``
         most-accessed since their last save (their counters are then cleared), ``ssu`` a
         sub-sample of the rows accessed since the last save (every counter is then cleared)."""
         with self._lock:
-            n = self._size
+            n = self.size
             if variant == "mfu":
                 slots = top_rows(self.counts[:n], math.ceil(r * n))
             elif variant == "ssu":
@@ -69,7 +98,8 @@ class EmbeddingTable:
                 slots = self.ssu.take(self.counts[:n])
             else:
                 raise ValueError(f"partial save: variant={variant!r}; accepted: mfu, ssu")
-            out = {"ids": self._ids[slots], "rows": self.rows[slots], "counts": self.counts[slots]}
+            out = {"ids": self.index.keys[slots], "rows": self.rows[slots]}
+            out["counts"] = self.counts[slots]
             out["seen"] = self.seen[slots]
             out.update({f"state/{k}": v[slots] for k, v in self.state.items()})
             if variant == "mfu":
@@ -80,7 +110,7 @@ class EmbeddingTable:
 
     @property
     def size(self) -> int:
-        return self._size
+        return self.index.size
 
     def holding(self) -> AbstractContextManager[bool]:
         """The table's lock: no row is created, changed or removed while it is held (a
@@ -91,73 +121,86 @@ class EmbeddingTable:
     def live_ids(self) -> np.ndarray:
         """The ids of the created rows in slot order: a view of the live array, valid while
         the table is held (``holding``)."""
-        return self._ids[: self._size]
+        return self.index.keys
 
     def created_ids(self) -> np.ndarray:
         """The ids of the created rows in slot order, a copy (ECRM: which rows a PS has)."""
         with self._lock:
-            return self._ids[: self._size].copy()
+            return self.index.keys.copy()
 
     @property
     def vocab_size(self) -> int:
-        return int(self._slot.size)
+        return self._vocab_size
 
-    def _check_ids(self, ids: np.ndarray) -> None:
-        """Ids must be a 1-D integer array without repeats (a repeat would create a row twice)."""
+    def nbytes(self) -> int:
+        """Memory the rows held take: rows, optimizer state, counters, the index."""
+        per_row = sum(g.row_bytes for g in self._store.values())
+        return self.size * per_row + self.index.nbytes()
+
+    def _check_ids(self, ids: np.ndarray) -> np.ndarray:
+        """``ids`` as contiguous int64: a 1-D integer array without repeats (a repeat would
+        create a row twice), each one this table can hold."""
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
             raise ValueError(
                 f"table {self.name!r}: ids must be a 1-D integer array, got {ids.dtype} {ids.shape}"
             )
-        sorted_unique = ids.size < 2 or bool(np.all(ids[1:] > ids[:-1]))  # np.unique's output
-        if not sorted_unique and np.unique(ids).size != ids.size:
+        as_int64 = ids.view(np.int64) if ids.dtype == np.uint64 else ids
+        as_int64 = np.ascontiguousarray(as_int64, dtype=np.int64)
+        increasing = PROBE.increasing(as_int64)  # np.unique's output, the usual request
+        if not increasing and np.unique(as_int64).size != ids.size:
             raise ValueError(f"table {self.name!r}: ids must be unique within a request")
-        if ids.size and (ids.min() < 0 or ids.max() >= self._slot.size):
-            raise ValueError(
-                f"table {self.name!r}: ids must lie in [0, {self._slot.size}), "
-                f"got [{ids.min()}, {ids.max()}]"
-            )
+        ends = ids[[0, -1]] if increasing and ids.size else ids
+        if (why := self.index.check(ends)) is not None:
+            raise ValueError(f"table {self.name!r}: {why}")
+        return as_int64
 
-    def _grow(self, need: int) -> None:
-        cap = max(need, 2 * self.rows.shape[0], 1024)
-        self.rows = _grow(self.rows, cap)
-        self.state = {k: _grow(v, cap) for k, v in self.state.items()}
-        self.counts = _grow(self.counts, cap)
-        self.seen = _grow(self.seen, cap)
-        self._ids = _grow(self._ids, cap)
+    def _ensure(self, rows: int) -> None:
+        if rows > self.rows.shape[0]:
+            for array in self._store.values():
+                array.ensure(rows)
+            self._views()
 
     def _slots(self, ids: np.ndarray, initialise: bool = True) -> np.ndarray:
-        """Slots of ``ids`` (unique), creating missing rows; caller holds the lock.
+        """Row positions of ``ids`` (checked), creating missing rows; caller holds the lock.
         ``initialise=False``: the caller writes every field of them (no seeded values)."""
-        slots = self._slot[ids]
-        missing = ids[slots < 0]
-        if missing.size:
-            start, need = self._size, self._size + missing.size
-            if need > self.rows.shape[0]:
-                self._grow(need)
+        start = self.index.size
+        slots = self.index.insert(ids)
+        need = self.index.size
+        if need > start:
+            self._ensure(need)
             if initialise:
+                created = self.index.keys[start:need]
                 self.rows[start:need] = initial_rows(
-                    self.name, missing, self.dim, self.seed, INIT_SCALE
+                    self.name, created, self.dim, self.seed, INIT_SCALE
                 )
-                fresh = self.optimizer.init_state((missing.size, self.dim), rows=True)
+                fresh = self.optimizer.init_state((need - start, self.dim), rows=True)
                 for key, value in fresh.items():
                     self.state[key][start:need] = value
                 self.counts[start:need] = 0
                 self.seen[start:need] = self.day
-            self._ids[start:need] = missing
-            self._slot[missing] = np.arange(start, need, dtype=np.int32)
-            self._size = need
-            slots = self._slot[ids]
         return slots
+
+    def _pulled(self, ids: np.ndarray) -> np.ndarray:
+        """The rows of checked ``ids``, created if missing, with an access counted on each
+        (caller holds the lock): the counter CPR-MFU ranks by and CPR-SSU samples from, and
+        the day eviction reads. Rows held are found, copied and counted in one C call."""
+        out = np.empty((ids.size, self.dim), dtype=np.float32)
+        rows, absent = self.index.pull(ids, self.rows, out, self._meta, self.day)
+        if absent:
+            missing = np.flatnonzero(rows < 0)
+            created = self._slots(ids[missing])
+            got = np.empty((missing.size, self.dim), dtype=np.float32)
+            PROBE.gather_count(self.rows, created, got, self._meta, self.day)
+            out[missing] = got
+        return out
 
     def lookup(self, ids: np.ndarray, create: bool = True) -> np.ndarray:
         """Rows for unique ``ids``; ``create=False`` (evaluation) reads without inserting."""
-        self._check_ids(ids)
+        ids = self._check_ids(ids)
         with self._lock:
             if create:
-                slots = self._slots(ids)
-                self._accessed(slots)
-                return self.rows[slots]
-            slots = self._slot[ids]
+                return self._pulled(ids)
+            slots = self.index.lookup(ids)
             out = initial_rows(self.name, ids, self.dim, self.seed, INIT_SCALE)
             known = slots >= 0
             out[known] = self.rows[slots[known]]
@@ -169,25 +212,25 @@ class EmbeddingTable:
         """Rows for unique ``ids`` (created if missing) and, read under the same lock, the
         optimizer state of ``state_ids`` (unique, a subset of ``ids``): a worker that pulls
         ahead of its own push replays that push on these rows exactly as this PS will."""
-        self._check_ids(ids)
-        self._check_ids(state_ids)
+        ids = self._check_ids(ids)
+        state_ids = self._check_ids(state_ids)
         with self._lock:
-            slots = self._slots(ids)
-            self._accessed(slots)
-            state_slots = self._slot[state_ids]
+            rows = self._pulled(ids)
+            state_slots = self.index.lookup(state_ids)
             if state_slots.size and state_slots.min() < 0:
                 raise ValueError(f"table {self.name!r}: state_ids must be a subset of ids")
-            return self.rows[slots], {k: v[state_slots] for k, v in self.state.items()}
+            return rows, {k: v[state_slots] for k, v in self.state.items()}
 
-    def check_update(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        """Reject a malformed update before anything of it is applied."""
-        self._check_ids(ids)
+    def check_update(self, ids: np.ndarray, grads: np.ndarray) -> np.ndarray:
+        """Reject a malformed update before anything of it is applied; ``ids`` as checked."""
+        checked = self._check_ids(ids)
         if grads.shape != (ids.size, self.dim):
             raise ValueError(
                 f"table {self.name!r}: gradient shape {grads.shape} != ({ids.size}, {self.dim})"
             )
-        if not np.isfinite(grads).all():
+        if not _all_finite(grads):
             raise ValueError(f"table {self.name!r}: non-finite gradients")
+        return checked
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """One optimizer step on the rows of unique ``ids`` (gradients already summed per id)."""
@@ -205,65 +248,60 @@ class EmbeddingTable:
     def _step(
         self, ids: np.ndarray, grads: np.ndarray, keep_old: bool
     ) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray]]:
-        self.check_update(ids, grads)
+        ids = self.check_update(ids, grads)
         with self._lock:
             slots = self._slots(ids)
-            rows = self.rows[slots]
-            state = {k: v[slots] for k, v in self.state.items()}
+            rows = _take(self.rows, slots)
+            state = {k: _take(v, slots) for k, v in self.state.items()}
             old = None
             if keep_old:
                 old = {"row": rows.copy(), **{f"state/{k}": v.copy() for k, v in state.items()}}
             self.optimizer.apply(rows, state, grads)
-            self.rows[slots] = rows
+            _put(self.rows, slots, rows)
             for key, value in state.items():
-                self.state[key][slots] = value
+                _put(self.state[key], slots, value)
         return old, {"row": rows, **{f"state/{k}": v for k, v in state.items()}}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:
         """Load a ``snapshot`` (of a PS with the same partitioning) into an empty table."""
         ids = np.asarray(arrays["ids"], dtype=np.int64)
         with self._lock:
-            if self._size:
+            if self.size:
                 raise ValueError(f"table {self.name!r}: restore needs an empty table")
             n = ids.size
-            self._grow(n)
+            self._ensure(n)
             self.rows[:n] = arrays["rows"]
             self.counts[:n] = arrays["counts"]
             self.seen[:n] = arrays.get("seen", self.day)
             for key in self.state:
                 self.state[key][:n] = arrays[f"state/{key}"]
-            self._ids[:n] = ids
-            self._slot[ids] = np.arange(n, dtype=np.int32)
-            self._size = n
+            self.index.reset(ids)
 
     def pop_rows(self, moving: Callable[[np.ndarray], np.ndarray]) -> dict[str, np.ndarray]:
         """Remove the rows whose ids ``moving`` marks (a boolean mask over the ids it gets) and
         return them as ``snapshot`` does: a PS resize hands them to their new owner."""
         with self._lock:
-            n = self._size
-            mask = np.asarray(moving(self._ids[:n]), dtype=bool)
+            n = self.size
+            keys = self.index.keys
+            mask = np.asarray(moving(keys), dtype=bool)
             out: dict[str, np.ndarray] = {
-                "ids": self._ids[:n][mask],
+                "ids": keys[mask],
                 "rows": self.rows[:n][mask],
                 "counts": self.counts[:n][mask],
                 "seen": self.seen[:n][mask],
             }
             out.update({f"state/{k}": v[:n][mask] for k, v in self.state.items()})
             keep = np.flatnonzero(~mask)
-            self._slot[out["ids"]] = -1
-            for name in ("rows", "counts", "seen", "_ids"):
-                arr = getattr(self, name)
+            self.index.reset(keys[keep])
+            for store in self._store.values():
+                arr = store.array
                 arr[: keep.size] = arr[keep]
-            for value in self.state.values():
-                value[: keep.size] = value[keep]
-            self._size = keep.size
-            self._slot[self._ids[: keep.size]] = np.arange(keep.size, dtype=np.int32)
+                store.release(keep.size)
             return out
 
     def absorb(self, arrays: dict[str, np.ndarray]) -> None:
         """Take rows another PS hands over (``pop_rows``), replacing any copy held here."""
-        ids = np.asarray(arrays["ids"], dtype=np.int64)
-        self._check_ids(ids)
+        ids = self._check_ids(np.asarray(arrays["ids"], dtype=np.int64))
         needed = ["rows", "counts", *(f"state/{k}" for k in self.state)]
         if lacking := [k for k in needed if k not in arrays]:
             raise ValueError(f"table {self.name!r}: absorb needs {needed}; missing {lacking}")
@@ -279,9 +317,9 @@ class EmbeddingTable:
         """Row (``row``) and optimizer state (``state/<slot>``) of unique ``ids``, as
         ``core.ecrm`` codes them: read without creating rows or counting an access (a row not
         created yet reads as its seeded initial value and fresh state)."""
-        self._check_ids(ids)
+        ids = self._check_ids(ids)
         with self._lock:
-            slots = self._slot[ids]
+            slots = self.index.lookup(ids)
             known = slots >= 0
             if known.all():
                 out = {"row": self.rows[slots]}
@@ -316,9 +354,9 @@ class EmbeddingTable:
 
     def snapshot(self) -> dict[str, np.ndarray]:
         with self._lock:
-            n = self._size
+            n = self.size
             out: dict[str, np.ndarray] = {
-                "ids": self._ids[:n].copy(),
+                "ids": self.index.keys.copy(),
                 "rows": self.rows[:n].copy(),
                 "counts": self.counts[:n].copy(),
                 "seen": self.seen[:n].copy(),
@@ -420,7 +458,31 @@ class DenseStore:
             self.version += 1
 
 
-def _grow(arr: np.ndarray, capacity: int) -> np.ndarray:
-    out = np.empty((capacity, *arr.shape[1:]), dtype=arr.dtype)
-    out[: arr.shape[0]] = arr
+def _rows_in_c(slots: np.ndarray, *arrays: np.ndarray) -> bool:
+    """Whether the C loops can copy these rows (2-D, float32, contiguous; int32 slots)."""
+    if slots.dtype != np.int32 or not slots.flags.c_contiguous:
+        return False
+    return all(a.ndim == 2 and a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+
+
+def _take(array: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """``array[slots]`` for the push (rows of float32 by the C loop, which prefetches)."""
+    if not _rows_in_c(slots, array):
+        return array[slots]
+    out = np.empty((slots.size, array.shape[1]), dtype=np.float32)
+    PROBE.gather(array, slots, out)
     return out
+
+
+def _put(array: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
+    """``array[slots] = values`` for the push (no 2-D fancy indexing where C can copy)."""
+    if _rows_in_c(slots, array, values) and values.shape == (slots.size, array.shape[1]):
+        PROBE.scatter(array, slots, values)
+    else:
+        array[slots] = values
+
+
+def _all_finite(grads: np.ndarray) -> bool:
+    if grads.dtype == np.float32 and grads.flags.c_contiguous:
+        return PROBE.all_finite(grads)
+    return bool(np.isfinite(grads).all())

@@ -49,7 +49,7 @@ def test_mfu_saves_the_most_accessed_rows_and_clears_their_counters(tmp_path: Pa
     np.testing.assert_array_equal(ids, np.arange(10))  # the 10% most accessed
     assert saved["rows"] == 10 and (saved[f"table/{GROUP}/counts"] == 21).all()
     table = ps.tables[GROUP]
-    slots = table._slot[np.arange(10)]
+    slots = table.index.lookup(np.arange(10))
     assert (table.counts[slots] == 0).all()  # cleared: the next save ranks fresh accesses
     again = partial_save(ps, tmp_path / "p2" / "ps-0.npz", "mfu", 0.1)
     assert not set(again[f"table/{GROUP}/ids"]) & set(range(10))

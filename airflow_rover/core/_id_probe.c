@@ -1,0 +1,210 @@
+/* Hot loops of core.id_index: a linear-probing hash index from int64 ids to int32 row
+ * positions, and the pull's gather with its access counting.
+ *
+ * The index holds only row positions (int32, -1 empty, a power-of-two count); an id lives once,
+ * in ``keys[row]`` (the table's ids in row order), so a slot costs 4 bytes. Work runs in blocks
+ * of BLOCK ids, stage by stage, each stage prefetching what the next one reads: the misses of a
+ * block overlap instead of following one another.
+ *
+ * Loaded with ctypes (core.id_probe); a pure-numpy twin gives the same rows without a compiler.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#define BLOCK 64
+#define AHEAD 16 /* ids between a pipelined loop's stages */
+#define RING 64  /* > 2 * AHEAD, a power of two */
+#define EMPTY (-1)
+
+/* Python's import machinery never loads this file; the symbol only satisfies build tools that
+ * expect one in an extension module. */
+void *PyInit__id_probe(void) { return 0; }
+
+/* splitmix64's finaliser: every input bit moves every output bit (ids are often sequential). */
+static inline uint64_t mix(int64_t id) {
+    uint64_t x = (uint64_t)id;
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebULL;
+    x ^= x >> 31;
+    return x;
+}
+
+/* A row's copy: fixed widths (the usual dims) become a few vector moves, not a memcpy call. */
+static inline void copy_row(float *dst, const float *src, size_t width) {
+    switch (width) {
+    case 16: memcpy(dst, src, 16); break;
+    case 32: memcpy(dst, src, 32); break;
+    case 64: memcpy(dst, src, 64); break;
+    case 128: memcpy(dst, src, 128); break;
+    case 256: memcpy(dst, src, 256); break;
+    default: memcpy(dst, src, width);
+    }
+}
+
+static inline void prefetch_row(const float *row, size_t width, int write) {
+    const char *p = (const char *)row;
+    for (size_t off = 0; off < width; off += 64) {
+        if (write) __builtin_prefetch(p + off, 1);
+        else __builtin_prefetch(p + off);
+    }
+}
+
+/* An access to a row: its counter (low 32 bits of ``meta``) + 1, its day (high 32 bits). One
+ * 8-byte word, so counting costs no cache line beyond the one it already needs. */
+static inline void count(uint64_t *meta, int64_t r, int32_t day) {
+    uint32_t c = (uint32_t)meta[r] + 1;
+    meta[r] = ((uint64_t)(uint32_t)day << 32) | c;
+}
+
+/* The row of ``id`` or EMPTY, probing from ``pos``. */
+static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *keys, int64_t id,
+                            uint64_t pos) {
+    for (;;) {
+        int32_t row = slots[pos];
+        if (row == EMPTY || keys[row] == id) return row;
+        pos = (pos + 1) & mask;
+    }
+}
+
+/* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent.
+ * Software-pipelined: id i's slot is prefetched, id i-AHEAD's key, id i-2*AHEAD is probed. */
+int64_t rover_find(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
+                   int64_t n, int32_t *out) {
+    int64_t absent = 0;
+    uint64_t pos[RING];
+    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
+        if (i < n) {
+            pos[i & (RING - 1)] = mix(ids[i]) & mask;
+            __builtin_prefetch(&slots[pos[i & (RING - 1)]]);
+        }
+        int64_t j = i - AHEAD;
+        if (j >= 0 && j < n) {
+            int32_t row = slots[pos[j & (RING - 1)]];
+            if (row != EMPTY) __builtin_prefetch(&keys[row]);
+        }
+        int64_t k = i - 2 * AHEAD;
+        if (k >= 0 && k < n) {
+            int32_t row = probe(slots, mask, keys, ids[k], pos[k & (RING - 1)]);
+            out[k] = row;
+            absent += row == EMPTY;
+        }
+    }
+    return absent;
+}
+
+/* Rows of ids[0:n) into out, an absent id taking row ``next`` (then next + 1, ...) with its id
+ * written to keys[row]; returns the next free row. The caller leaves room for every id: slots
+ * below the load limit after n more, keys long enough. A repeated id gets its first row. */
+int64_t rover_insert(int32_t *slots, uint64_t mask, int64_t *keys, const int64_t *ids, int64_t n,
+                     int32_t *out, int64_t next) {
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = ids[i];
+        uint64_t pos = mix(id) & mask;
+        for (;;) {
+            int32_t row = slots[pos];
+            if (row == EMPTY) {
+                slots[pos] = (int32_t)next;
+                keys[next] = id;
+                out[i] = (int32_t)next++;
+                break;
+            }
+            if (keys[row] == id) {
+                out[i] = row;
+                break;
+            }
+            pos = (pos + 1) & mask;
+        }
+    }
+    return next;
+}
+
+/* Empty ``slots`` and index keys[0:n) as rows 0..n-1 (ids known distinct). */
+void rover_rebuild(int32_t *slots, uint64_t mask, const int64_t *keys, int64_t n) {
+    memset(slots, 0xff, (mask + 1) * sizeof(int32_t));
+    for (int64_t r = 0; r < n; r++) {
+        uint64_t pos = mix(keys[r]) & mask;
+        while (slots[pos] != EMPTY) pos = (pos + 1) & mask;
+        slots[pos] = (int32_t)r;
+    }
+}
+
+/* 1 if ids[0:n) strictly increase (np.unique's output: no repeats), else 0. */
+int32_t rover_increasing(const int64_t *ids, int64_t n) {
+    int32_t ok = 1;
+    for (int64_t i = 1; i < n; i++) ok &= ids[i] > ids[i - 1];
+    return ok;
+}
+
+/* out[i] = src[rows[i]] (rows of ``dim`` floats) with an access counted on each row. */
+void rover_gather_count(const float *src, int64_t dim, const int32_t *rows, int64_t n,
+                        float *out, uint64_t *meta, int32_t day) {
+    size_t width = (size_t)dim * sizeof(float);
+    for (int64_t i = 0; i < n + AHEAD; i++) {
+        if (i < n) {
+            prefetch_row(src + (int64_t)rows[i] * dim, width, 0);
+            __builtin_prefetch(&meta[rows[i]], 1);
+        }
+        int64_t k = i - AHEAD;
+        if (k >= 0) {
+            copy_row(out + k * dim, src + (int64_t)rows[k] * dim, width);
+            count(meta, rows[k], day);
+        }
+    }
+}
+
+/* The pull: rows of ids[0:n) into rows_out (EMPTY where absent) and, for each id present, its
+ * row copied to out[i] and its access counted. Returns how many are absent (the caller
+ * creates, copies and counts those). Two pipelined passes, not one: finding (slot and key)
+ * then copying (row and record) keeps fewer misses in flight than the fill buffers hold. */
+int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
+                   int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
+                   uint64_t *meta, int32_t day) {
+    size_t width = (size_t)dim * sizeof(float);
+    int64_t absent = rover_find(slots, mask, keys, ids, n, rows_out);
+    for (int64_t i = 0; i < n + AHEAD; i++) {
+        if (i < n && rows_out[i] != EMPTY) {
+            int64_t r = rows_out[i];
+            prefetch_row(src + r * dim, width, 0);
+            __builtin_prefetch(&meta[r], 1);
+        }
+        int64_t k = i - AHEAD;
+        if (k >= 0 && rows_out[k] != EMPTY) {
+            int64_t r = rows_out[k];
+            copy_row(out + k * dim, src + r * dim, width);
+            count(meta, r, day);
+        }
+    }
+    return absent;
+}
+
+/* out[i] = src[rows[i]] (rows of ``dim`` floats), for the push's reads. */
+void rover_gather(const float *src, int64_t dim, const int32_t *rows, int64_t n, float *out) {
+    size_t width = (size_t)dim * sizeof(float);
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        for (int64_t i = 0; i < m; i++) prefetch_row(src + (int64_t)rows[b + i] * dim, width, 0);
+        for (int64_t i = 0; i < m; i++)
+            copy_row(out + (b + i) * dim, src + (int64_t)rows[b + i] * dim, width);
+    }
+}
+
+/* dst[rows[i]] = src[i] (rows of ``dim`` floats), for the push's writes. */
+void rover_scatter(float *dst, int64_t dim, const int32_t *rows, int64_t n, const float *src) {
+    size_t width = (size_t)dim * sizeof(float);
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        int64_t m = n - b < BLOCK ? n - b : BLOCK;
+        for (int64_t i = 0; i < m; i++) prefetch_row(dst + (int64_t)rows[b + i] * dim, width, 1);
+        for (int64_t i = 0; i < m; i++)
+            copy_row(dst + (int64_t)rows[b + i] * dim, src + (b + i) * dim, width);
+    }
+}
+
+/* 1 if no value of x[0:n) is inf or nan (exponent bits all set), else 0. */
+int32_t rover_all_finite(const float *x, int64_t n) {
+    const uint32_t *bits = (const uint32_t *)x;
+    uint32_t bad = 0;
+    for (int64_t i = 0; i < n; i++) bad |= (bits[i] & 0x7f800000u) == 0x7f800000u;
+    return !bad;
+}

@@ -1,0 +1,314 @@
+"""The hash index's hot loops (``_id_probe.c``), loaded with ctypes, or their numpy twin.
+
+``setup.py`` builds the C file as an optional extension: an install without a compiler still
+works, on the numpy twin, which gives the same rows (slower). ``ROVER_REQUIRE_COMPILED=1``
+makes a missing build an error (CI sets it, so the compiled path is the one tested).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+EMPTY = -1
+# A row's access record: the counter CPR ranks rows by and the last day it was trained on,
+# one 8-byte word (little-endian: ``count`` its low half, as the C loops read it).
+META = np.dtype([("count", "<u4"), ("seen", "<i4")])
+_C1 = np.uint64(0xBF58476D1CE4E5B9)
+_C2 = np.uint64(0x94D049BB133111EB)
+
+
+class Probe(Protocol):
+    """The loops ``core.id_index`` and ``ps.tables`` run; arrays are C-contiguous, ids
+    int64, rows and slots int32, ``mask`` the slot count minus one (a power of two)."""
+
+    compiled: bool
+
+    def find(
+        self, slots: np.ndarray, mask: int, keys: np.ndarray, ids: np.ndarray, out: np.ndarray
+    ) -> int:
+        """Rows of ``ids`` into ``out`` (-1 where absent); returns how many are absent."""
+        ...
+
+    def insert(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        out: np.ndarray,
+        next_row: int,
+    ) -> int:
+        """``find``, an absent id taking the next row (in order of first appearance, its id
+        written to ``keys``); returns the next free row."""
+        ...
+
+    def rebuild(self, slots: np.ndarray, mask: int, keys: np.ndarray) -> None:
+        """Empty ``slots`` and index the distinct ``keys`` as rows 0, 1, ..."""
+        ...
+
+    def increasing(self, ids: np.ndarray) -> bool:
+        """Whether ``ids`` strictly increase (so hold no repeat)."""
+        ...
+
+    def pull(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        """``find`` into ``rows`` and, for each id found, ``out[i] = src[rows[i]]`` with an
+        access counted (``meta``: ``META`` records); returns how many are absent."""
+        ...
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> None:
+        """``out[i] = src[rows[i]]``, counting an access to each row (its ``count`` + 1, its
+        ``seen`` = ``day``); ``rows`` distinct and valid."""
+        ...
+
+    def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        """``out[i] = src[rows[i]]``; ``rows`` valid."""
+        ...
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        """``dst[rows[i]] = src[i]``; ``rows`` distinct and valid."""
+        ...
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        """Whether no value of float32 ``x`` is inf or nan."""
+        ...
+
+
+def _addr(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+class CompiledProbe:
+    """The C loops (one pass per call, no temporaries)."""
+
+    compiled = True
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        u64, i32 = ctypes.c_uint64, ctypes.c_int32
+        sig = {
+            "rover_find": (i64, [ptr, u64, ptr, ptr, i64, ptr]),
+            "rover_insert": (i64, [ptr, u64, ptr, ptr, i64, ptr, i64]),
+            "rover_rebuild": (None, [ptr, u64, ptr, i64]),
+            "rover_increasing": (i32, [ptr, i64]),
+            "rover_pull": (i64, [ptr, u64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i32]),
+            "rover_gather_count": (None, [ptr, i64, ptr, i64, ptr, ptr, i32]),
+            "rover_gather": (None, [ptr, i64, ptr, i64, ptr]),
+            "rover_scatter": (None, [ptr, i64, ptr, i64, ptr]),
+            "rover_all_finite": (i32, [ptr, i64]),
+        }
+        for name, (restype, argtypes) in sig.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
+        self._lib = lib
+
+    def find(
+        self, slots: np.ndarray, mask: int, keys: np.ndarray, ids: np.ndarray, out: np.ndarray
+    ) -> int:
+        return int(
+            self._lib.rover_find(_addr(slots), mask, _addr(keys), _addr(ids), ids.size, _addr(out))
+        )
+
+    def insert(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        out: np.ndarray,
+        next_row: int,
+    ) -> int:
+        args = (_addr(slots), mask, _addr(keys), _addr(ids), ids.size, _addr(out), next_row)
+        return int(self._lib.rover_insert(*args))
+
+    def rebuild(self, slots: np.ndarray, mask: int, keys: np.ndarray) -> None:
+        self._lib.rover_rebuild(_addr(slots), mask, _addr(keys), keys.size)
+
+    def increasing(self, ids: np.ndarray) -> bool:
+        return bool(self._lib.rover_increasing(_addr(ids), ids.size))
+
+    def pull(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        args = (_addr(slots), mask, _addr(keys), _addr(ids), ids.size, _addr(rows))
+        return int(
+            self._lib.rover_pull(*args, _addr(src), src.shape[1], _addr(out), _addr(meta), day)
+        )
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> None:
+        args = (_addr(src), src.shape[1], _addr(rows), rows.size, _addr(out))
+        self._lib.rover_gather_count(*args, _addr(meta), day)
+
+    def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        self._lib.rover_gather(_addr(src), src.shape[1], _addr(rows), rows.size, _addr(out))
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        self._lib.rover_scatter(_addr(dst), dst.shape[1], _addr(rows), rows.size, _addr(src))
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        return bool(self._lib.rover_all_finite(_addr(x), x.size))
+
+
+def mix(ids: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, as the C file computes it (uint64, wrapping)."""
+    x = ids.astype(np.int64, copy=False).view(np.uint64)
+    x = x ^ (x >> np.uint64(30))
+    x *= _C1
+    x ^= x >> np.uint64(27)
+    x *= _C2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+class NumpyProbe:
+    """The same loops in numpy: probes advance together, one step per round."""
+
+    compiled = False
+
+    def find(
+        self, slots: np.ndarray, mask: int, keys: np.ndarray, ids: np.ndarray, out: np.ndarray
+    ) -> int:
+        pos = (mix(ids) & np.uint64(mask)).astype(np.int64)
+        out[:] = slots[pos]
+        live = np.flatnonzero(out != EMPTY)
+        live = live[keys[out[live]] != ids[live]]
+        while live.size:
+            pos[live] = (pos[live] + 1) & mask
+            got = slots[pos[live]]
+            out[live] = got
+            live = live[got != EMPTY]
+            live = live[keys[out[live]] != ids[live]]
+        return int(np.count_nonzero(out == EMPTY))
+
+    def insert(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        out: np.ndarray,
+        next_row: int,
+    ) -> int:
+        if not self.find(slots, mask, keys, ids, out):
+            return next_row
+        absent = ids[out == EMPTY]
+        _, first = np.unique(absent, return_index=True)
+        new = absent[np.sort(first)]  # in order of first appearance, as the C loop takes them
+        end = next_row + new.size
+        keys[next_row:end] = new
+        _place(slots, mask, new, next_row)
+        self.find(slots, mask, keys, ids, out)
+        return end
+
+    def rebuild(self, slots: np.ndarray, mask: int, keys: np.ndarray) -> None:
+        slots.fill(EMPTY)
+        _place(slots, mask, keys, 0)
+
+    def increasing(self, ids: np.ndarray) -> bool:
+        return bool(np.all(ids[1:] > ids[:-1]))
+
+    def pull(
+        self,
+        slots: np.ndarray,
+        mask: int,
+        keys: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        absent = self.find(slots, mask, keys, ids, rows)
+        found = np.flatnonzero(rows != EMPTY)
+        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
+        self.gather_count(src, rows[found], got, meta, day)
+        out[found] = got
+        return absent
+
+    def gather_count(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> None:
+        np.take(src, rows, axis=0, out=out)
+        meta["count"][rows] += np.uint32(1)
+        meta["seen"][rows] = day
+
+    def gather(self, src: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+        np.take(src, rows, axis=0, out=out)
+
+    def scatter(self, dst: np.ndarray, rows: np.ndarray, src: np.ndarray) -> None:
+        dst[rows] = src
+
+    def all_finite(self, x: np.ndarray) -> bool:
+        return bool(np.isfinite(x).all())
+
+
+def _place(slots: np.ndarray, mask: int, ids: np.ndarray, first_row: int) -> None:
+    """Put distinct ``ids`` (absent from ``slots``) in as rows ``first_row``, ...: each takes
+    the first empty slot from its hash on; where several reach one slot, the earliest wins."""
+    pos = (mix(ids) & np.uint64(mask)).astype(np.int64)
+    pending = np.arange(ids.size)
+    while pending.size:
+        at = pos[pending]
+        free = slots[at] == EMPTY
+        _, win = np.unique(at[free], return_index=True)
+        winners = pending[free][win]
+        slots[pos[winners]] = first_row + winners
+        pending = pending[np.isin(pending, winners, assume_unique=True, invert=True)]
+        pos[pending] = (pos[pending] + 1) & mask
+
+
+def _library_path() -> Path | None:
+    here = Path(__file__).resolve().parent
+    for suffix in (*importlib.machinery.EXTENSION_SUFFIXES, ".so"):
+        path = here / f"_id_probe{suffix}"
+        if path.is_file():
+            return path
+    return None
+
+
+def load() -> Probe:
+    """The compiled loops if built, else the numpy twin (an error under
+    ``ROVER_REQUIRE_COMPILED=1``)."""
+    path = _library_path()
+    error = "not built (pip install -e . builds it with a C compiler)"
+    if path is not None:
+        try:
+            return CompiledProbe(ctypes.CDLL(str(path)))
+        except OSError as exc:
+            error = f"{path} does not load: {exc}"
+    if os.environ.get("ROVER_REQUIRE_COMPILED") == "1":
+        raise RuntimeError(f"ROVER_REQUIRE_COMPILED=1 but the id probe is {error}")
+    return NumpyProbe()
+
+
+PROBE: Probe = load()
