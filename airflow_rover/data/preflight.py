@@ -69,7 +69,7 @@ def check_data(spec: JobSpec) -> FeatureConfig:
                 f"features.tables[{i}].column={table.column!r} is not a column of "
                 f"{spec.train_data!r}; accepted: {sorted(vocab)}"
             )
-        if table.vocab_size < vocab[table.column]:
+        if table.index == "vocab" and table.vocab_size < vocab[table.column]:
             raise PreflightError(
                 f"features.tables[{i}].vocab_size={table.vocab_size} is smaller than column "
                 f"{table.column!r}'s vocabulary ({vocab[table.column]})"

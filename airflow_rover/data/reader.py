@@ -107,7 +107,11 @@ def schema_from_manifest(manifest: Mapping[str, Any], where: str | os.PathLike[s
     try:
         num_dense = manifest["num_dense"]
         columns = tuple(
-            CategoricalColumn(name=str(column["name"]), vocab_size=column["vocab_size"])
+            CategoricalColumn(
+                name=str(column["name"]),
+                vocab_size=column["vocab_size"],
+                raw=column.get("raw", False) is True,
+            )
             for column in manifest["categorical"]
         )
     except (KeyError, TypeError) as exc:

@@ -104,9 +104,23 @@ class ServingModule(tf.Module):
         self._entries = {t.name: t for t in features.tables}
         self.slots: list[tf.Variable] = []
         self.rows: list[tf.Variable] = []
+        # Per group of index 'ids' (by name): raw id -> position in its rows, a hash table of
+        # the ids trained (there is no id space to lay an array of slots over).
+        self.id_rows: dict[str, tf.lookup.StaticHashTable] = {}
         for g in groups:
-            slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
-            slot[g.ids] = np.arange(g.ids.size, dtype=np.int32)
+            positions = np.arange(g.ids.size, dtype=np.int32)
+            if g.group.index == "ids":
+                slot = np.zeros(0, dtype=np.int32)
+                self.id_rows[g.group.name] = tf.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(
+                        tf.constant(g.ids, tf.int64), tf.constant(positions.astype(np.int64))
+                    ),
+                    default_value=-1,
+                    name=f"{g.group.name}_id_rows",
+                )
+            else:
+                slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
+                slot[g.ids] = positions
             # one spare row at the end: what an untrained id gathers before being replaced
             rows = np.concatenate([g.rows, np.zeros((1, g.group.dim), np.float32)])
             self.slots.append(tf.Variable(slot, trainable=False, name=f"{g.group.name}_slot"))
@@ -127,7 +141,10 @@ class ServingModule(tf.Module):
 
     @staticmethod
     def _check_ids(tables: Sequence[TableSlice], ids: tf.Tensor) -> None:
-        """Every id inside its table, else an error naming the first column with one outside."""
+        """Every id inside its table, else an error naming the first column with one outside
+        (a table of index 'ids' takes any int64 id: nothing to check)."""
+        if all(t.index == "ids" for t in tables):
+            return
         vocab = tf.constant([t.vocab_size for t in tables], tf.int64)
         bad = tf.reduce_any(tf.logical_or(ids < 0, ids >= vocab), axis=0)
         messages = tf.constant(
@@ -140,8 +157,13 @@ class ServingModule(tf.Module):
         tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [tf.gather(messages, first)])
 
     def _rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
-        """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones."""
-        slot = tf.gather(self.slots[index], fused)
+        """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones
+        (as the PS creates a row it has not seen, raw ids as vocabulary ids)."""
+        group = self._groups[index]
+        if group.index == "ids":
+            slot = tf.cast(self.id_rows[group.name].lookup(fused), tf.int32)
+        else:
+            slot = tf.gather(self.slots[index], fused)
         spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
         trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
         return tf.where((slot < 0)[..., None], self._initial_rows(index, fused), trained)

@@ -1,0 +1,91 @@
+"""Tables of index 'ids' in a job's spec: validated, placed in a group of their own whose ids
+go to the PS as they are, a table there keyed by the raw ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, describe_errors
+from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.ps.partition import Partition
+
+BIG = np.iinfo(np.int64)
+
+
+def _features(**ids_table: Any) -> dict[str, Any]:
+    user = {"name": "user", "column": "C1", "vocab_size": 1000, "dim": 8, "index": "ids"}
+    return {
+        "num_dense": 2,
+        "tables": [
+            user | ids_table,
+            {"name": "item", "column": "C2", "vocab_size": 50, "dim": 8},
+            {"name": "user_wide", "column": "C1", "vocab_size": 1000, "dim": 1, "index": "ids"},
+        ],
+    }
+
+
+def _spec(**fields: Any) -> dict[str, Any]:
+    return {"job_id": "raw-ids", "train_data": "/data", "features": _features()} | fields
+
+
+def test_index_defaults_to_vocab_and_ids_tables_are_listed() -> None:
+    features = FeatureConfig.model_validate(_features())
+    assert TableConfig(name="a", column="C", vocab_size=3, dim=2).index == "vocab"
+    assert features.id_tables == ("user", "user_wide")
+
+
+def test_ecrm_is_rejected_naming_the_field_and_the_tables() -> None:
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(_spec(checkpoint={"policy": "ecrm"}))
+    message = describe_errors(caught.value, JobSpec)
+    assert "checkpoint.policy='ecrm'" in message
+    assert "['user', 'user_wide']" in message
+    assert JobSpec.model_validate(_spec(checkpoint={"policy": "cpr"})).checkpoint.policy == "cpr"
+
+
+def test_hashed_values_are_rejected_for_an_ids_table() -> None:
+    with pytest.raises(ValidationError, match=r"'user' has index 'ids' and values 'strings'"):
+        FeatureConfig.model_validate(_features(values="strings"))
+
+
+def test_entries_sharing_a_table_agree_on_the_index() -> None:
+    shared = {"name": "again", "column": "C3", "vocab_size": 1000, "dim": 8, "table": "user"}
+    features = _features()
+    features["tables"].append(shared)  # index 'vocab' on the 'ids' table
+    with pytest.raises(ValidationError, match=r"agree on all three"):
+        FeatureConfig.model_validate(features)
+
+
+def test_an_ids_table_is_a_group_of_its_own_and_its_ids_pass_unchanged() -> None:
+    """Raw ids from the whole int64 range reach the PS as they are; the vocab table next to
+    it keeps its offset and its range check."""
+    placement = EmbeddingPlacement.from_features(FeatureConfig.model_validate(_features()))
+    names = {g.name: (g.index, g.dim) for g in placement.groups}
+    assert names == {
+        "dim8": ("vocab", 8),
+        "ids_user": ("ids", 8),
+        "ids_user_wide": ("ids", 1),
+    }
+    raw = np.array([[BIG.min, 3], [BIG.max, 49], [-1, 0]], dtype=np.int64)
+    columns = {"C1": 0, "C2": 1}
+    assert np.array_equal(placement.group("ids_user").fused_ids(raw, columns), raw[:, :1])
+    assert np.array_equal(placement.group("dim8").fused_ids(raw, columns), raw[:, 1:])
+    with pytest.raises(ValueError, match=r"table 'item': column 'C2' has ids outside \[0, 50\)"):
+        placement.group("dim8").fused_ids(raw + np.array([0, 1]), columns)
+
+
+def test_the_ps_keys_an_ids_group_by_raw_ids_one_row_each() -> None:
+    """Ids that a 1,000-row vocabulary would fold onto few rows each get a row of their own."""
+    placement = EmbeddingPlacement.from_features(FeatureConfig.model_validate(_features()))
+    part = Partition(0, 1, placement, Optimizer("adagrad", 0.1), seed=1)
+    table = part.tables["ids_user"]
+    assert table.index_kind == "ids" and part.tables["dim8"].index_kind == "vocab"
+    ids = np.arange(5000, dtype=np.int64) * 1000 + BIG.max // 2  # all == the same mod 1000
+    rows = table.lookup(ids)
+    assert table.size == ids.size
+    assert np.unique(rows, axis=0).shape[0] == ids.size
