@@ -3,6 +3,7 @@ go to the PS as they are, a table there keyed by the raw ids."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,8 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, describe_errors
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.data.features import with_resolved_features
+from airflow_rover.data.preprocessing import checked, unchanged
+from airflow_rover.data.reader import open_dataset, schema_from_manifest
+from airflow_rover.data.synthetic_raw_ids import RawIdConfig, write_raw_id_dataset
+from airflow_rover.data.vocab_check import first_id_outside_vocab
 from airflow_rover.ps.partition import Partition
 
 BIG = np.iinfo(np.int64)
@@ -89,3 +96,36 @@ def test_the_ps_keys_an_ids_group_by_raw_ids_one_row_each() -> None:
     rows = table.lookup(ids)
     assert table.size == ids.size
     assert np.unique(rows, axis=0).shape[0] == ids.size
+
+
+def test_a_raw_manifest_column_gets_ids_tables_and_passes_the_range_checks(
+    tmp_path: Path,
+) -> None:
+    """A column the manifest marks raw: default tables of index 'ids', its ids from the whole
+    int64 range pass the preprocess check and preflight's id sample; ECRM is refused when the
+    features are resolved."""
+    data = write_raw_id_dataset(tmp_path, RawIdConfig(num_train=600, num_eval=100, num_ids=50))
+    spec = JobSpec.model_validate(
+        {"job_id": "raw", "train_data": str(data.train_dir), "plan": {"num_ps": 1}}
+    )
+    features = with_resolved_features(spec).resolved_features
+    assert {t.name: t.index for t in features.tables} == {
+        "user": "ids",
+        "item": "vocab",
+        "user_wide": "ids",
+        "item_wide": "vocab",
+    }
+    reader = open_dataset(data.train_dir)
+    batch = reader.read(0, 600)
+    assert (batch.categorical[:, 0] < 0).any() and (batch.categorical[:, 0] >= 2**40).any()
+    assert checked(unchanged, batch, reader.schema) is batch
+    assert first_id_outside_vocab(reader, features, 256) is None
+    ecrm = spec.model_copy(update={"checkpoint": CheckpointPolicyConfig(policy="ecrm")})
+    with pytest.raises(ValueError, match=r"checkpoint.policy='ecrm' .* \['user', 'user_wide'\]"):
+        with_resolved_features(ecrm)
+
+
+def test_a_manifest_raw_flag_must_be_a_bool(tmp_path: Path) -> None:
+    manifest = {"num_dense": 0, "categorical": [{"name": "c", "vocab_size": 5, "raw": "yes"}]}
+    with pytest.raises(ValueError, match=r"raw of c must be true or false, got 'yes'"):
+        schema_from_manifest(manifest, tmp_path)
