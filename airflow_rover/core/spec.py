@@ -82,6 +82,15 @@ class TableConfig(_Strict):
         "own row, no two ids sharing one, memory for the rows held (docs/embedding-tables.md)",
     )
 
+    @model_serializer(mode="wrap")
+    def _without_default_index(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A 'vocab' table dumps as it always did: job.json and training fingerprints of
+        jobs without 'ids' tables stay the same, so their checkpoints still resume."""
+        data: dict[str, Any] = handler(self)
+        if self.index == "vocab":
+            data.pop("index", None)
+        return data
+
     @model_validator(mode="after")
     def _raw_ids_unhashed(self) -> TableConfig:
         if self.index == "ids" and self.values != "ids":

@@ -129,3 +129,11 @@ def test_a_manifest_raw_flag_must_be_a_bool(tmp_path: Path) -> None:
     manifest = {"num_dense": 0, "categorical": [{"name": "c", "vocab_size": 5, "raw": "yes"}]}
     with pytest.raises(ValueError, match=r"raw of c must be true or false, got 'yes'"):
         schema_from_manifest(manifest, tmp_path)
+
+
+def test_a_vocab_table_dumps_as_before_and_an_ids_table_round_trips() -> None:
+    """Without 'index' in a vocab table's dump, fingerprints of existing jobs are unchanged."""
+    features = FeatureConfig.model_validate(_features())
+    dumped = features.model_dump(mode="json")
+    assert [("index" in t) for t in dumped["tables"]] == [True, False, True]
+    assert FeatureConfig.model_validate(dumped) == features
