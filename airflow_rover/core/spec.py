@@ -70,7 +70,9 @@ class TableConfig(_Strict):
     values: ColumnValues = Field(
         default="ids",
         description="the column's raw values: ids already in [0, vocab_size), or ints or "
-        "strings hashed into vocab_size buckets (core.hashing); what a served model takes",
+        "strings hashed into vocab_size buckets (core.hashing); what a served model takes. "
+        "Of an index 'ids' table: int64 ids or ints as they are, strings by their 64-bit "
+        "hash (a data_schema column with raw=true)",
     )
     multivalued: bool = Field(
         default=False, description="a list column: any number of ids per sample, pooled"
@@ -90,17 +92,6 @@ class TableConfig(_Strict):
         if self.index == "vocab":
             data.pop("index", None)
         return data
-
-    @model_validator(mode="after")
-    def _raw_ids_unhashed(self) -> TableConfig:
-        if self.index == "ids" and self.values != "ids":
-            raise ValueError(
-                f"features.tables: {self.name!r} has index 'ids' and values {self.values!r}: "
-                "an 'ids' table reads the column's int64 values as they are (values 'ids'); "
-                "readers hash ints and strings into the data schema's buckets, which would "
-                "bring the collisions back"
-            )
-        return self
 
     @property
     def rows_of(self) -> str:

@@ -111,10 +111,11 @@ class ServingModule(tf.Module):
             positions = np.arange(g.ids.size, dtype=np.int32)
             if g.group.index == "ids":
                 slot = np.zeros(0, dtype=np.int32)
+                keys, values = g.ids, positions.astype(np.int64)
+                if not keys.size:  # a table cannot be empty: one key that reads "untrained"
+                    keys, values = np.zeros(1, np.int64), np.full(1, -1, np.int64)
                 self.id_rows[g.group.name] = tf.lookup.StaticHashTable(
-                    tf.lookup.KeyValueTensorInitializer(
-                        tf.constant(g.ids, tf.int64), tf.constant(positions.astype(np.int64))
-                    ),
+                    tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(values)),
                     default_value=-1,
                     name=f"{g.group.name}_id_rows",
                 )
@@ -185,6 +186,10 @@ class ServingModule(tf.Module):
         """A column's raw values as the readers make them ids of ``table``: hashed into its
         buckets (``data.arrow_columns``), or used as they are."""
         values = self._entries[table.name].values
+        if table.index == "ids":  # raw keys: ints as they are, strings by their 64-bit hash
+            if values == "strings":
+                return tf.bitcast(hash_strings(raw), tf.int64)
+            return raw
         if values == "strings":
             return to_buckets(hash_strings(raw), table.vocab_size)
         if values == "ints":

@@ -7,19 +7,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
+from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.hashing import hash_strings
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, describe_errors
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.features import with_resolved_features
+from airflow_rover.data.preflight import PreflightError
 from airflow_rover.data.preprocessing import checked, unchanged
-from airflow_rover.data.reader import open_dataset, schema_from_manifest
+from airflow_rover.data.reader import open_dataset, open_split, schema_from_manifest
 from airflow_rover.data.synthetic_raw_ids import RawIdConfig, write_raw_id_dataset
 from airflow_rover.data.vocab_check import first_id_outside_vocab
 from airflow_rover.ps.partition import Partition
+from airflow_rover.worker.preflight import preflight
 
 BIG = np.iinfo(np.int64)
 
@@ -53,11 +59,6 @@ def test_ecrm_is_rejected_naming_the_field_and_the_tables() -> None:
     assert "checkpoint.policy='ecrm'" in message
     assert "['user', 'user_wide']" in message
     assert JobSpec.model_validate(_spec(checkpoint={"policy": "cpr"})).checkpoint.policy == "cpr"
-
-
-def test_hashed_values_are_rejected_for_an_ids_table() -> None:
-    with pytest.raises(ValidationError, match=r"'user' has index 'ids' and values 'strings'"):
-        FeatureConfig.model_validate(_features(values="strings"))
 
 
 def test_entries_sharing_a_table_agree_on_the_index() -> None:
@@ -137,3 +138,49 @@ def test_a_vocab_table_dumps_as_before_and_an_ids_table_round_trips() -> None:
     dumped = features.model_dump(mode="json")
     assert [("index" in t) for t in dumped["tables"]] == [True, False, True]
     assert FeatureConfig.model_validate(dumped) == features
+
+
+def _raw_parquet(path: Path) -> tuple[np.ndarray, list[str]]:
+    rng = np.random.default_rng(2)
+    users = rng.integers(BIG.min, BIG.max, 200, dtype=np.int64)
+    shops = [f"shop-{i}" for i in rng.integers(0, 10**9, 200)]
+    table = pa.table(
+        {"label": rng.random(200) < 0.3, "price": rng.random(200), "user": users, "shop": shops}
+    )
+    path.mkdir(parents=True)
+    pq.write_table(table, path / "part-0.parquet")
+    return users, shops
+
+
+def test_raw_parquet_columns_reach_ids_tables_unfolded(tmp_path: Path) -> None:
+    """Ints as they are, strings by their 64-bit hash, as the served model computes them;
+    preflight builds the model on them. The same columns without raw are refused for an
+    'ids' table that reads ints or strings."""
+    users, shops = _raw_parquet(tmp_path / "data")
+    schema = {
+        "dense": [{"name": "price"}],
+        "categorical": [
+            {"name": "user", "raw": True, "buckets": 1000},
+            {"name": "shop", "raw": True},
+        ],
+    }
+    spec = JobSpec.model_validate(
+        {"job_id": "raw-parquet", "train_data": str(tmp_path / "data"), "data_schema": schema}
+    )
+    features = preflight(spec)
+    entries = {t.name: (t.index, t.values) for t in features.tables if t.dim != 1}
+    assert entries == {"user": ("ids", "ints"), "shop": ("ids", "strings")}
+    batch = open_split(spec, spec.train_data).read(0, 200)
+    np.testing.assert_array_equal(batch.categorical[:, 0], users)
+    np.testing.assert_array_equal(batch.categorical[:, 1], hash_strings(shops).view(np.int64))
+    folded = {**schema, "categorical": [{"name": "user"}, {"name": "shop"}]}
+    tables = [t.model_dump() for t in features.tables]
+    with pytest.raises(PreflightError, match=r"index='ids' reads ints of column 'user'"):
+        preflight(
+            spec.model_copy(
+                update={
+                    "data_schema": DataSchema.model_validate(folded),
+                    "features": FeatureConfig.model_validate({"num_dense": 1, "tables": tables}),
+                }
+            )
+        )

@@ -238,3 +238,28 @@ def test_an_ids_table_serves_its_trained_raw_ids_and_seeds_the_others(tmp_path: 
     np.testing.assert_allclose(
         loaded(**columns)["probability"].numpy(), module.serve(columns)["probability"].numpy()
     )
+
+
+def test_an_ids_table_of_strings_keys_them_by_their_64_bit_hash() -> None:
+    """What a raw string column gives the PS (``data.arrow_columns``): no buckets. With no
+    trained row, every id reads its seeded initial row."""
+    from airflow_rover.core.hashing import hash_strings
+
+    features = FeatureConfig(
+        num_dense=2,
+        tables=(
+            TableConfig(name="s", column="cs", vocab_size=10, dim=4, index="ids", values="strings"),
+        ),
+    )
+    layout = EmbeddingPlacement.from_features(features)
+    groups = [
+        GroupRows(g, np.zeros(0, np.int64), np.zeros((0, g.dim), np.float32)) for g in layout.groups
+    ]
+    module = serving_module.ServingModule(
+        wide_deep(features, hidden=(8,)), features, groups, 0, INIT_SCALE, name_salt
+    )
+    words = ["shop-1", "", "ünï"]
+    got = module._ids(layout.groups[0].tables[0], tf.constant(words)).numpy()
+    np.testing.assert_array_equal(got, hash_strings(words).view(np.int64))
+    rows = module._lookup(0, tf.constant(got[:, None])).numpy()[:, 0]
+    np.testing.assert_array_equal(rows, initial_rows("ids_s", got, 4, 0, INIT_SCALE))
