@@ -55,6 +55,12 @@ class CategoricalColumnConfig(_Strict):
         description="false: an int column's ids are used as they are (they must lie in "
         "[0, buckets)), as ids already indexed by the ETL",
     )
+    raw: bool = Field(
+        default=False,
+        description="true: the values are keys of a table of index 'ids', never folded into "
+        "buckets: ints as their int64 value, strings by their 64-bit hash (splitmix64 of "
+        "FNV-1a); buckets is then only the expected count of distinct values. Scalar columns",
+    )
     combiner: Literal["sum", "mean"] = Field(
         default="sum", description="how a list column's embeddings combine into one"
     )

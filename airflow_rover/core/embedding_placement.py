@@ -6,6 +6,9 @@ A table's rows keep their identity: fused id = table offset + row id, where the 
 the tables of a group by vocabulary size, so (table, id) <-> fused id is a bijection. Entries
 of the feature config that share a table (``TableConfig.table``) read the same offset: one set
 of rows, several model inputs.
+
+A table of index 'ids' (raw int64 ids) has no vocabulary to stack by: it is a group of its
+own (``ids_<table>``), its ids sent as they are, so no two ids of it ever share a row.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from airflow_rover.core.spec import FeatureConfig
+from airflow_rover.core.spec import FeatureConfig, TableIndex
+
+ID_GROUP_PREFIX = "ids_"
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class TableSlice:
     vocab_size: int
     table: str = ""  # the table whose rows it reads (shared by entries naming the same)
     pooling: str = "sum"  # how a list column's rows combine
+    index: TableIndex = "vocab"  # "ids": raw int64 ids, offset 0, vocab_size a hint
 
 
 @dataclass(frozen=True)
@@ -34,9 +40,11 @@ class EmbeddingGroup:
     name: str
     dim: int
     tables: tuple[TableSlice, ...]
+    index: TableIndex = "vocab"
 
     @property
     def vocab_size(self) -> int:
+        """The fused id space; of an 'ids' group, the expected count of ids (a hint)."""
         return max(t.offset + t.vocab_size for t in self.tables)
 
     def fused_ids(
@@ -50,6 +58,8 @@ class EmbeddingGroup:
         tables = self.tables if tables is None else tables
         cols = [column_index[t.column] for t in tables]
         ids = categorical[:, cols].astype(np.int64, copy=False)
+        if self.index == "ids":
+            return ids
         vocab = np.array([t.vocab_size for t in tables], dtype=np.int64)
         bad = (ids < 0) | (ids >= vocab)  # would silently alias a row of the next table
         if bad.any():
@@ -61,6 +71,8 @@ class EmbeddingGroup:
     def fused_values(table: TableSlice, values: np.ndarray) -> np.ndarray:
         """Fused ids of a list column's ids (any number per sample) read by ``table``."""
         ids = values.astype(np.int64, copy=False)
+        if table.index == "ids":
+            return ids
         bad = (ids < 0) | (ids >= table.vocab_size)
         if bad.any():
             _out_of_range(table, int(ids[bad][0]))
@@ -90,12 +102,20 @@ class EmbeddingPlacement:
     @classmethod
     def from_features(cls, features: FeatureConfig) -> EmbeddingPlacement:
         """Tables stacked per dim in the order they first appear; an entry sharing a table
-        takes that table's offset."""
+        takes that table's offset. Then one group per table of index 'ids'."""
         by_dim: dict[int, list[TableSlice]] = {}
+        by_ids: dict[str, list[TableSlice]] = {}
         ends: dict[int, int] = {}
         offsets: dict[str, int] = {}
         for table in features.tables:
             key = table.rows_of
+            if table.index == "ids":
+                by_ids.setdefault(key, []).append(
+                    TableSlice(
+                        table.name, table.column, 0, table.vocab_size, key, table.pooling, "ids"
+                    )
+                )
+                continue
             if key not in offsets:
                 offsets[key] = ends.get(table.dim, 0)
                 ends[table.dim] = offsets[key] + table.vocab_size
@@ -104,8 +124,13 @@ class EmbeddingPlacement:
                     table.name, table.column, offsets[key], table.vocab_size, key, table.pooling
                 )
             )
+        dims = {t.rows_of: t.dim for t in features.tables}
         return cls(
             tuple(EmbeddingGroup(f"dim{d}", d, tuple(ts)) for d, ts in sorted(by_dim.items()))
+            + tuple(
+                EmbeddingGroup(f"{ID_GROUP_PREFIX}{key}", dims[key], tuple(ts), "ids")
+                for key, ts in by_ids.items()
+            )
         )
 
     def group(self, name: str) -> EmbeddingGroup:

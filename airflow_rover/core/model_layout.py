@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_rover.core.embedding_placement import EmbeddingPlacement
+from airflow_rover.core.embedding_placement import ID_GROUP_PREFIX, EmbeddingPlacement
 from airflow_rover.core.spec import FeatureConfig
 
 TableSpot = tuple[str, int, int, int]  # group, offset, vocab_size, dim
@@ -44,7 +44,8 @@ def layout_differences(source: Mapping[str, Any], job: Mapping[str, Any]) -> lis
         (g0, o0, v0, d0), (g1, o1, v1, d1) = old[name], new[name]
         if d0 != d1:
             out.append(f"table {name!r}: dim {d0} (source) != {d1}")
-        elif v0 != v1:
+        elif v0 != v1 and not (g0 == g1 and g0.startswith(ID_GROUP_PREFIX)):
+            # a table of index 'ids' is keyed by raw ids: its vocab_size is only a hint
             out.append(f"table {name!r}: vocab_size {v0} (source) != {v1}")
         elif (g0, o0) != (g1, o1):
             out.append(f"table {name!r}: rows at {g0}+{o0} in the source, {g1}+{o1} here")

@@ -38,6 +38,7 @@ class _Strict(BaseModel):
 
 
 ColumnValues = Literal["ids", "ints", "strings"]
+TableIndex = Literal["vocab", "ids"]
 
 
 class TableConfig(_Strict):
@@ -49,7 +50,12 @@ class TableConfig(_Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z_][\w-]*$")
     column: str = Field(min_length=1, description="categorical column whose ids index the table")
-    vocab_size: int = Field(gt=0, description="hashed vocabulary size: ids lie in [0, vocab_size)")
+    vocab_size: int = Field(
+        gt=0,
+        description="index 'vocab': the hashed vocabulary's size, ids lie in [0, vocab_size); "
+        "index 'ids': only the expected count of distinct ids (ids are not bounded by it and "
+        "the table holds as many rows as ids it has seen)",
+    )
     dim: int = Field(gt=0, le=1024)
     pooling: Literal["sum", "mean"] = Field(
         default="sum", description="how a list column's rows combine into one per sample"
@@ -64,11 +70,28 @@ class TableConfig(_Strict):
     values: ColumnValues = Field(
         default="ids",
         description="the column's raw values: ids already in [0, vocab_size), or ints or "
-        "strings hashed into vocab_size buckets (core.hashing); what a served model takes",
+        "strings hashed into vocab_size buckets (core.hashing); what a served model takes. "
+        "Of an index 'ids' table: int64 ids or ints as they are, strings by their 64-bit "
+        "hash (a data_schema column with raw=true)",
     )
     multivalued: bool = Field(
         default=False, description="a list column: any number of ids per sample, pooled"
     )
+    index: TableIndex = Field(
+        default="vocab",
+        description="how the PS finds an id's row: 'vocab', ids in [0, vocab_size), 4 bytes "
+        "per possible id on every PS; 'ids', any int64 id (a raw 64-bit user or item id) its "
+        "own row, no two ids sharing one, memory for the rows held (docs/embedding-tables.md)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_default_index(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A 'vocab' table dumps as it always did: job.json and training fingerprints of
+        jobs without 'ids' tables stay the same, so their checkpoints still resume."""
+        data: dict[str, Any] = handler(self)
+        if self.index == "vocab":
+            data.pop("index", None)
+        return data
 
     @property
     def rows_of(self) -> str:
@@ -88,16 +111,22 @@ class FeatureConfig(_Strict):
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"features.tables: duplicate table names {dupes}")
-        shape: dict[str, tuple[int, int]] = {}
+        shape: dict[str, tuple[int, int, str]] = {}
         for t in self.tables:
-            first = shape.setdefault(t.rows_of, (t.vocab_size, t.dim))
-            if first != (t.vocab_size, t.dim):
+            first = shape.setdefault(t.rows_of, (t.vocab_size, t.dim, t.index))
+            if first != (t.vocab_size, t.dim, t.index):
                 raise ValueError(
                     f"features.tables: {t.name!r} shares table {t.rows_of!r} with vocab_size "
-                    f"{t.vocab_size} and dim {t.dim}, where another entry has {first[0]} and "
-                    f"{first[1]}: entries sharing a table agree on both"
+                    f"{t.vocab_size}, dim {t.dim} and index {t.index!r}, where another entry "
+                    f"has {first[0]}, {first[1]} and {first[2]!r}: entries sharing a table "
+                    "agree on all three"
                 )
         return self
+
+    @property
+    def id_tables(self) -> tuple[str, ...]:
+        """Names of the tables keyed by raw ids (index 'ids'), in order of first appearance."""
+        return tuple(dict.fromkeys(t.rows_of for t in self.tables if t.index == "ids"))
 
 
 WorkerCount = Annotated[int, Field(ge=1, le=1024)]
@@ -623,6 +652,12 @@ class JobSpec(_Strict):
     def _model_ref(cls, value: str) -> str:
         return check_model_ref(value)
 
+    @model_validator(mode="after")
+    def _raw_id_tables_supported(self) -> JobSpec:
+        if self.features is not None:
+            check_id_tables(self.features, self.checkpoint.policy)
+        return self
+
     @field_validator("preprocess")
     @classmethod
     def _preprocess_ref(cls, value: str | None) -> str | None:
@@ -643,6 +678,18 @@ class JobSpec(_Strict):
                 "features resolved from the dataset (launchers.base.write_job)"
             )
         return self.features
+
+
+def check_id_tables(features: FeatureConfig, policy: str) -> None:
+    """ValueError where the checkpoint ``policy`` cannot hold the features' raw-id tables: a
+    spec's own features are checked when it is validated, defaulted ones when resolved."""
+    tables = features.id_tables
+    if tables and policy == "ecrm":
+        raise ValueError(
+            f"checkpoint.policy='ecrm' cannot protect tables with index 'ids' {list(tables)}: "
+            "ECRM lays its parity out over each table's vocabulary [0, vocab_size), which "
+            "raw ids do not lie in; choose 'full' or 'cpr', or index 'vocab'"
+        )
 
 
 def check_model_ref(value: str) -> str:
@@ -669,6 +716,7 @@ class FeatureColumn(NamedTuple):
     table: str | None = None  # a table shared with other columns; default: its own
     values: ColumnValues = "ids"
     multivalued: bool = False
+    index_kind: TableIndex = "vocab"  # "ids": the column holds raw int64 ids
 
 
 def default_features(
@@ -697,6 +745,7 @@ def _entry(column: FeatureColumn, name: str, table: str | None, dim: int) -> Tab
         table=table,
         values=column.values,
         multivalued=column.multivalued,
+        index=column.index_kind,
     )
 
 

@@ -38,6 +38,7 @@ class CategoricalField:
     hashed: bool = True  # else ids used as they are
     combiner: str = "sum"  # a list column's (``ColumnLayout.lists``)
     table: str | None = None  # shared with other columns (None: the column's own)
+    raw: bool = False  # ints as int64, strings by their 64-bit hash, not into buckets
 
     @property
     def values(self) -> str:
@@ -67,7 +68,7 @@ class ColumnLayout:
     def string_columns(self) -> list[str]:
         """The scalar categorical columns of strings (a reader may decode them as dictionaries:
         each distinct string is then hashed once, none is materialised per row)."""
-        return [c.name for c in self.categorical if c.strings and c.hashed]
+        return [c.name for c in self.categorical if c.strings and (c.hashed or c.raw)]
 
     @property
     def schema(self) -> Schema:
@@ -75,7 +76,8 @@ class ColumnLayout:
         return Schema(
             num_dense=len(self.dense),
             categorical=tuple(
-                CategoricalColumn(c.name, c.buckets, c.values, c.table) for c in self.categorical
+                CategoricalColumn(c.name, c.buckets, c.values, c.table, c.raw)
+                for c in self.categorical
             ),
             lists=tuple(
                 ListColumn(c.name, c.buckets, c.combiner, c.values, c.table) for c in self.lists
@@ -168,6 +170,11 @@ def _categorical(
         _expect(f"list<{kind}>", accepted, config.name, "categorical", where)
     else:
         _expect(kind, ("int", "string"), config.name, "categorical", where)
+    if config.raw and is_list:
+        raise DataSchemaError(
+            f"{where}: categorical column {config.name!r} holds list<{kind}> with raw=true; "
+            "raw values are read from scalar columns only"
+        )
     if not config.hashed and kind != "int":
         raise DataSchemaError(
             f"{where}: categorical column {config.name!r} holds {kind} with hashed=false; "
@@ -180,6 +187,7 @@ def _categorical(
         config.hashed,
         config.combiner,
         config.table,
+        config.raw,
     )
     return field, is_list
 
@@ -222,11 +230,13 @@ def to_batch(table: pa.Table, layout: ColumnLayout, where: str) -> Batch:
     for j, column in enumerate(layout.dense):
         dense[:, j] = _dense_values(table.column(column.name), column)
     categorical = np.empty((n, len(layout.categorical)), dtype=np.int64)
-    strings = [f.name for f in layout.categorical if f.hashed and f.strings]
+    strings = [f.name for f in layout.categorical if (f.hashed or f.raw) and f.strings]
     hashed = dict(zip(strings, _string_hashes_of([table.column(c) for c in strings]), strict=True))
     for j, field in enumerate(layout.categorical):
         column = table.column(field.name)
-        if field.name in hashed:
+        if field.raw:
+            categorical[:, j] = _raw_keys(column, hashed.get(field.name))
+        elif field.name in hashed:
             categorical[:, j] = to_buckets(hashed[field.name], field.buckets)
         elif field.hashed:
             categorical[:, j] = to_buckets(_hashes(column, field), field.buckets)
@@ -279,6 +289,14 @@ def _dense_values(column: pa.ChunkedArray, config: DenseColumn) -> np.ndarray:
     elif normalize == "log1p":
         values = np.log1p(np.maximum(values, 0))
     return values
+
+
+def _raw_keys(column: pa.ChunkedArray, string_hashes: np.ndarray | None) -> np.ndarray:
+    """A raw column's int64 keys: its strings' 64-bit hashes (bits as int64), else its ints
+    as they are (a null as 0, as the hashed columns read it)."""
+    if string_hashes is not None:
+        return string_hashes.view(np.int64)
+    return np.asarray(pc.fill_null(column, 0).cast(pa.int64()).to_numpy(), dtype=np.int64)
 
 
 def _hashes(column: pa.ChunkedArray, field: CategoricalField) -> np.ndarray:

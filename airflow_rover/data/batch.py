@@ -12,12 +12,14 @@ import numpy as np
 class CategoricalColumn:
     """One categorical feature: ids are integers in ``[0, vocab_size)``. ``values``: what
     the files hold (``ids`` used as they are, ``ints`` or ``strings`` hashed); ``table``: a
-    table shared with other columns (None: the column's own)."""
+    table shared with other columns (None: the column's own). ``raw``: the ids are any int64
+    (raw 64-bit ids, read by a table of index 'ids'), ``vocab_size`` only their expected count."""
 
     name: str
     vocab_size: int
     values: str = "ids"
     table: str | None = None
+    raw: bool = False
 
 
 @dataclass(frozen=True)

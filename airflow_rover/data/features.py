@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from airflow_rover.core.spec import FeatureColumn, FeatureConfig, JobSpec, default_features
+from airflow_rover.core.spec import (
+    FeatureColumn,
+    FeatureConfig,
+    JobSpec,
+    check_id_tables,
+    default_features,
+)
 from airflow_rover.data.batch import Schema
 from airflow_rover.data.reader import open_split
 
@@ -28,11 +34,13 @@ def feature_columns(schema: Schema) -> list[FeatureColumn]:
     """The categorical columns of a dataset as the default features read them: the scalar
     ones, then the lists."""
     columns = [
-        FeatureColumn(c.name, c.vocab_size, "sum", c.table, _values(c.values))
+        FeatureColumn(c.name, c.vocab_size, "sum", c.table, _values(c.values), False, _index(c.raw))
         for c in schema.categorical
     ]
     columns += [
-        FeatureColumn(c.name, c.vocab_size, _pooling(c.combiner), c.table, _values(c.values), True)
+        FeatureColumn(
+            c.name, c.vocab_size, _pooling(c.combiner), c.table, _values(c.values), True, "vocab"
+        )
         for c in schema.lists
     ]
     return columns
@@ -42,13 +50,20 @@ def with_resolved_features(spec: JobSpec) -> JobSpec:
     """``spec`` with its features written out (itself if they already are)."""
     if spec.features is not None:
         return spec
-    return spec.model_copy(update={"features": resolve_features(spec)})
+    features = resolve_features(spec)
+    check_id_tables(features, spec.checkpoint.policy)
+    return spec.model_copy(update={"features": features})
 
 
 def _values(values: str) -> Literal["ids", "ints", "strings"]:
     if values == "ints":
         return "ints"
     return "strings" if values == "strings" else "ids"
+
+
+def _index(raw: bool) -> Literal["vocab", "ids"]:
+    """A column of raw int64 ids gets a collisionless table; any other, a vocabulary."""
+    return "ids" if raw else "vocab"
 
 
 def _pooling(combiner: str) -> Literal["sum", "mean"]:

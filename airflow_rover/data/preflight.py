@@ -63,13 +63,21 @@ def check_data(spec: JobSpec) -> FeatureConfig:
         )
     vocab = {c.name: c.vocab_size for c in schema.categorical}
     vocab |= {c.name: c.vocab_size for c in schema.lists}
+    raw = {c.name for c in schema.categorical if c.raw}
     for i, table in enumerate(features.tables):
         if table.column not in vocab:
             raise PreflightError(
                 f"features.tables[{i}].column={table.column!r} is not a column of "
                 f"{spec.train_data!r}; accepted: {sorted(vocab)}"
             )
-        if table.vocab_size < vocab[table.column]:
+        if table.index == "ids" and table.values != "ids" and table.column not in raw:
+            raise PreflightError(
+                f"features.tables[{i}].index='ids' reads {table.values} of column "
+                f"{table.column!r}, which the reader hashes into {vocab.get(table.column)} "
+                "buckets: give the column raw=true in data_schema (its values then reach the "
+                "table unfolded, as the served model takes them)"
+            )
+        if table.index == "vocab" and table.vocab_size < vocab[table.column]:
             raise PreflightError(
                 f"features.tables[{i}].vocab_size={table.vocab_size} is smaller than column "
                 f"{table.column!r}'s vocabulary ({vocab[table.column]})"

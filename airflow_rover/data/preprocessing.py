@@ -70,7 +70,7 @@ def checked(fn: Preprocess, batch: Batch, schema: Schema, ref: str | None = None
         )
     for j, column in enumerate(schema.categorical):
         ids = out.categorical[:, j]
-        if ids.size and (ids.min() < 0 or ids.max() >= column.vocab_size):
+        if ids.size and not column.raw and (ids.min() < 0 or ids.max() >= column.vocab_size):
             raise PreprocessError(
                 f"{name}: column {column.name!r} holds ids outside [0, {column.vocab_size})"
             )

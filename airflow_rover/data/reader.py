@@ -107,7 +107,11 @@ def schema_from_manifest(manifest: Mapping[str, Any], where: str | os.PathLike[s
     try:
         num_dense = manifest["num_dense"]
         columns = tuple(
-            CategoricalColumn(name=str(column["name"]), vocab_size=column["vocab_size"])
+            CategoricalColumn(
+                name=str(column["name"]),
+                vocab_size=column["vocab_size"],
+                raw=column.get("raw", False),
+            )
             for column in manifest["categorical"]
         )
     except (KeyError, TypeError) as exc:
@@ -115,6 +119,10 @@ def schema_from_manifest(manifest: Mapping[str, Any], where: str | os.PathLike[s
     if isinstance(num_dense, bool) or not isinstance(num_dense, int) or num_dense < 0:
         raise ValueError(f"{where}: num_dense must be an integer >= 0, got {num_dense!r}")
     for column in columns:
+        if not isinstance(column.raw, bool):
+            raise ValueError(
+                f"{where}: raw of {column.name} must be true or false, got {column.raw!r}"
+            )
         size = column.vocab_size
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(

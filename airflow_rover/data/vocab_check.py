@@ -54,7 +54,8 @@ def sample_ranges(
 def first_id_outside_vocab(
     reader: SampleReader, features: FeatureConfig, shard_size: int
 ) -> OutOfVocab | None:
-    """The first sampled id of any table's column outside ``[0, vocab_size)``; None if all fit.
+    """The first sampled id of any table's column outside ``[0, vocab_size)``; None if all fit
+    (a table of index 'ids' takes any int64 id, so is not checked).
 
     Costs at most ``SAMPLE_SHARDS * SAMPLE_ROWS`` rows read, whatever the dataset's size."""
     ranges = sample_ranges(reader.num_samples, shard_size)
@@ -66,6 +67,8 @@ def first_id_outside_vocab(
     index = {column.name: i for i, column in enumerate(reader.schema.categorical)}
     lists = {column.name: j for j, column in enumerate(reader.schema.lists)}
     for table in features.tables:
+        if table.index == "ids":
+            continue
         if table.column in lists:
             column, holder = _list_ids(batches, lists[table.column])
         else:

@@ -30,7 +30,7 @@ class Partition:
         self.index = index
         self.num_ps = num_ps
         self.tables = {
-            g.name: EmbeddingTable(g.name, g.dim, g.vocab_size, seed, optimizer)
+            g.name: EmbeddingTable(g.name, g.dim, g.vocab_size, seed, optimizer, g.index)
             for g in embeddings.groups
         }
         self.dense = DenseStore(optimizer)

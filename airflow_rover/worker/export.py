@@ -9,7 +9,9 @@ probability. The embedding rows the PS saved are baked in; an id
 the job never trained reads as its seeded initial row, computed in the graph with the PS's own
 hash (``core.hashing.initial_rows``), so the SavedModel scores every row as the PS model does.
 Per embedding group it holds an int32 slot per id of the group's id space and the trained
-rows, not a dense table: its size grows with the rows trained, plus 4 bytes per id.
+rows, not a dense table: its size grows with the rows trained, plus 4 bytes per id. A table of
+index 'ids' (raw int64 ids) has no id space: a hash table from each trained id to its row
+instead, any other id reading its seeded initial row.
 
 A job with a ``preprocess`` trained on the preprocessed features: the SavedModel cannot run
 that Python function, so it takes the preprocessed features, and its ``export.json`` says so

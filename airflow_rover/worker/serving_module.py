@@ -104,9 +104,24 @@ class ServingModule(tf.Module):
         self._entries = {t.name: t for t in features.tables}
         self.slots: list[tf.Variable] = []
         self.rows: list[tf.Variable] = []
+        # Per group of index 'ids' (by name): raw id -> position in its rows, a hash table of
+        # the ids trained (there is no id space to lay an array of slots over).
+        self.id_rows: dict[str, tf.lookup.StaticHashTable] = {}
         for g in groups:
-            slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
-            slot[g.ids] = np.arange(g.ids.size, dtype=np.int32)
+            positions = np.arange(g.ids.size, dtype=np.int32)
+            if g.group.index == "ids":
+                slot = np.zeros(0, dtype=np.int32)
+                keys, values = g.ids, positions.astype(np.int64)
+                if not keys.size:  # a table cannot be empty: one key that reads "untrained"
+                    keys, values = np.zeros(1, np.int64), np.full(1, -1, np.int64)
+                self.id_rows[g.group.name] = tf.lookup.StaticHashTable(
+                    tf.lookup.KeyValueTensorInitializer(tf.constant(keys), tf.constant(values)),
+                    default_value=-1,
+                    name=f"{g.group.name}_id_rows",
+                )
+            else:
+                slot = np.full(g.group.vocab_size, -1, dtype=np.int32)
+                slot[g.ids] = positions
             # one spare row at the end: what an untrained id gathers before being replaced
             rows = np.concatenate([g.rows, np.zeros((1, g.group.dim), np.float32)])
             self.slots.append(tf.Variable(slot, trainable=False, name=f"{g.group.name}_slot"))
@@ -127,7 +142,10 @@ class ServingModule(tf.Module):
 
     @staticmethod
     def _check_ids(tables: Sequence[TableSlice], ids: tf.Tensor) -> None:
-        """Every id inside its table, else an error naming the first column with one outside."""
+        """Every id inside its table, else an error naming the first column with one outside
+        (a table of index 'ids' takes any int64 id: nothing to check)."""
+        if all(t.index == "ids" for t in tables):
+            return
         vocab = tf.constant([t.vocab_size for t in tables], tf.int64)
         bad = tf.reduce_any(tf.logical_or(ids < 0, ids >= vocab), axis=0)
         messages = tf.constant(
@@ -140,8 +158,13 @@ class ServingModule(tf.Module):
         tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [tf.gather(messages, first)])
 
     def _rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
-        """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones."""
-        slot = tf.gather(self.slots[index], fused)
+        """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones
+        (as the PS creates a row it has not seen, raw ids as vocabulary ids)."""
+        group = self._groups[index]
+        if group.index == "ids":
+            slot = tf.cast(self.id_rows[group.name].lookup(fused), tf.int32)
+        else:
+            slot = tf.gather(self.slots[index], fused)
         spare = tf.shape(self.rows[index], out_type=tf.int32)[0] - 1
         trained = tf.gather(self.rows[index], tf.where(slot < 0, spare, slot))
         return tf.where((slot < 0)[..., None], self._initial_rows(index, fused), trained)
@@ -163,6 +186,10 @@ class ServingModule(tf.Module):
         """A column's raw values as the readers make them ids of ``table``: hashed into its
         buckets (``data.arrow_columns``), or used as they are."""
         values = self._entries[table.name].values
+        if table.index == "ids":  # raw keys: ints as they are, strings by their 64-bit hash
+            if values == "strings":
+                return tf.bitcast(hash_strings(raw), tf.int64)
+            return raw
         if values == "strings":
             return to_buckets(hash_strings(raw), table.vocab_size)
         if values == "ints":

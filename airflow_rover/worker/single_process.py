@@ -41,6 +41,12 @@ def in_graph_model(
     The tower is built first (so the same seed gives the same dense weights as on a worker)
     and every row starts at the value the PS would give it (``core.hashing.initial_rows``).
     """
+    if features.id_tables:
+        raise ValueError(
+            f"tables {list(features.id_tables)} have index 'ids': the single-process baseline "
+            "holds every table as a dense Keras Embedding over [0, vocab_size), which raw ids "
+            "do not index; train them on the PS"
+        )
     tower = factory(features)
     dense_in = keras.Input((features.num_dense,), name="x_dense")
     ids_in = keras.Input((len(columns),), dtype="int64", name="x_ids")

@@ -193,3 +193,73 @@ def test_raw_values_are_hashed_shared_and_pooled_as_the_workers_inputs() -> None
     expected = model_inputs(LIST_FEATURES, ["city", "n"], batch, 7, ["visited", "ids"])
     want = sum(np.asarray(v, np.float64).sum(axis=1) for v in expected.values())
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+RAW = FeatureConfig(
+    num_dense=2,
+    tables=(
+        TableConfig(name="u", column="cu", vocab_size=10, dim=4, index="ids"),
+        TableConfig(name="a", column="ca", vocab_size=50, dim=4),
+    ),
+)
+
+
+def test_an_ids_table_serves_its_trained_raw_ids_and_seeds_the_others(tmp_path: Any) -> None:
+    """Raw ids from the whole int64 range map to their trained rows through a hash table that
+    survives a save and load; any other id reads its seeded initial row, as on the PS."""
+    layout = EmbeddingPlacement.from_features(RAW)
+    group = layout.group("ids_u")
+    trained = np.array([np.iinfo(np.int64).min, -7, 2**62 + 5], np.int64)
+    trained_rows = np.arange(12, dtype=np.float32).reshape(3, 4)
+    groups = [
+        GroupRows(g, trained, trained_rows)
+        if g.name == group.name
+        else GroupRows(g, np.zeros(0, np.int64), np.zeros((0, g.dim), np.float32))
+        for g in layout.groups
+    ]
+    keras.utils.set_random_seed(5)
+    module = serving_module.ServingModule(
+        wide_deep(RAW, hidden=(8,)), RAW, groups, 5, INIT_SCALE, name_salt
+    )
+    asked = np.array([2**62 + 5, 123456789012345, -7, np.iinfo(np.int64).min], np.int64)
+    index = [g.name for g in layout.groups].index(group.name)
+    got = module._lookup(index, tf.constant(asked[:, None])).numpy()[:, 0]
+    expected = initial_rows(group.name, asked, 4, 5, INIT_SCALE)
+    expected[[0, 2, 3]] = trained_rows[[2, 1, 0]]
+    np.testing.assert_array_equal(got, expected)
+    signature = module.serve.get_concrete_function()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": signature})
+    loaded = tf.saved_model.load(str(tmp_path)).signatures["serving_default"]
+    columns = {
+        "dense_features": tf.zeros((4, 2), tf.float32),
+        "cu": tf.constant(asked),
+        "ca": tf.constant([1, 2, 3, 4], tf.int64),
+    }
+    np.testing.assert_allclose(
+        loaded(**columns)["probability"].numpy(), module.serve(columns)["probability"].numpy()
+    )
+
+
+def test_an_ids_table_of_strings_keys_them_by_their_64_bit_hash() -> None:
+    """What a raw string column gives the PS (``data.arrow_columns``): no buckets. With no
+    trained row, every id reads its seeded initial row."""
+    from airflow_rover.core.hashing import hash_strings
+
+    features = FeatureConfig(
+        num_dense=2,
+        tables=(
+            TableConfig(name="s", column="cs", vocab_size=10, dim=4, index="ids", values="strings"),
+        ),
+    )
+    layout = EmbeddingPlacement.from_features(features)
+    groups = [
+        GroupRows(g, np.zeros(0, np.int64), np.zeros((0, g.dim), np.float32)) for g in layout.groups
+    ]
+    module = serving_module.ServingModule(
+        wide_deep(features, hidden=(8,)), features, groups, 0, INIT_SCALE, name_salt
+    )
+    words = ["shop-1", "", "ünï"]
+    got = module._ids(layout.groups[0].tables[0], tf.constant(words)).numpy()
+    np.testing.assert_array_equal(got, hash_strings(words).view(np.int64))
+    rows = module._lookup(0, tf.constant(got[:, None])).numpy()[:, 0]
+    np.testing.assert_array_equal(rows, initial_rows("ids_s", got, 4, 0, INIT_SCALE))
