@@ -8,9 +8,12 @@ idle: what other processes use right now.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 _PROC_STAT = Path("/proc/stat")
 
@@ -66,3 +69,92 @@ def wait_quiet(max_load: float, max_busy: float, wait_s: float, poll_s: float = 
         time.sleep(poll_s)
         state = check(max_load, max_busy)
     return state
+
+
+ROLES = (  # a job process's role, from its command line
+    ("airflow_rover.worker", "worker"),
+    ("airflow_rover.ps", "ps"),
+    ("airflow_rover.dataworker", "data worker"),
+    ("airflow_rover.launchers", "master"),
+)
+
+
+def _role(proc: psutil.Process, root: int) -> str:
+    if proc.pid == root:
+        return "bench child"
+    try:
+        cmd = " ".join(proc.cmdline())
+    except psutil.Error:
+        return "other"
+    for needle, role in ROLES:
+        if needle in cmd:
+            return "evaluator" if "--role evaluator" in cmd else role
+    return "other"
+
+
+class CpuMonitor:
+    """CPU seconds used by a process tree (by role: a rover job's master, PS, workers) and by
+    the whole machine while a run goes on, sampled every ``period_s``: what the run used, and
+    how many cores other processes kept busy meanwhile (the machine's busy time less the run's).
+    A process's CPU after its last sample is missed (at most ``period_s`` of it)."""
+
+    def __init__(self, root: int, period_s: float = 0.25) -> None:
+        self.root = root
+        self.period_s = period_s
+        self._used: dict[int, tuple[str, float]] = {}  # pid: (role, CPU seconds)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-monitor", daemon=True)
+        self._start = (time.monotonic(), _busy_seconds())
+
+    def __enter__(self) -> CpuMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._end = (time.monotonic(), _busy_seconds())
+
+    def _sample(self) -> None:
+        try:
+            root = psutil.Process(self.root)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                used = times.user + times.system
+            except psutil.Error:
+                continue
+            known = self._used.get(proc.pid, ("other", 0.0))[0]  # forked, not yet exec'd
+            role = _role(proc, self.root) if known == "other" else known
+            self._used[proc.pid] = (role, used)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def by_role(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, used in self._used.values():
+            out[role] = out.get(role, 0.0) + used
+        return out
+
+    def other_cores(self) -> float:
+        """Cores the machine's other processes kept busy, on average, over the run."""
+        wall = self._end[0] - self._start[0]
+        busy = self._end[1] - self._start[1]
+        ours = sum(used for _, used in self._used.values())
+        return max(0.0, busy - ours) / wall if wall > 0 else 0.0
+
+
+def _busy_seconds() -> float:
+    times = psutil.cpu_times()
+    return (
+        times.user
+        + times.system
+        + times.nice
+        + getattr(times, "irq", 0.0)
+        + getattr(times, "softirq", 0.0)
+    )

@@ -65,6 +65,7 @@ from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 
 if TYPE_CHECKING:
     from bench._baselines import BenchSetup
+    from bench._machine import Quiet
 
 NUM_EVAL = 50_000
 QUICK_NUM_TRAIN = 60_000
@@ -210,10 +211,13 @@ def run_child(args: ChildArgs, log_file: Path, timeout_s: float) -> dict[str, An
     result_file = log_file.with_suffix(".json")
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", json.dumps(asdict(args)), str(result_file)]
+    from bench._machine import CpuMonitor
+
     with open(log_file, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            code = proc.wait(timeout_s)
+            with CpuMonitor(proc.pid) as cpu:
+                code = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
@@ -227,7 +231,9 @@ def run_child(args: ChildArgs, log_file: Path, timeout_s: float) -> dict[str, An
     if code != 0 or not result_file.exists():
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{args.config}: exit code {code}; see {log_file}\n{tail}")
-    return json.loads(result_file.read_text())
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    result["cpu_seconds"], result["other_cores"] = cpu.by_role(), cpu.other_cores()
+    return result
 
 
 def _fmt(value: float | None, spec: str, width: int = 6) -> str:
@@ -310,12 +316,12 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
                 f"job wall {wall:.0f} samples/s"
             )
     loads = [r["load_before"] for runs in results.values() for r in runs if "load_before" in r]
-    busy = [r["busy_after"] for runs in results.values() for r in runs if r.get("busy_after")]
+    others = [r["other_cores"] for runs in results.values() for r in runs]
     if loads:
         print(
-            f"load average before the runs: {min(loads):.2f} to {max(loads):.2f}"
-            + (f"; cores busy after them: {min(busy):.2f} to {max(busy):.2f}" if busy else "")
-            + "; * = a run after which the machine stayed busy"
+            f"load average before the runs: {min(loads):.2f} to {max(loads):.2f}; cores other "
+            f"processes kept busy during them: {min(others):.2f} to {max(others):.2f} "
+            f"(median {statistics.median(others):.2f}); * = a run kept although busy"
         )
     for workers in ("1w", "2w"):
         npy, parquet = (
@@ -357,8 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         "--max-busy",
         type=float,
         default=0.5,
-        help="cores other processes may keep busy (sampled while the bench is idle) before "
-        "a run waits, or after it is repeated; 99 turns the check off",
+        help="cores other processes may keep busy: before a run (sampled while the bench is "
+        "idle) or it waits, and during it (the machine's busy time less the run's) or it is "
+        "run again",
     )
     parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for quiet")
     parser.add_argument("--retries", type=int, default=2, help="repeats of a busy run, at most")
@@ -480,11 +487,12 @@ def run_quietly(
     child: ChildArgs, args: argparse.Namespace, log_file: Path, name: str
 ) -> dict[str, Any] | None:
     """One run of ``child`` on a quiet machine: wait for one before it, and run it again when
-    the machine was busy right after it (at most ``args.retries`` times, each said so); None
-    when it failed."""
-    from bench._machine import check, wait_quiet
+    other processes kept more than ``args.max_busy`` cores busy during it (at most
+    ``args.retries`` times, each said so); None when it failed."""
+    from bench._machine import wait_quiet
 
     key = child.config
+    res: dict[str, Any] | None = None
     for attempt in range(args.retries + 1):
         before = wait_quiet(args.max_load, args.max_busy, args.wait)
         if not before.quiet:
@@ -495,30 +503,32 @@ def run_quietly(
         except RuntimeError as exc:
             print(f"  {key} {name}: FAILED: {exc}", flush=True)
             return None
-        after = check(args.max_load, args.max_busy) if args.max_busy < 99 else before
-        res["load_before"], res["busy_after"] = before.load, after.busy_cores
-        extra = f", job dir {res['job_dir']}" if "job_dir" in res else ""
-        e2e = ""
-        if "e2e_samples_per_second" in res:
-            e2e = (
-                f" ({'steady' if res['steady'] else 'NO TIMELINE: master'}; end to end: "
-                f"{res['e2e_samples_per_second']:.0f} master, "
-                f"{res['wall_samples_per_second']:.0f} job wall)"
-            )
-        print(
-            f"  {key} {name}: {res['samples_per_second']:.0f} samples/s{e2e}, "
-            f"AUC {res['auc']:.4f} ({time.perf_counter() - started:.0f}s wall; before: "
-            f"{before.describe()}; after: {after.describe()}{extra})",
-            flush=True,
-        )
-        if after.busy_cores is None or after.busy_cores <= args.max_busy:
+        res["load_before"] = before.load
+        print(_run_line(key, name, res, time.perf_counter() - started, before), flush=True)
+        if res["other_cores"] <= args.max_busy:
             return res
         if attempt < args.retries:
-            print(f"  {key} {name}: the machine was busy after it; running it again", flush=True)
+            print(f"  {key} {name}: other processes were busy during it; running it again")
         else:
-            print(f"  {key} {name}: busy after {args.retries} repeats; kept as is", flush=True)
+            print(f"  {key} {name}: busy during {args.retries + 1} tries; the last one kept")
             res["busy"] = True
     return res
+
+
+def _run_line(key: str, name: str, res: dict[str, Any], wall: float, before: Quiet) -> str:
+    e2e = ""
+    if "e2e_samples_per_second" in res:
+        e2e = (
+            f" ({'steady' if res['steady'] else 'NO TIMELINE: master'}; end to end: "
+            f"{res['e2e_samples_per_second']:.0f} master's, "
+            f"{res['wall_samples_per_second']:.0f} job wall)"
+        )
+    cpu = ", ".join(f"{role} {s:.1f}" for role, s in sorted(res["cpu_seconds"].items()))
+    return (
+        f"  {key} {name}: {res['samples_per_second']:.0f} samples/s{e2e}, AUC {res['auc']:.4f}"
+        f"\n    {wall:.0f}s wall; before: {before.describe()}; during: other processes "
+        f"{res['other_cores']:.2f} cores; CPU s: {cpu}"
+    )
 
 
 if __name__ == "__main__":

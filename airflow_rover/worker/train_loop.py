@@ -138,29 +138,31 @@ class TrainLoop:
         t1 = time.perf_counter_ns()
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
         t2 = time.perf_counter_ns()
-        reply = call.result()
+        early = self.mirror.apply_early(dense_grads)
         t3 = time.perf_counter_ns()
+        reply = call.result()
+        t4 = time.perf_counter_ns()
         self._watch_if_lost()
         self._report(self.pending_shard)  # the push that just landed completed it
-        self.mirror.after_reply(reply.dense, dense_grads)
+        self.mirror.after_reply(reply.dense, dense_grads, applied=early)
         self.pending = (cur.unique, row_grads, dense_grads)
         self.pending_key = int(cur.element["key"])
         self.pending_shard = int(cur.element["shard_id"]) if bool(cur.element["last"]) else NO_SHARD
-        t4 = time.perf_counter_ns()
+        t5 = time.perf_counter_ns()
         if nxt is not None:
             for g, (_, at_next, at_cur) in both.items():
                 rows = reply.rows[g][at_next]
                 state = reply.row_state[g]
                 self.optimizer.apply(rows, state, row_grads[g][at_cur])
                 reply.rows[g][at_next] = rows
-        t5 = time.perf_counter_ns()
+        t6 = time.perf_counter_ns()
         samples = int(cur.element["label"].shape[0])
-        self.progress.record(samples, (t5 - t0) / 1e9)
+        self.progress.record(samples, (t6 - t0) / 1e9)
         profile.add("worker/ids", t1 - t0)
         profile.add("worker/tf_step", t2 - t1)
-        profile.add("worker/wait_push_pull", t3 - t2)
-        profile.add("worker/dense_mirror", t4 - t3)
-        profile.add("worker/replay", t5 - t4)
+        profile.add("worker/dense_mirror", t3 - t2 + t5 - t4)
+        profile.add("worker/wait_push_pull", t4 - t3)
+        profile.add("worker/replay", t6 - t5)
         profile.step(samples)
         return None if nxt is None else _Pulled(nxt, next_unique, reply.rows)
 
