@@ -12,12 +12,14 @@ WORKER_PHASES = (
     ("worker/input", "input: wait for the next batch"),
     ("worker/ids", "ids of the next batch, start PushPull"),
     ("worker/tf_step", "TF forward/backward (+ to numpy)"),
+    ("worker/tf_step_cpu", "  of which this thread's CPU"),
     ("worker/wait_push_pull", "wait for the PushPull reply"),
     ("worker/dense_mirror", "dense mirror: apply own grads"),
     ("worker/replay", "replay own update on rows read ahead"),
 )
 SENDER_PHASES = (
     ("rpc/PushPull/encode", "split + encode + send"),
+    ("rpc/PushPull/encode_cpu", "  of which this thread's CPU"),
     ("rpc/PushPull/wait", "wait: gRPC + PS"),
     ("rpc/PushPull/decode", "decode reply"),
     ("rpc/PushPull/merge", "merge replies"),
@@ -54,10 +56,16 @@ def format_profile(report: dict[str, Any], title: str) -> str:
     worker = report["worker"]
     ns, calls, ends = worker["ns"], worker["calls"], worker["step_ends"]
     steps = len(ends)
-    lines = [f"step profile, {title}: {steps} steps"]
+    traces = worker.get("tf_traces")
+    lines = [f"step profile, {title}: {steps} steps, step function traced {traces} time(s)"]
+    cpu = worker.get("step_cpu", [])
     if steps > 1:
         wall = (ends[-1] - ends[0]) / 1e6 / (steps - 1)
-        lines.append(f"  worker step, wall {wall:.2f} ms/step (training thread):")
+        used = ""
+        if len(cpu) == steps:
+            per_step = (cpu[-1] - cpu[0]) / 1e6 / (steps - 1)
+            used = f"; the worker process used {per_step:.2f} ms CPU/step, all its threads"
+        lines.append(f"  worker step, wall {wall:.2f} ms/step{used} (training thread):")
     lines += _rows(WORKER_PHASES, ns, calls, steps)
     lines.append("  worker sender thread (runs during the TF step):")
     lines += _rows(SENDER_PHASES, ns, calls, steps)

@@ -5,8 +5,10 @@ replay) and a PS the phases of a request (decode, table ops, encode), so a chang
 chosen by measurement. An accumulator is one ``perf_counter_ns`` pair and a dict update (well
 under a microsecond; a step takes milliseconds), so it is always on. The step timeline lets a
 bench measure a job's steady-state rate (warm-up steps excluded) like its single-process
-baselines; ``perf_counter_ns`` is CLOCK_MONOTONIC on Linux, one clock for every process of a
-machine.
+baselines, and the process's CPU per step; ``perf_counter_ns`` is CLOCK_MONOTONIC on Linux,
+one clock for every process of a machine. A ``*_cpu`` phase is one thread's CPU time in the
+phase of that name: next to its wall time it tells computing from waiting for a core or the
+GIL.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class StepProfile:
         self.calls: dict[str, int] = {}
         self.step_ends: list[int] = []  # perf_counter_ns at the end of each step
         self.step_samples: list[int] = []
+        self.step_cpu: list[int] = []  # the process's CPU time (ns) then
 
     def add(self, phase: str, ns: int) -> None:
         self.ns[phase] = self.ns.get(phase, 0) + ns
@@ -43,6 +46,7 @@ class StepProfile:
     def step(self, samples: int) -> None:
         self.step_ends.append(time.perf_counter_ns())
         self.step_samples.append(samples)
+        self.step_cpu.append(time.process_time_ns())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,7 @@ class StepProfile:
             "calls": dict(self.calls),
             "step_ends": list(self.step_ends),
             "step_samples": list(self.step_samples),
+            "step_cpu": list(self.step_cpu),
         }
 
     def to_arrays(self, prefix: str = "profile/") -> dict[str, np.ndarray]:

@@ -477,7 +477,7 @@ class PSClient:
         pull ids) also reads those rows' optimizer state. A lost PS (``lost``; one that fails
         now becomes it, under ECRM) gets no call: its part of the push is held, its rows are
         decoded from the others."""
-        t0 = time.perf_counter_ns()
+        t0, cpu = time.perf_counter_ns(), time.thread_time_ns()
         state_ids = state_ids or {}
         requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
         state_masks = self._split(state_ids)
@@ -494,6 +494,7 @@ class PSClient:
             lost.hold(_pushed(requests[lost.index]))
         calls = self._start_all("PushPull", requests, skip=lost.index if lost else None)
         self.profile.add("rpc/PushPull/encode", time.perf_counter_ns() - t0)
+        self.profile.add("rpc/PushPull/encode_cpu", time.thread_time_ns() - cpu)
         decoding = None
         if lost is not None:
             decoding = self._start_decoding(_owned(pull_ids, masks[lost.index]))

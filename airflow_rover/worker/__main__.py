@@ -156,7 +156,7 @@ def _train(
         log.error("a parameter server went away: %s", exc)
         sys.exit(EXIT_PS_LOST)
     log.info("%s done: %d steps, %d samples", node_id, progress.steps, progress.samples)
-    write_profile(profile_file(ctx.job_dir.log_file(node_id)), progress, model.ps)
+    write_profile(profile_file(ctx.job_dir.log_file(node_id)), progress, model.ps, model.traces())
 
 
 def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:

@@ -20,11 +20,12 @@ def profile_file(log_file: Path) -> Path:
     return log_file.with_suffix(".profile.json")
 
 
-def write_profile(path: Path, progress: Progress, ps: PSClient) -> None:
-    """The worker's phases, its step timeline and each PS's request phases as they stand now
-    (a bench reads it; a failure to write it or to read the PS is logged, not raised: it
-    must not fail a trained worker)."""
+def write_profile(path: Path, progress: Progress, ps: PSClient, traces: int) -> None:
+    """The worker's phases, its step timeline, how often its step function was traced and each
+    PS's request phases as they stand now (a bench reads it; a failure to write it or to read
+    the PS is logged, not raised: it must not fail a trained worker)."""
     worker = progress.profile.to_json()
+    worker["tf_traces"] = traces
     worker["ns"].update(ps.profile.ns)
     worker["calls"].update(ps.profile.calls)
     report: dict[str, Any] = {"worker": worker, "ps": []}

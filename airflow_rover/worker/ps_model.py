@@ -183,6 +183,11 @@ class PSModel:
         dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
         return float(loss), row_out, dense_out
 
+    def traces(self) -> int:
+        """How often the step function was traced: 1 after ``warm_up`` and for good (its input
+        signature is fixed), more would mean retracing on the hot path."""
+        return int(self._grad_fn.experimental_get_tracing_count())
+
     def warm_up(self) -> None:
         """Trace the step function on a one-sample batch, so a worker that says it is ready
         trains at full speed from its first step (no PS access: zero rows, initial weights)."""

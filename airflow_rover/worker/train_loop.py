@@ -135,8 +135,9 @@ class TrainLoop:
             state_ids={g: common for g, (common, _, _) in both.items()},
             push_key=self.pending_key,
         )
-        t1 = time.perf_counter_ns()
+        t1, cpu = time.perf_counter_ns(), time.thread_time_ns()
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
+        profile.add("worker/tf_step_cpu", time.thread_time_ns() - cpu)
         t2 = time.perf_counter_ns()
         early = self.mirror.apply_early(dense_grads)
         t3 = time.perf_counter_ns()
