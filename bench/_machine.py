@@ -127,8 +127,7 @@ class CpuMonitor:
                 used = times.user + times.system
             except psutil.Error:
                 continue
-            known = self._used.get(proc.pid, ("other", 0.0))[0]  # forked, not yet exec'd
-            role = _role(proc, self.root) if known == "other" else known
+            role = _role(proc, self.root)  # each time: a fork is its parent until it execs
             self._used[proc.pid] = (role, used)
 
     def _run(self) -> None:
