@@ -127,7 +127,11 @@ class CpuMonitor:
                 used = times.user + times.system
             except psutil.Error:
                 continue
-            role = _role(proc, self.root)  # each time: a fork is its parent until it execs
+            # Read each time: a fork is its parent until it execs; an exited one has no
+            # command line left, so it keeps the role it had.
+            role = _role(proc, self.root)
+            if role == "other" and proc.pid in self._used:
+                role = self._used[proc.pid][0]
             self._used[proc.pid] = (role, used)
 
     def _run(self) -> None:
