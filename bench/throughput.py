@@ -15,15 +15,25 @@ dim 16 + 26 wide tables of dim 1, MLP 256-128, batch 512, Adagrad lr 0.2, one ep
          buckets per id) from an S3 stand-in (moto's server on loopback), side by side with (c).
 
 Every configuration runs alone, in its own child process (a fresh TensorFlow runtime; its
-servers are killed afterwards). Rates are steady state for (a), (a*) and (b) (the first 20
-steps, with tracing, excluded); for (c) the master's figure, from the first worker ready to the
-last shard done (process start-up and step tracing excluded: a worker traces its step before it
-reports ready; the first PS round trips and lazy row creation included). In (b) and
-(c) the PS and the workers share the machine's cores. AUC and log loss are on the held-out split.
+servers are killed afterwards), ``--repeats`` times (3 by default), the configurations in
+alternating order (forward, then backward, ...), so a slow spell of the machine does not fall
+on one configuration alone; the table shows each one's median and spread. Before each run the
+load average and the cores' busy share are checked: the bench waits for a quiet machine, and a
+run after which the machine was busy is run again (a bounded number of times, said so).
 
-    python bench/throughput.py                    # 300k training samples
-    python bench/throughput.py --quick            # 60k, a smoke run
-    python bench/throughput.py --configs rover-1w,tf-ps --repeats 3
+Rates are steady state for every configuration: (a), (a*) and (b) after their first 20 steps
+(tracing included in those); (c) from the workers' step timelines (``core.step_profile``),
+from the moment every worker has done 20 steps to the moment the first one finished. (c) is
+also measured end to end: the master's figure, first worker ready to last shard done (process
+start-up and step tracing excluded: a worker traces its step before it reports ready; the
+first PS round trips, lazy row creation and the last flush included), and the job's wall time,
+process starts and evaluation included. In (b) and (c) the PS and the workers share the
+machine's cores. AUC and log loss are on the held-out split. The first rover run of each
+configuration prints its step profile (where a worker's step and a PS request go).
+
+    python bench/throughput.py                    # 300k training samples, 3 runs each
+    python bench/throughput.py --quick            # 60k, 1 run each, no waiting: a smoke run
+    python bench/throughput.py --configs tf-loop,rover-1w,rover-2w,tf-ps --repeats 5
     python bench/throughput.py --configs rover-1w,rover-1w-parquet-s3   # npy against Parquet
 """
 
@@ -55,9 +65,11 @@ from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
 
 if TYPE_CHECKING:
     from bench._baselines import BenchSetup
+    from bench._machine import Quiet
 
 NUM_EVAL = 50_000
 QUICK_NUM_TRAIN = 60_000
+WARMUP_STEPS = 20  # per worker, as bench._baselines.WARMUP_STEPS for the baselines
 BATCH_SIZE = 512
 LEARNING_RATE = 0.2
 SHARD_SIZE = 8192
@@ -122,7 +134,9 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
     from airflow_rover.core.data_schema import DataSchema
     from airflow_rover.core.job_dir import JobDir
     from airflow_rover.core.spec import JobSpec, ResourcePlan, TrainingConfig
+    from airflow_rover.core.step_profile import steady_rate
     from airflow_rover.launchers.local import LocalBackend
+    from bench._step_profile import read_profiles
 
     job_id = f"bench-{args.config}-{args.run_id}"
     job_dir = Path(args.work_dir) / "jobs" / job_id
@@ -149,13 +163,20 @@ def run_rover(args: ChildArgs, num_workers: int) -> dict[str, Any]:
     if status.get("state") != "succeeded" or not status.get("result"):
         raise RuntimeError(f"rover job {job_id}: {status.get('state')}: {status.get('message')}")
     result = status["result"]
+    profiles = read_profiles(job_dir)
+    timelines = [(p["worker"]["step_ends"], p["worker"]["step_samples"]) for p in profiles]
+    steady = steady_rate(timelines, WARMUP_STEPS) if len(profiles) == num_workers else None
     return {
-        "samples_per_second": result["samples_per_second"],
+        "samples_per_second": steady if steady is not None else result["samples_per_second"],
+        "steady": steady is not None,
+        "e2e_samples_per_second": result["samples_per_second"],
+        "wall_samples_per_second": result["samples_trained_this_run"] / wall,
         "train_seconds": result["train_seconds"],
         "auc": result["auc"],
         "logloss": result.get("logloss"),
         "job_wall_seconds": wall,
         "job_dir": str(job_dir),
+        "profile": profiles[0] if profiles else None,
     }
 
 
@@ -190,10 +211,13 @@ def run_child(args: ChildArgs, log_file: Path, timeout_s: float) -> dict[str, An
     result_file = log_file.with_suffix(".json")
     result_file.unlink(missing_ok=True)
     cmd = [sys.executable, __file__, "--child", json.dumps(asdict(args)), str(result_file)]
+    from bench._machine import CpuMonitor
+
     with open(log_file, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            code = proc.wait(timeout_s)
+            with CpuMonitor(proc.pid) as cpu:
+                code = proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
@@ -207,7 +231,9 @@ def run_child(args: ChildArgs, log_file: Path, timeout_s: float) -> dict[str, An
     if code != 0 or not result_file.exists():
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"{args.config}: exit code {code}; see {log_file}\n{tail}")
-    return json.loads(result_file.read_text())
+    result: dict[str, Any] = json.loads(result_file.read_text())
+    result["cpu_seconds"], result["other_cores"] = cpu.by_role(), cpu.other_cores()
+    return result
 
 
 def _fmt(value: float | None, spec: str, width: int = 6) -> str:
@@ -245,19 +271,23 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
     width = max(len(BY_KEY[k].label) for k in results)
     print(
         f"\n{'config':<{width}}  {'samples/s':>9}  {'AUC':>6}  {'logloss':>7}  {'vs (a)':>6}"
-        f"  {'vs(a*)':>6}  {'vs (b)':>6}  runs (samples/s)"
+        f"  {'vs(a*)':>6}  {'vs (b)':>6}  {'spread':>6}  runs (samples/s)"
     )
     for key, runs in results.items():
         if not runs:
             print(f"{BY_KEY[key].label:<{width}}  failed")
             continue
         rate = median[key]
-        each = ", ".join(f"{r['samples_per_second']:.0f}" for r in runs)
+        rates = [r["samples_per_second"] for r in runs]
+        each = ", ".join(
+            f"{x:.0f}{'*' if r.get('busy') else ''}" for x, r in zip(rates, runs, strict=True)
+        )
+        spread = (max(rates) - min(rates)) / rate if rate else 0.0
         print(
             f"{BY_KEY[key].label:<{width}}  {rate:>9.0f}  {_fmt(_median(runs, 'auc'), '6.4f')}"
             f"  {_fmt(_median(runs, 'logloss'), '7.4f', 7)}"
             f"  {_fmt(ratio(rate, keras_fit), '6.2f')}  {_fmt(ratio(rate, loop), '6.2f')}"
-            f"  {_fmt(ratio(rate, ps_base), '6.2f')}  {each}"
+            f"  {_fmt(ratio(rate, ps_base), '6.2f')}  {spread:>6.1%}  {each}"
         )
     print()
     for name, base_key in (("(a) ", keras_fit), ("(a*)", loop), ("(b) ", "tf-ps")):
@@ -274,6 +304,25 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
             if auc is not None and ref_auc is not None:
                 parts.append(f"AUC {auc - ref_auc:+.4f} vs {ref}")
             print(f"{BY_KEY[key].label}: {', '.join(parts)}")
+    for key, runs in results.items():
+        e2e, wall = (
+            _median(runs, "e2e_samples_per_second"),
+            _median(runs, "wall_samples_per_second"),
+        )
+        if e2e is not None and wall is not None:
+            vs = f" (master's / (a*) = {e2e / median[loop]:.2f})" if loop in median else ""
+            print(
+                f"{BY_KEY[key].label}, end to end (medians): master's rate {e2e:.0f}{vs}, "
+                f"job wall {wall:.0f} samples/s"
+            )
+    loads = [r["load_before"] for runs in results.values() for r in runs if "load_before" in r]
+    others = [r["other_cores"] for runs in results.values() for r in runs]
+    if loads:
+        print(
+            f"load average before the runs: {min(loads):.2f} to {max(loads):.2f}; cores other "
+            f"processes kept busy during them: {min(others):.2f} to {max(others):.2f} "
+            f"(median {statistics.median(others):.2f}); * = a run kept although busy"
+        )
     for workers in ("1w", "2w"):
         npy, parquet = (
             median.get(f"rover-{workers}"),
@@ -290,10 +339,10 @@ def print_table(results: dict[str, list[dict[str, Any]]], num_train: int) -> Non
         f"os.cpu_count() = {os.cpu_count()}. One configuration runs at a time; in (b) and (c) "
         "the PS, the worker(s)\nand (c)'s master and evaluator share these cores, (a) and (a*) "
         "have them to themselves.\nOther processes on the machine skew every figure: see the "
-        "load averages above.\n(a), (a*), (b): steady state after 20 warm-up steps. (c): the "
-        "master's rate, first worker\nready to last shard done (a worker traces its step before "
-        "it reports ready; the\nfirst round trips, lazy row creation and the last flush are "
-        "included)."
+        "load averages above.\nMedians of the runs; spread = (max - min) / median. (a), (a*), "
+        "(b): steady state after 20\nwarm-up steps; (c): steady state from the workers' step "
+        "timelines (every worker past 20\nsteps, to the first one done), and end to end as "
+        "printed."
     )
 
 
@@ -301,7 +350,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--num-train", type=int, default=300_000)
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_NUM_TRAIN} samples")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each configuration")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each configuration (3; --quick: 1)"
+    )
+    parser.add_argument(
+        "--max-load",
+        type=float,
+        default=float(os.cpu_count() or 1),
+        help="1-minute load average above which a run waits (the bench's own runs add to it)",
+    )
+    parser.add_argument(
+        "--max-busy",
+        type=float,
+        default=0.5,
+        help="cores other processes may keep busy: before a run (sampled while the bench is "
+        "idle) or it waits, and during it (the machine's busy time less the run's) or it is "
+        "run again",
+    )
+    parser.add_argument("--wait", type=float, default=120.0, help="seconds to wait for quiet")
+    parser.add_argument("--retries", type=int, default=2, help="repeats of a busy run, at most")
     parser.add_argument(
         "--configs",
         default=",".join(DEFAULT_CONFIGS),
@@ -327,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--configs: unknown {unknown}; choose from {list(BY_KEY)}")
     num_train = QUICK_NUM_TRAIN if args.quick else args.num_train
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 3
+    if args.quick:
+        args.wait, args.retries = min(args.wait, 10.0), 0
     work_dir = args.work_dir.resolve()
     data = generate_dataset(
         work_dir / f"data-n{num_train}-s0",
@@ -373,6 +444,11 @@ def parquet_on_s3(
         yield uris[0], uris[1], schema.model_dump(mode="json")
 
 
+def _order(configs: list[str], rep: int) -> list[str]:
+    """Run ``rep``'s order: forward, backward, forward, ... (alternating)."""
+    return configs if rep % 2 == 0 else configs[::-1]
+
+
 def run_configs(
     configs: list[str],
     args: argparse.Namespace,
@@ -385,7 +461,7 @@ def run_configs(
 ) -> dict[str, list[dict[str, Any]]]:
     results: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for rep in range(args.repeats):
-        for key in configs:
+        for key in _order(configs, rep):
             on_s3 = parquet is not None and key.endswith(PARQUET_SUFFIX)
             child = ChildArgs(
                 config=key,
@@ -396,22 +472,63 @@ def run_configs(
                 run_id=f"n{num_train}-r{rep}" + cpu_tag,
                 worker_cpu=args.worker_cpu,
             )
-            load = os.getloadavg()[0]  # other processes on these cores skew every figure
-            started = time.perf_counter()
-            try:
-                res = run_child(child, logs / f"{key}-{child.run_id}.log", args.timeout)
-            except RuntimeError as exc:
-                print(f"  {key} run {rep + 1}: FAILED: {exc}", flush=True)
+            res = run_quietly(child, args, logs / f"{key}-{child.run_id}.log", f"run {rep + 1}")
+            if res is None:
                 continue
             results[key].append(res)
-            extra = f", job dir {res['job_dir']}" if "job_dir" in res else ""
-            print(
-                f"  {key} run {rep + 1}: {res['samples_per_second']:.0f} samples/s, "
-                f"AUC {res['auc']:.4f} ({time.perf_counter() - started:.0f}s wall, "
-                f"load average before {load:.1f}{extra})",
-                flush=True,
-            )
+            if res.get("profile") and len(results[key]) == 1:
+                from bench._step_profile import format_profile
+
+                print(format_profile(res["profile"], BY_KEY[key].label), flush=True)
     return results
+
+
+def run_quietly(
+    child: ChildArgs, args: argparse.Namespace, log_file: Path, name: str
+) -> dict[str, Any] | None:
+    """One run of ``child`` on a quiet machine: wait for one before it, and run it again when
+    other processes kept more than ``args.max_busy`` cores busy during it (at most
+    ``args.retries`` times, each said so); None when it failed."""
+    from bench._machine import wait_quiet
+
+    key = child.config
+    res: dict[str, Any] | None = None
+    for attempt in range(args.retries + 1):
+        before = wait_quiet(args.max_load, args.max_busy, args.wait)
+        if not before.quiet:
+            print(f"  {key} {name}: machine still busy ({before.describe()}), run anyway")
+        started = time.perf_counter()
+        try:
+            res = run_child(child, log_file, args.timeout)
+        except RuntimeError as exc:
+            print(f"  {key} {name}: FAILED: {exc}", flush=True)
+            return None
+        res["load_before"] = before.load
+        print(_run_line(key, name, res, time.perf_counter() - started, before), flush=True)
+        if res["other_cores"] <= args.max_busy:
+            return res
+        if attempt < args.retries:
+            print(f"  {key} {name}: other processes were busy during it; running it again")
+        else:
+            print(f"  {key} {name}: busy during {args.retries + 1} tries; the last one kept")
+            res["busy"] = True
+    return res
+
+
+def _run_line(key: str, name: str, res: dict[str, Any], wall: float, before: Quiet) -> str:
+    e2e = ""
+    if "e2e_samples_per_second" in res:
+        e2e = (
+            f" ({'steady' if res['steady'] else 'NO TIMELINE: master'}; end to end: "
+            f"{res['e2e_samples_per_second']:.0f} master's, "
+            f"{res['wall_samples_per_second']:.0f} job wall)"
+        )
+    cpu = ", ".join(f"{role} {s:.1f}" for role, s in sorted(res["cpu_seconds"].items()))
+    return (
+        f"  {key} {name}: {res['samples_per_second']:.0f} samples/s{e2e}, AUC {res['auc']:.4f}"
+        f"\n    {wall:.0f}s wall; before: {before.describe()}; during: other processes "
+        f"{res['other_cores']:.2f} cores; CPU s: {cpu}"
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -24,6 +25,7 @@ from airflow_rover.core.ecrm.messages import read_text
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.ledger import NO_KEY, BatchLedger
+from airflow_rover.core.step_profile import StepProfile
 from airflow_rover.ps.ecrm import EcrmPeer, Replacement
 from airflow_rover.ps.flash import DONE, FAILED, PERSISTING, FlashCheckpointer, Persist
 from airflow_rover.ps.partition import Partition
@@ -99,6 +101,11 @@ class ParameterServer(Partition):
 
     pushes: int = 0
     """Pushes applied so far (``stats``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.profile = StepProfile()
+        """Where requests spend their time: decode, table ops, encode (``Stats`` sends it)."""
 
     def _table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
@@ -187,10 +194,13 @@ class ParameterServer(Partition):
         ]
         dense = {k[6:]: g for k, g in req.items() if k.startswith("dgrad/")}
         key = int(frames.one(req, "key")) if "key" in req else NO_KEY
+        t0 = time.perf_counter_ns()
         for table, ids, grads in sparse:  # validate everything before applying anything
             table.check_update(ids, grads)
         self.dense.check_update(dense)
-        with self.applying():
+        t1 = time.perf_counter_ns()
+        self.profile.add("ps/push/check", t1 - t0)
+        with self.applying(), self.profile.phase("ps/push/apply"):
             if not self.ledger.admit(key):  # a retried batch this PS already applied
                 return {"duplicate": np.ones(1, dtype=np.uint8)}
             if self.ecrm is not None:  # ECRM: the differences go to the parity holders
@@ -208,7 +218,8 @@ class ParameterServer(Partition):
         push = {k[5:]: v for k, v in req.items() if k.startswith("push/")}
         if push:
             self.push(push)
-        return self.pull({k: v for k, v in req.items() if not k.startswith("push/")})
+        with self.profile.phase("ps/pull"):
+            return self.pull({k: v for k, v in req.items() if not k.startswith("push/")})
 
     def init_dense(self, req: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         self.dense.initialize({k[6:]: v for k, v in req.items() if k.startswith("dense/")})
@@ -470,6 +481,7 @@ class ParameterServer(Partition):
         return {
             "rows": np.array([sum(t.size for t in self.tables.values())], dtype=np.int64),
             "pushes": np.array([self.pushes], dtype=np.int64),
+            **self.profile.to_arrays(),
         }
 
     def handlers(self) -> dict[str, Handler]:
@@ -487,12 +499,21 @@ class ParameterServer(Partition):
         }
 
 
-def _unary(handler: Handler) -> grpc.RpcMethodHandler:
+def _unary(handler: Handler, name: str, profile: StepProfile) -> grpc.RpcMethodHandler:
     """The handler of a call whose token ``ps_service.TokenCheck`` has checked already."""
 
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
         try:
-            return frames.encode(handler(frames.decode(request)))
+            t0 = time.perf_counter_ns()
+            req = frames.decode(request)
+            t1 = time.perf_counter_ns()
+            reply = handler(req)
+            t2 = time.perf_counter_ns()
+            out = frames.encode(reply)
+            profile.add(f"ps/{name}/decode", t1 - t0)
+            profile.add(f"ps/{name}/handle", t2 - t1)
+            profile.add(f"ps/{name}/encode", time.perf_counter_ns() - t2)
+            return out
         except (ValueError, KeyError) as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise  # unreachable: abort raises
@@ -519,7 +540,7 @@ def start_server(
         options=ps_service.server_options(receive_bytes),
     )
     ps.token, ps.tls = token, tls
-    handlers = {name: _unary(fn) for name, fn in ps.handlers().items()}
+    handlers = {name: _unary(fn, name, ps.profile) for name, fn in ps.handlers().items()}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(ps_service.SERVICE, handlers),)
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from airflow_rover.core.ecrm.degraded import EcrmReads, LostPS
 from airflow_rover.core.hashing import owner_of, partition_of
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.core.ledger import NO_KEY
+from airflow_rover.core.step_profile import StepProfile
 from airflow_rover.rpc import frames, ps_service
 from airflow_rover.rpc.tls import grpc_channel
 
@@ -63,10 +65,16 @@ class PendingPushPull:
 
     def result(self) -> PushPullReply:
         client = self.client
+        profile = client.profile
         got: list[dict[str, np.ndarray] | None] = []
         for i, call in enumerate(self.calls):
             try:
-                got.append(None if call is None else frames.decode(call.result()))
+                t0 = time.perf_counter_ns()
+                message = None if call is None else call.result()
+                t1 = time.perf_counter_ns()
+                got.append(None if message is None else frames.decode(message))
+                profile.add("rpc/PushPull/wait", t1 - t0)
+                profile.add("rpc/PushPull/decode", time.perf_counter_ns() - t1)
             except grpc.RpcError as exc:
                 if not client._may_lose(i, exc):
                     raise
@@ -86,6 +94,7 @@ class PendingPushPull:
                 *self._parts(index), self.decoding(), self.dense_versions[index], live[0]
             )
         replies = [r for r in got if r is not None]
+        t_merge = time.perf_counter_ns()
         rows, values = client._merge_pull(replies, self.masks, self.pull_ids)
         dense_state: dict[str, dict[str, np.ndarray]] = {}
         for reply in replies:
@@ -98,6 +107,7 @@ class PendingPushPull:
         row_state = {
             t: _merge_state(replies, self.state_masks, t, ids) for t, ids in self.state_ids.items()
         }
+        profile.add("rpc/PushPull/merge", time.perf_counter_ns() - t_merge)
         return PushPullReply(rows, DenseReply(versions, fresh, values, dense_state), row_state)
 
     def _hold(self, i: int) -> None:
@@ -153,10 +163,13 @@ class PSClient:
         channels: Mapping[str, grpc.Channel] | None = None,
         ecrm: EcrmReads | None = None,
         tls: JobTLS | None = None,
+        profile: StepProfile | None = None,
     ) -> None:
         """``ecrm``: the job keeps ECRM parity, so a lost PS's rows can be decoded: PushPulls
         and pushes go on without it (``lost``) until the client is moved to its replacement.
-        ``tls``: the job's certificate, the only one its PS are trusted with."""
+        ``tls``: the job's certificate, the only one its PS are trusted with. ``profile``:
+        where the PushPulls' encode, wait, decode and merge times are summed."""
+        self.profile = profile or StepProfile()
         if not addresses:
             raise ValueError("addresses: at least one parameter server is needed")
         self.num_ps = len(addresses)
@@ -188,7 +201,9 @@ class PSClient:
         this client is not to be used after."""
         both = zip(self.addresses, self._channels, strict=True)
         kept = {a: ch for a, ch in both if a in addresses}
-        client = PSClient(addresses, self._token, self._timeout, kept, self.ecrm, self._tls)
+        client = PSClient(
+            addresses, self._token, self._timeout, kept, self.ecrm, self._tls, self.profile
+        )
         self.close(keep=set(kept))
         return client
 
@@ -344,6 +359,7 @@ class PSClient:
         """Send gradients (already summed per unique id) to the owners of the rows. ``key``:
         the batch they come from; a PS that already applied that batch ignores them. A lost
         PS's part is held (``lost``)."""
+        t0 = time.perf_counter_ns()
         requests = self._push_requests(ids_by_table, grads_by_table, dense_grads, key)
         lost = self.lost
         if lost is not None:
@@ -359,6 +375,7 @@ class PSClient:
                     raise
                 assert self.lost is not None
                 self.lost.hold(requests[i])
+        self.profile.add("rpc/Push", time.perf_counter_ns() - t0)
 
     def reshard(self, addresses: list[str]) -> list[dict[str, np.ndarray]]:
         """Every PS of this client (the old and the new PS set's together) hands the rows and
@@ -427,6 +444,10 @@ class PSClient:
         )
         return frames.decode(reply)
 
+    def stats(self) -> list[dict[str, np.ndarray]]:
+        """Per PS: its rows, pushes applied and request profile (``StepProfile.to_arrays``)."""
+        return self._call_all("Stats", [{} for _ in range(self.num_ps)])
+
     def ledgers(self) -> list[tuple[set[int], int]]:
         """Per PS: the batch keys it has applied, and how many retried pushes it turned away."""
         replies = self._call_all("Ledger", [{} for _ in range(self.num_ps)])
@@ -456,6 +477,7 @@ class PSClient:
         pull ids) also reads those rows' optimizer state. A lost PS (``lost``; one that fails
         now becomes it, under ECRM) gets no call: its part of the push is held, its rows are
         decoded from the others."""
+        t0, cpu = time.perf_counter_ns(), time.thread_time_ns()
         state_ids = state_ids or {}
         requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
         state_masks = self._split(state_ids)
@@ -471,6 +493,8 @@ class PSClient:
         if lost is not None and push is not None:
             lost.hold(_pushed(requests[lost.index]))
         calls = self._start_all("PushPull", requests, skip=lost.index if lost else None)
+        self.profile.add("rpc/PushPull/encode", time.perf_counter_ns() - t0)
+        self.profile.add("rpc/PushPull/encode_cpu", time.thread_time_ns() - cpu)
         decoding = None
         if lost is not None:
             decoding = self._start_decoding(_owned(pull_ids, masks[lost.index]))

@@ -120,6 +120,7 @@ def _train(
     ``EXIT_PS_LOST`` (not a failure)."""
     from airflow_rover.data.preprocessing import load_preprocess
     from airflow_rover.worker.input_pipeline import InputConfig
+    from airflow_rover.worker.profile_report import profile_file, write_profile
     from airflow_rover.worker.relaunch import PS_LOST_CODES, PSLost
     from airflow_rover.worker.training import train
 
@@ -155,6 +156,7 @@ def _train(
         log.error("a parameter server went away: %s", exc)
         sys.exit(EXIT_PS_LOST)
     log.info("%s done: %d steps, %d samples", node_id, progress.steps, progress.samples)
+    write_profile(profile_file(ctx.job_dir.log_file(node_id)), progress, model.ps, model.traces())
 
 
 def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:

@@ -16,7 +16,8 @@ class DenseMirror:
     (the same NumPy code on the same float32 bytes, so the result is bit-identical). When no
     other worker pushed in between, the PS's dense version is the one the worker expects and
     nothing travels back; otherwise the PS sends its values and state and the copy is replaced.
-    One worker thus moves its dense gradients once per step instead of gradients + weights.
+    One worker thus moves its dense gradients once per step instead of gradients + weights,
+    and applies them while the PushPull is in flight (``apply_early``).
     The model reads these values as inputs of its step function (nothing is assigned).
     """
 
@@ -28,6 +29,7 @@ class DenseMirror:
         self.values: dict[str, np.ndarray] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
         self.versions = [-1] * model.ps.num_ps  # -1: nothing known yet, the PS sends it all
+        self._last_fresh = True  # whether the last reply brought newer weights
 
     def expected(self, pushing: bool) -> list[int]:
         """The versions each PS will have after this worker's push, if nobody else pushes."""
@@ -36,15 +38,30 @@ class DenseMirror:
             for i, v in enumerate(self.versions)
         ]
 
-    def after_reply(self, reply: DenseReply, own: dict[str, np.ndarray] | None) -> None:
+    def apply_early(self, own: dict[str, np.ndarray]) -> bool:
+        """Apply ``own`` (this step's dense gradients) while the PushPull is still in flight,
+        when the last reply brought no newer weights (one worker, or nobody else pushed): the
+        next one most likely brings none either, and the update overlaps the wait for it.
+        Returns whether it did (then ``after_reply`` applies ``own`` only on fresh values)."""
+        if self._last_fresh or not self.values:
+            return False
+        for name in self.owner:
+            self.optimizer.apply(self.values[name], self.state[name], own[name])
+        return True
+
+    def after_reply(
+        self, reply: DenseReply, own: dict[str, np.ndarray] | None, applied: bool = False
+    ) -> None:
         """Take a PushPull's reply, then apply ``own`` (gradients the reply cannot include yet:
-        they travel with the next push)."""
+        they travel with the next push); ``applied``: ``apply_early`` applied it already, to
+        the values before the reply (replaced now where the reply is fresh)."""
         for name, ps in self.owner.items():
             if reply.fresh[ps]:
                 self.values[name] = np.array(reply.values[name])
                 self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
-            if own is not None:
+            if own is not None and (reply.fresh[ps] or not applied):
                 self.optimizer.apply(self.values[name], self.state[name], own[name])
+        self._last_fresh = any(reply.fresh[ps] for ps in self._owners)
         self.versions = list(reply.versions)
 
     def pushed(self) -> None:

@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from airflow_rover.core.step_profile import StepProfile
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.master_client import MasterClient
 
@@ -22,6 +23,7 @@ class Progress:
         self.input_wait_s = 0.0  # waiting for the next batch, in all
         self.ready_fill: Callable[[], float] = lambda: 0.0  # the queue of ready batches now
         self.fill = 0.0  # ... and its moving average over steps
+        self.profile = StepProfile()  # where the steps' time goes, and when each ended
 
     def record(self, samples: int, seconds: float) -> None:
         self.steps += 1

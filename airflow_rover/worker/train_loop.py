@@ -111,13 +111,16 @@ class TrainLoop:
     def _pull(self, element: dict[str, Any]) -> _Pulled:
         """Read an element's rows when nothing is pending (the first step after a pause)."""
         unique = self._unique(element)
-        reply = self.model.ps.push_pull_async(None, unique, self.mirror.expected(False)).result()
+        with self.progress.profile.phase("worker/first_pull"):
+            pending = self.model.ps.push_pull_async(None, unique, self.mirror.expected(False))
+            reply = pending.result()
         self._watch_if_lost()
         self.mirror.after_reply(reply.dense, None)
         return _Pulled(element, unique, reply.rows)
 
     def _step(self, cur: _Pulled, nxt: dict[str, Any] | None) -> _Pulled | None:
-        t0 = time.perf_counter()
+        profile = self.progress.profile
+        t0 = time.perf_counter_ns()
         next_unique = self._unique(nxt) if nxt is not None else {}
         both = {  # ids both steps touch: (ids, positions in the next step, in this one)
             g: np.intersect1d(ids, cur.unique[g], assume_unique=True, return_indices=True)
@@ -132,23 +135,37 @@ class TrainLoop:
             state_ids={g: common for g, (common, _, _) in both.items()},
             push_key=self.pending_key,
         )
+        t1, cpu = time.perf_counter_ns(), time.thread_time_ns()
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
+        profile.add("worker/tf_step_cpu", time.thread_time_ns() - cpu)
+        t2 = time.perf_counter_ns()
+        early = self.mirror.apply_early(dense_grads)
+        t3 = time.perf_counter_ns()
         reply = call.result()
+        t4 = time.perf_counter_ns()
         self._watch_if_lost()
         self._report(self.pending_shard)  # the push that just landed completed it
-        self.mirror.after_reply(reply.dense, dense_grads)
+        self.mirror.after_reply(reply.dense, dense_grads, applied=early)
         self.pending = (cur.unique, row_grads, dense_grads)
         self.pending_key = int(cur.element["key"])
         self.pending_shard = int(cur.element["shard_id"]) if bool(cur.element["last"]) else NO_SHARD
-        self.progress.record(int(cur.element["label"].shape[0]), time.perf_counter() - t0)
-        if nxt is None:
-            return None
-        for g, (_, at_next, at_cur) in both.items():
-            rows = reply.rows[g][at_next]
-            state = reply.row_state[g]
-            self.optimizer.apply(rows, state, row_grads[g][at_cur])
-            reply.rows[g][at_next] = rows
-        return _Pulled(nxt, next_unique, reply.rows)
+        t5 = time.perf_counter_ns()
+        if nxt is not None:
+            for g, (_, at_next, at_cur) in both.items():
+                rows = reply.rows[g][at_next]
+                state = reply.row_state[g]
+                self.optimizer.apply(rows, state, row_grads[g][at_cur])
+                reply.rows[g][at_next] = rows
+        t6 = time.perf_counter_ns()
+        samples = int(cur.element["label"].shape[0])
+        self.progress.record(samples, (t6 - t0) / 1e9)
+        profile.add("worker/ids", t1 - t0)
+        profile.add("worker/tf_step", t2 - t1)
+        profile.add("worker/dense_mirror", t3 - t2 + t5 - t4)
+        profile.add("worker/wait_push_pull", t4 - t3)
+        profile.add("worker/replay", t6 - t5)
+        profile.step(samples)
+        return None if nxt is None else _Pulled(nxt, next_unique, reply.rows)
 
     def _watch_if_lost(self) -> None:
         """Once the client has lost a PS (ECRM: it trains on without it), wait in the
@@ -237,7 +254,8 @@ class TrainLoop:
 
     def _flush(self) -> None:
         if self.pending is not None:
-            self.model.ps.push(*self.pending, key=self.pending_key)
+            with self.progress.profile.phase("worker/flush"):
+                self.model.ps.push(*self.pending, key=self.pending_key)
             self._watch_if_lost()
             self.mirror.pushed()
             self.pending = None

@@ -90,7 +90,9 @@ def _timed(elements: Iterator[dict[str, Any]], progress: Progress) -> Iterator[d
         except StopIteration:
             return
         if int(element["label"].shape[0]):  # not the master's "wait": no shard to wait for
-            progress.input_wait_s += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            progress.input_wait_s += waited
+            progress.profile.add("worker/input", int(waited * 1e9))
         yield element
 
 

@@ -183,3 +183,15 @@ def test_the_single_process_yardstick_shares_and_pools_as_the_workers_do() -> No
     expected = model_inputs(FEATURES, ["city", "ad"], batch, 3, lists)
     want = sum(np.asarray(v, np.float64).sum(axis=1) for v in expected.values())
     np.testing.assert_allclose(np.asarray(got)[:, 0], want, rtol=1e-5)
+
+
+def test_the_step_function_is_traced_once_whatever_the_batch(model: PSModel) -> None:
+    """Batches of other sizes and other numbers of unique ids (and the one-sample warm-up)
+    reuse the one trace: no retracing on the hot path."""
+    model.warm_up()
+    weights = {n: v.numpy() for n, v in zip(model.var_names, model.variables, strict=True)}
+    batch = _batch()
+    for element in (model.ids_element(batch), model.ids_element(batch[:2])):
+        loss, row_grads, _ = model.gradients(element, _rows(model, element), weights)
+        assert np.isfinite(loss) and set(row_grads) == {g.name for g in model.groups}
+    assert model.traces() == 1

@@ -139,3 +139,49 @@ def test_row_state_is_only_read_for_ids_being_pulled(client: PSClient) -> None:
             [-1] * client.num_ps,
             state_ids={"dim4": np.array([3], dtype=np.int64)},
         ).result()
+
+
+def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() -> None:
+    """``DenseMirror.apply_early`` applies a step's dense gradients before the PushPull's
+    reply comes; whether the reply then brings newer weights (another worker pushed) or not,
+    the mirror ends bit-identical to the PS's weights with the worker's pending update."""
+    from types import SimpleNamespace
+
+    from airflow_rover.worker.dense_mirror import DenseMirror
+
+    optimizer = Optimizer("adagrad", 0.1)
+    ps = ParameterServer(0, 1, EmbeddingPlacement.from_features(FEATURES), optimizer, 0)
+    server, port = start_server(ps, TOKEN, threads=2)
+    client = PSClient([f"127.0.0.1:{port}"], TOKEN)
+    try:
+        client.init_dense(DENSE)
+        mirror = DenseMirror(SimpleNamespace(ps=client, var_names=list(DENSE)), optimizer)
+        ids = {"dim4": np.array([1, 2], dtype=np.int64)}
+        zero_rows = {"dim4": np.zeros((2, 4), np.float32)}
+        mirror.after_reply(
+            client.push_pull_async(None, ids, mirror.expected(False)).result().dense, None
+        )
+        pending = None
+        early_steps, fresh_steps = 0, 0
+        for step in range(8):
+            call = client.push_pull_async(
+                pending, ids, mirror.expected(pending is not None), push_key=step
+            )
+            own = grads(100 + step)[2]
+            early = mirror.apply_early(own)
+            reply = call.result()
+            mirror.after_reply(reply.dense, own, early)
+            early_steps += early
+            fresh_steps += early and any(reply.dense.fresh)
+            expected = {k: v.copy() for k, v in ps.dense.values.items()}
+            for name, value in expected.items():
+                state = {k: v.copy() for k, v in ps.dense.state[name].items()}
+                optimizer.apply(value, state, own[name])
+                np.testing.assert_array_equal(mirror.values[name], value)
+            pending = (ids, zero_rows, own)
+            if step in (3, 6):  # another worker pushes: the next reply brings its weights
+                client.push(ids, zero_rows, grads(step)[2], key=1000 + step)
+        assert early_steps >= 4 and fresh_steps >= 1  # both paths taken
+    finally:
+        client.close()
+        server.stop(0)
