@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from airflow_rover.core.checkpoint_files import read_npz, write_npz
-from airflow_rover.core.cpr_chain import PartialChain, read_saves
+from airflow_rover.core.cpr_chain import PartialChain
 from airflow_rover.ps.server import ParameterServer, partial_saves_synced
 from bench._recovery_cluster import Cluster
 
@@ -140,26 +140,20 @@ class CheckpointStore:
 
     def load_chain(self, cluster: Cluster, p: int) -> float:
         """Replace PS ``p`` by a fresh one holding, for each row ever saved, its newest saved
-        copy; every other row restarts from its seeded initial value. As the runtime restores
-        a checkpoint and then its partial saves (``core.policies.cpr.apply_partial_saves``):
-        the oldest file (the folded base) is restored, each newer save absorbed over it in
-        order, with no merge of the chain first."""
-        paths = self.chain(p).paths()
-        self.restore_bytes.append(sum(path.stat().st_size for path in paths))
-        self.table_bytes_at_restore.append(table_bytes(cluster.ps[p]))
+        copy (the folded base and the saves since); every other row restarts from its seeded
+        initial value."""
         start = time.perf_counter()
         ps = cluster.new_ps(p)
-        for i, saved in enumerate(read_saves(paths)):
-            for name, table in ps.tables.items():
-                prefix = f"table/{name}/"
-                fields = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
-                if not fields or not fields["ids"].size:
-                    continue
+        chain = self.chain(p)
+        saved = chain.read()
+        self.restore_bytes.append(chain.read_bytes)
+        self.table_bytes_at_restore.append(table_bytes(cluster.ps[p]))
+        for name, table in ps.tables.items():
+            prefix = f"table/{name}/"
+            fields = {k[len(prefix) :]: v for k, v in saved.items() if k.startswith(prefix)}
+            if fields and fields["ids"].size:
                 fields["counts"] = np.zeros(fields["ids"].size, np.uint32)  # saved: 0 since
-                if i == 0:
-                    table.restore(fields)
-                else:
-                    table.absorb(fields)
+                table.restore(fields)
         cluster.ps[p] = ps
         return time.perf_counter() - start
 
