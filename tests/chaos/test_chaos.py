@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from chaos_driver import ChaosDriver, job_processes, wait_for_end
 
+from airflow_rover.core.data_autoscaler import WAIT_HIGH
 from airflow_rover.core.job_dir import JobDir
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.data.synthetic import SyntheticConfig, generate_dataset
@@ -182,9 +183,13 @@ def test_job_survives_random_kills_with_every_batch_trained_once(
     assert result["auc"] > 0.7
     killed = [k.node for k in report.kills if k.kind == "data"]
     decisions = status["data_workers"]["decisions"]
-    print("DATA WORKERS", json.dumps({"killed": killed, "decisions": decisions}))
+    section = status["data_workers"]
+    print("DATA WORKERS", json.dumps({"killed": killed, **section}))
     assert killed, "no data worker was killed"
-    assert any(d["count"] > d["previous"] for d in decisions), "no data worker was added"
+    # The autoscaler adds a data worker while the trainers wait for input; on a machine whose
+    # trainers are slower than one data worker, they never wait and none is to be added.
+    if section["input_wait"] >= WAIT_HIGH:
+        assert any(d["count"] > d["previous"] for d in decisions), "no data worker was added"
     assert result["data_workers"]["decisions"] == len(decisions)  # in the XCom result too
     served = [n for n in status["nodes"] if n["role"] == "data"]
     assert sum(n["samples"] for n in served) > 0
