@@ -1,8 +1,8 @@
 """Is the machine quiet enough to time a run on? Load average and how busy the cores are now.
 
 The 1-minute load average lags (a run of this bench still shows in it a minute later), so the
-cores' busy share is also sampled from ``/proc/stat`` over a second while the bench itself is
-idle: what other processes use right now.
+cores' busy share is also sampled (``psutil.cpu_times``) over a second while the bench itself
+is idle: what other processes use right now.
 """
 
 from __future__ import annotations
@@ -11,11 +11,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
-
-_PROC_STAT = Path("/proc/stat")
 
 
 @dataclass(frozen=True)
@@ -23,40 +20,24 @@ class Quiet:
     """How busy the machine is, and whether that is quiet enough to time a run."""
 
     load: float  # 1-minute load average
-    busy_cores: float | None  # cores other processes kept busy over the sample (None: no /proc)
+    busy_cores: float  # cores other processes kept busy over the sample
     quiet: bool
 
     def describe(self) -> str:
-        busy = "" if self.busy_cores is None else f", {self.busy_cores:.2f} cores busy"
-        return f"load average {self.load:.2f}{busy}"
+        return f"load average {self.load:.2f}, {self.busy_cores:.2f} cores busy"
 
 
-def _cpu_times() -> tuple[int, int] | None:
-    """(busy, total) jiffies over all cores since boot, or None without ``/proc/stat``."""
-    try:
-        fields = _PROC_STAT.read_text().split("\n", 1)[0].split()[1:]
-    except OSError:
-        return None
-    ticks = [int(f) for f in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return sum(ticks) - idle, sum(ticks)
-
-
-def busy_cores(sample_s: float = 1.0) -> float | None:
+def busy_cores(sample_s: float = 1.0) -> float:
     """Cores busy over the next ``sample_s`` seconds (this process sleeps meanwhile)."""
-    before = _cpu_times()
+    t0, busy0 = time.monotonic(), _busy_seconds()
     time.sleep(sample_s)
-    after = _cpu_times()
-    if before is None or after is None or after[1] == before[1]:
-        return None
-    cores = os.cpu_count() or 1
-    return cores * (after[0] - before[0]) / (after[1] - before[1])
+    return (_busy_seconds() - busy0) / max(time.monotonic() - t0, 1e-9)
 
 
 def check(max_load: float, max_busy: float, sample_s: float = 1.0) -> Quiet:
     load = os.getloadavg()[0]
     busy = busy_cores(sample_s)
-    quiet = load <= max_load and (busy is None or busy <= max_busy)
+    quiet = load <= max_load and busy <= max_busy
     return Quiet(load, busy, quiet)
 
 
