@@ -405,7 +405,8 @@ class SsuSampler:
         self.r = r
         self.sample_period = sample_period
         self._rng = np.random.default_rng(seed)
-        self._chances: np.ndarray | None = None
+        # 1 - (1 - 1/sample_period)**c by access count c, up to where it rounds to 1 in float32
+        self._chances = _draw_chances(sample_period) if sample_period > 1 else None
 
     def capacity(self, num_rows: int) -> int:
         return ssu_capacity(self.r, num_rows)
@@ -420,8 +421,7 @@ class SsuSampler:
         if touched.size == 0:
             return touched
         accesses = counts[touched]
-        if self.sample_period > 1:
-            chance = self._draw_chances()
+        if (chance := self._chances) is not None:
             drawn = self._rng.random(touched.size, dtype=np.float32) < chance.take(
                 np.minimum(accesses, chance.size - 1)
             )
@@ -433,13 +433,12 @@ class SsuSampler:
             touched = touched[np.argpartition(keys, cap - 1)[:cap]]
         return np.sort(touched)
 
-    def _draw_chances(self) -> np.ndarray:
-        """``1 - (1 - 1/sample_period)**c`` for ``c`` up to where it rounds to 1 in float32."""
-        if self._chances is None:
-            missed = math.log1p(-1.0 / self.sample_period)  # log of one access unsampled
-            top = math.ceil(math.log(2.0**-25) / missed) + 1
-            self._chances = (-np.expm1(np.arange(top) * missed)).astype(np.float32)
-        return self._chances
+
+def _draw_chances(sample_period: int) -> np.ndarray:
+    """``1 - (1 - 1/sample_period)**c`` for ``c`` up to where it rounds to 1 in float32."""
+    missed = math.log1p(-1.0 / sample_period)  # log of one access unsampled
+    top = math.ceil(math.log(2.0**-25) / missed) + 1
+    return (-np.expm1(np.arange(top) * missed)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------- saves
