@@ -8,10 +8,11 @@ them; a list column as its values and ``<column>_lengths``) and returns the clic
 probability. The embedding rows the PS saved are baked in; an id
 the job never trained reads as its seeded initial row, computed in the graph with the PS's own
 hash (``core.hashing.initial_rows``), so the SavedModel scores every row as the PS model does.
-Per embedding group it holds an int32 slot per id of the group's id space and the trained
-rows, not a dense table: its size grows with the rows trained, plus 4 bytes per id. A table of
-index 'ids' (raw int64 ids) has no id space: a hash table from each trained id to its row
-instead, any other id reading its seeded initial row.
+Per embedding group it holds the trained rows, not a dense table, and finds an id's row by an
+int32 slot per id of the group's id space or, where that space is far larger than the rows
+trained (and for a table of index 'ids', which has no id space), by a hash table from each
+trained id to its row (``serving_module.hashed_rows``); any other id reads its seeded initial
+row. Its size grows with the rows trained.
 
 A job with a ``preprocess`` trained on the preprocessed features: the SavedModel cannot run
 that Python function, so it takes the preprocessed features, and its ``export.json`` says so
@@ -87,8 +88,8 @@ def export_saved_model(folder: Path) -> dict[str, Any]:
     target = exported_path(folder)
     tmp = folder / f".{SAVED_MODEL}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    signature = module.serve.get_concrete_function()
-    tf.saved_model.save(module, str(tmp), signatures={"serving_default": signature})
+    # the function, not a concrete one: saving traces it (again, if it had been traced)
+    tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
     info = {
         "inputs": {DENSE_COLUMN: ["float32", [None, features.num_dense]]}
         | {name: [spec.dtype.name, [None]] for name, spec in module.inputs.items()},

@@ -83,6 +83,16 @@ def column_inputs(features: FeatureConfig) -> dict[str, tf.TensorSpec]:
     return spec
 
 
+SLOTS_PER_TRAINED_ROW = 4
+"""A vocabulary group keeps an int32 slot per id while its space holds at most this many ids
+per row trained (16 bytes a row, about a hash table entry's); sparser, a hash table."""
+
+
+def hashed_rows(index: str, vocab_size: int, trained: int) -> bool:
+    """Whether a group's trained rows are found by a hash table rather than a slot array."""
+    return index == "ids" or vocab_size > SLOTS_PER_TRAINED_ROW * max(trained, 1)
+
+
 class ServingModule(tf.Module):
     """Raw columns in, click probability out; the trained rows and dense weights baked in."""
 
@@ -104,14 +114,15 @@ class ServingModule(tf.Module):
         self._entries = {t.name: t for t in features.tables}
         self.slots: list[tf.Variable] = []
         self.rows: list[tf.Variable] = []
-        # Per group of index 'ids' (by name): raw id -> position in its rows, a hash table of
-        # the ids trained (there is no id space to lay an array of slots over).
+        # Per group (by name) whose ids are sparse in their space (index 'ids', or a
+        # vocabulary far larger than its rows trained): id -> position in its rows, a hash
+        # table of the ids trained; other groups keep an int32 slot per id of their space.
         self.id_rows: dict[str, tf.lookup.StaticHashTable] = {}
         for g in groups:
             positions = np.arange(g.ids.size, dtype=np.int32)
-            if g.group.index == "ids":
+            if hashed_rows(g.group.index, g.group.vocab_size, g.ids.size):
                 slot = np.zeros(0, dtype=np.int32)
-                keys, values = g.ids, positions.astype(np.int64)
+                keys, values = g.ids.astype(np.int64), positions.astype(np.int64)
                 if not keys.size:  # a table cannot be empty: one key that reads "untrained"
                     keys, values = np.zeros(1, np.int64), np.full(1, -1, np.int64)
                 self.id_rows[g.group.name] = tf.lookup.StaticHashTable(
@@ -129,7 +140,9 @@ class ServingModule(tf.Module):
         self.inputs = column_inputs(features)
         self.columns = sorted(self.inputs)
         spec = {DENSE_INPUT: tf.TensorSpec([None, features.num_dense], tf.float32, DENSE_INPUT)}
-        self.serve = tf.function(self._serve, input_signature=[spec | self.inputs])
+        # Its Python loops and branches are over the model's fixed layout, never over tensors:
+        # no AutoGraph (converting it took most of a trace's 2 s).
+        self.serve = tf.function(self._serve, input_signature=[spec | self.inputs], autograph=False)
 
     def _initial_rows(self, index: int, fused: tf.Tensor) -> tf.Tensor:
         """``core.hashing.initial_rows`` of fused ids of any shape, in the graph: shape + (dim,)."""
@@ -161,7 +174,7 @@ class ServingModule(tf.Module):
         """shape + (dim,) rows of fused ids: the trained rows, else the seeded initial ones
         (as the PS creates a row it has not seen, raw ids as vocabulary ids)."""
         group = self._groups[index]
-        if group.index == "ids":
+        if group.name in self.id_rows:
             slot = tf.cast(self.id_rows[group.name].lookup(fused), tf.int32)
         else:
             slot = tf.gather(self.slots[index], fused)

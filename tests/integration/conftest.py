@@ -50,11 +50,13 @@ def _dag_test(
         text=True,
         timeout=timeout,
     )
+    log = proc.stdout + proc.stderr
+    out.with_name("dag_test.log").write_text(log)  # kept with the outcome, to read afterwards
     if proc.returncode != 0 or not out.exists():
         raise AssertionError(
             f"dag.test failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
         )
-    return {"outcome": json.loads(out.read_text()), "log": proc.stdout + proc.stderr}
+    return {"outcome": json.loads(out.read_text()), "log": log}
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import os
+import signal
+import time
 import zipfile
 from pathlib import Path
 
@@ -24,6 +28,9 @@ def _arrays() -> dict[str, np.ndarray]:
         "flags": rng.random(33) > 0.5,
         "text": np.array(["ps-0", "a longer name"]),
         "big_endian": np.arange(5, dtype=">i4"),
+        # headers numpy's parser reads (not the plain pattern):
+        "when": np.array(["2026-11-27T10:00"], dtype="datetime64[ns]"),
+        "records": np.array([(1, 2.5)], dtype=[("id", "<i8"), ("w", "<f4")]),
     }
 
 
@@ -74,3 +81,54 @@ def test_a_changed_byte_is_still_caught_before_any_array_is_read(tmp_path: Path)
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptCheckpoint, match="checksum mismatch"):
         read_npz(path)
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0)])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros((3, 16), np.float32),
+        np.zeros(7, np.int64),
+        np.array(2.0),
+        np.zeros((0,), np.uint32),
+        np.asfortranarray(np.zeros((4, 5))),
+        np.zeros((2, 3, 4), ">u2"),
+        np.zeros(2, "U12"),
+        np.zeros(2, "datetime64[s]"),
+        np.zeros(2, [("a", "<i4"), ("b", "<f8", (2,))]),
+    ],
+    ids=lambda a: f"{a.dtype}-{a.shape}",
+)
+def test_a_header_reads_as_numpy_reads_it(array: np.ndarray, version: tuple[int, int]):
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, array, version=version)
+    raw = buf.getvalue()[: buf.getvalue().index(b"\n") + 1]
+    head = io.BytesIO(raw)
+    np.lib.format.read_magic(head)
+    read = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0
+    )
+    assert npz_view._header(raw, version[0]) == read(head)
+
+
+def test_a_forked_child_reads_parts_on_readers_of_its_own(tmp_path: Path):
+    from airflow_rover.core.checkpoint_files import read_npz_parts
+
+    paths = [tmp_path / f"ps-{i}.npz" for i in range(3)]
+    for path in paths:
+        write_npz(path, _arrays().items())
+    assert len(list(read_npz_parts(paths))) == 3  # the parent's pool exists now
+    pid = os.fork()
+    if pid == 0:  # the child: a pool whose threads did not survive the fork would hang here
+        ok = all(not isinstance(a, Exception) for _, a in read_npz_parts(paths))
+        os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's read hung")
+    assert os.waitstatus_to_exitcode(done[1]) == 0

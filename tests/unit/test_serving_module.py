@@ -46,13 +46,21 @@ def _module(seed: int, trained: dict[str, tuple[np.ndarray, np.ndarray]]) -> Any
     )
 
 
+@pytest.mark.parametrize("found_by", ["slots", "hash table"])
 @pytest.mark.parametrize("seed", [0, 11, 2**32 - 1])
-def test_untrained_ids_read_the_ps_seeded_rows_and_trained_ids_their_rows(seed: int) -> None:
+def test_untrained_ids_read_the_ps_seeded_rows_and_trained_ids_their_rows(
+    seed: int, found_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a vocabulary's trained rows by an int32 slot per id, or (sparse) by a hash table
+    monkeypatch.setattr(
+        serving_module, "SLOTS_PER_TRAINED_ROW", 10**9 if found_by == "slots" else 0
+    )
     layout = EmbeddingPlacement.from_features(FEATURES)
     dim4 = layout.group("dim4")
     trained_ids = np.array([3, 60, 119], np.int64)  # fused: a's 3, b's 10, b's 69
     trained_rows = np.arange(12, dtype=np.float32).reshape(3, 4)
     module = _module(seed, {"dim4": (trained_ids, trained_rows)})
+    assert ("dim4" in module.id_rows) == (found_by == "hash table")
     index = [g.name for g in layout.groups].index("dim4")
     ids = np.arange(70, dtype=np.int64)
     pairs = np.stack([ids % 50, ids], axis=1)  # (a's ids, b's ids)
@@ -263,3 +271,10 @@ def test_an_ids_table_of_strings_keys_them_by_their_64_bit_hash() -> None:
     np.testing.assert_array_equal(got, hash_strings(words).view(np.int64))
     rows = module._lookup(0, tf.constant(got[:, None])).numpy()[:, 0]
     np.testing.assert_array_equal(rows, initial_rows("ids_s", got, 4, 0, INIT_SCALE))
+
+
+def test_a_vocabulary_far_larger_than_its_trained_rows_is_kept_as_a_hash_table() -> None:
+    assert not serving_module.hashed_rows("vocab", 4_000, 1_000)  # 16 bytes a trained row
+    assert serving_module.hashed_rows("vocab", 16_914_880, 86_600)  # 65 MB of slots otherwise
+    assert serving_module.hashed_rows("vocab", 10, 0)
+    assert serving_module.hashed_rows("ids", 10, 1_000)  # raw ids have no id space
