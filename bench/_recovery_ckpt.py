@@ -5,8 +5,9 @@ A full save writes every PS's ``ParameterServer.snapshot()`` with
 load checks the file's checksum and reads it (``read_npz``), then ``restore``-s it into a
 fresh ``ParameterServer``, as a replacement PS does. MFU/SSU saves are the PS's own
 ``partial_save`` (the ``r*N`` rows its access counters select or SSU draws from them), kept per PS
-in a ``core.cpr_chain.PartialChain`` that folds them off the timed pauses; a restore reads the
-folded base and the saves since.
+in a ``core.cpr_chain.PartialChain`` that folds them off the timed pauses, as the runtime's
+flash checkpoints bound its chain (at most ``1/r`` files); a restore reads the folded base and
+the saves since.
 
 Every PS's save and load is timed on its own: in a cluster the PS save and load in parallel,
 so a save (or a full restore) pauses training for the slowest PS's time, a partial restore for
@@ -15,6 +16,7 @@ the failed PS's time. Here they run one after the other in one process.
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -124,18 +126,23 @@ class CheckpointStore:
             # would stall the next PS's timed write: wait for them, untimed.
             partial_saves_synced()
             self.partial_bytes += path.stat().st_size
+        files = math.ceil(1 / r)  # as the runtime: a flash checkpoint and 1/r - 1 saves
         for p, ps in enumerate(cluster.ps):  # after the pauses: a fold is not the save's cost
-            self.chain(p).add(self.root / f"partial-{index:05d}" / f"ps-{p}.npz", table_bytes(ps))
+            path = self.root / f"partial-{index:05d}" / f"ps-{p}.npz"
+            self.chain(p, files).add(path, table_bytes(ps))
         self.partial_saves += 1
         return SaveTimes(per_ps)
 
-    def chain(self, p: int) -> PartialChain:
-        """PS ``p``'s chain. It folds inside ``add``, outside the timed pauses: in this one
-        process a fold thread would take the cores the next PS's save is timed on (the folds
-        stand in for what bounds the runtime's chain, its flash checkpoints, which persist on
-        the PS's own host)."""
+    def chain(self, p: int, max_files: int | None = None) -> PartialChain:
+        """PS ``p``'s chain (``max_files`` when it is made: the files a restore opens). It
+        folds inside ``add``, outside the timed pauses: in this one process a fold thread
+        would take the cores the next PS's save is timed on (the folds stand in for what
+        bounds the runtime's chain, its flash checkpoints, which persist on the PS's own
+        host)."""
         if p not in self.chains:
-            self.chains[p] = PartialChain(self.root / f"chain-ps-{p}", background=False)
+            self.chains[p] = PartialChain(
+                self.root / f"chain-ps-{p}", background=False, max_files=max_files
+            )
         return self.chains[p]
 
     def load_chain(self, cluster: Cluster, p: int) -> float:

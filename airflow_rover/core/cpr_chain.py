@@ -5,8 +5,9 @@ MFU/SSU save ``r*N`` rows every ``r*T_save``; restoring replays the saves (``cor
 reads several tables' worth of bytes, the hot rows many times over (MFU saves them in nearly
 every save). ``PartialChain`` folds the chain into one base file (each row's newest saved copy)
 whenever the base and the chain together hold more bytes than the PS's full table (and a
-slack), in a background thread: a save costs only its own rows, and a restore reads about one
-full table (the base, at most every row once) plus the saves since the last fold.
+slack), or more files than its owner allows, in a background thread: a save costs only its own
+rows, and a restore reads about one full table (the base, at most every row once) plus the
+saves since the last fold.
 """
 
 from __future__ import annotations
@@ -67,14 +68,26 @@ class PartialChain:
     ``add`` each save as it is written, with the bytes the PS's full table takes now;
     ``paths`` are what a restore reads (``read`` merges them). With ``background=False`` the
     fold runs inside ``add`` (tests, and callers that have no training to keep going).
+    ``max_files`` bounds the files a restore opens (each costs about 0.5 ms beyond its bytes:
+    the open, its checksum's trailer, the zip's directory, a header per array): CPR's runtime
+    restores its last flash checkpoint and at most ``1/r - 1`` saves since, ``1/r`` files.
     """
 
-    def __init__(self, root: Path, background: bool = True, slack: float = 0.25) -> None:
+    def __init__(
+        self,
+        root: Path,
+        background: bool = True,
+        slack: float = 0.25,
+        max_files: int | None = None,
+    ) -> None:
         if slack < 0:
             raise ValueError(f"slack={slack!r}: must be >= 0")
+        if max_files is not None and max_files < 2:
+            raise ValueError(f"max_files={max_files!r}: must be >= 2 (the base and a save)")
         self.root = root
         self.background = background
         self.slack = slack
+        self.max_files = max_files
         self.base: Path | None = None
         self.chain: list[Path] = []
         self.folds = 0
@@ -96,7 +109,7 @@ class PartialChain:
     def add(self, path: Path, table_bytes: int) -> None:
         """A save was written at ``path``; fold once the base and the chain hold more than
         ``1 + slack`` tables (the slack spaces the folds out: the base alone nears a table
-        once most rows were saved)."""
+        once most rows were saved) or more than ``max_files`` files."""
         if table_bytes < 0:
             raise ValueError(f"table_bytes={table_bytes!r}: must be >= 0")
         self._raise_fold_error()
@@ -104,9 +117,7 @@ class PartialChain:
         with self._lock:
             self.chain.append(path)
             self._sizes[path] = size
-        if (
-            self.folding or self.held_bytes() <= (1 + self.slack) * table_bytes
-        ):  # only ``add`` folds
+        if self.folding or not self._over(table_bytes):  # only ``add`` folds
             return
         if not self.background:
             self._fold()
@@ -114,6 +125,11 @@ class PartialChain:
             return
         self._thread = threading.Thread(target=self._fold, name="cpr-fold", daemon=True)
         self._thread.start()
+
+    def _over(self, table_bytes: int) -> bool:
+        if self.max_files is not None and len(self.paths()) > self.max_files:
+            return True
+        return self.held_bytes() > (1 + self.slack) * table_bytes
 
     @property
     def folding(self) -> bool:

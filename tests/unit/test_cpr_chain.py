@@ -87,6 +87,33 @@ def test_merge_saves_takes_each_rows_newest_copy() -> None:
 def test_partial_chain_rejects_a_negative_table_size(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="table_bytes"):
         PartialChain(tmp_path).add(tmp_path / "x.npz", -1)
+    with pytest.raises(ValueError, match="max_files=1"):
+        PartialChain(tmp_path, max_files=1)
+
+
+def test_a_chain_of_more_files_than_allowed_folds_below_a_tables_bytes(tmp_path: Path) -> None:
+    """Small saves of a few hot rows never reach a table's bytes; ``max_files`` still bounds
+    the files a restore opens, and the restore reads every row's newest copy."""
+    ps = ParameterServer(0, 1, LAYOUT, ADAGRAD, SEED)
+    ps.pull({f"ids/{GROUP}": np.arange(1200)})
+    chain = PartialChain(tmp_path / "chain", background=False, max_files=4)
+    rng = np.random.default_rng(2)
+    newest: dict[int, np.ndarray] = {}
+    for k in range(11):
+        hot = np.unique(rng.integers(0, 60, 40))
+        ps.push({f"ids/{GROUP}": hot, f"grad/{GROUP}": rng.random((hot.size, 4), np.float32)})
+        path = tmp_path / f"partial-{k:03d}" / "ps-0.npz"
+        ps.partial_save(path, "mfu", 0.02)
+        newest.update(saved_rows(path))
+        chain.add(path, 10**9)  # far more than these saves: only the file count folds
+        assert len(chain.paths()) <= 4
+    assert chain.folds == 2  # at the 5th and the 9th save (the base and 3 saves, then a 4th)
+    restored = chain.read()
+    ids, rows = restored[f"table/{GROUP}/ids"], restored[f"table/{GROUP}/rows"]
+    got = dict(zip(ids.tolist(), rows, strict=True))
+    assert got.keys() == newest.keys()
+    for i, row in newest.items():
+        np.testing.assert_array_equal(got[i], row)
 
 
 def test_ssu_updates_its_list_in_bulk_not_per_pull() -> None:
