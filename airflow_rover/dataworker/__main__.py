@@ -18,6 +18,7 @@ from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.preprocessing import load_preprocess
 from airflow_rover.data.reader import open_split
 from airflow_rover.dataworker.server import DataWorkerService, start_server
+from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_request_logs()
+    die_with_parent()  # a local node ends with its master
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
     try:

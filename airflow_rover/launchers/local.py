@@ -2,7 +2,7 @@
 
 The master's keeper is started in its own session, so the job outlives the Airflow worker
 process that launched it (the task defers and its process exits); the keeper relaunches a master
-that dies. Nodes are the master's children and die with it (``PR_SET_PDEATHSIG``): a killed
+that dies. Nodes are the master's children and die with it (``parent_death``): a killed
 master never leaves orphaned training processes, and its successor resumes from the last
 checkpoint.
 """
@@ -10,11 +10,9 @@ checkpoint.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import logging
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -53,22 +51,14 @@ from airflow_rover.launchers.local_processes import (
     stop_job,
 )
 from airflow_rover.launchers.memory_watch import MemoryWatch
+from airflow_rover.launchers.parent_death import parent_env
 from airflow_rover.launchers.process_identity import ProcessRecord
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
 from airflow_rover.master.serve import MasterEndpoint
 from airflow_rover.rpc.master_api import API_PREFIX
 
 log = logging.getLogger(__name__)
-_PR_SET_PDEATHSIG = 1
 _MASTER_ONLY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: deliver SIGTERM to it when its parent goes away. The
-    kernel means the parent *thread* (prctl(2), PR_SET_PDEATHSIG): fork from one that lives
-    as long as the process (``LocalNodeLauncher._fork``)."""
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _popen(
@@ -118,7 +108,7 @@ class LocalNodeLauncher(NodeLauncher):
         self._standby_failed = False
         # Every node is forked from this one thread, which lives as long as the launcher: the
         # API's pool threads retire when idle, and a PS a resize started from one was
-        # SIGTERMed about 10 s later (its parent thread gone: ``_die_with_parent``).
+        # SIGTERMed about 10 s later (its parent thread gone: ``parent_death``).
         self._forker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="node-forker")
         self.memory = MemoryWatch(job_dir, lambda: dict(self._procs))
 
@@ -142,6 +132,7 @@ class LocalNodeLauncher(NodeLauncher):
                 "TF_CPP_MIN_LOG_LEVEL": "2",
                 "OMP_NUM_THREADS": str(self.threads_per_node),
                 "PYTHONUNBUFFERED": "1",
+                **parent_env(),  # the node dies with this process (``parent_death``)
             }
         )
         return env
@@ -164,7 +155,7 @@ class LocalNodeLauncher(NodeLauncher):
         ``reads_data``: a worker or the evaluator, which keeps the S3 credentials when the
         job's data is on S3 (``reads_s3``)."""
         log_file, env = self.job_dir.log_file(node_id), self.node_env(node_id, reads_data)
-        return self._forker.submit(_popen, cmd, log_file, env, preexec_fn=_die_with_parent).result()
+        return self._forker.submit(_popen, cmd, log_file, env).result()
 
     def _watch(self, proc: subprocess.Popen) -> None:
         if self.exited is not None:

@@ -28,6 +28,7 @@ from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.initial import load_initial
 from airflow_rover.ps.server import ParameterServer, start_server
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_request_logs()
+    die_with_parent()  # a local node ends with its master
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)  # ~30 ms: a spare has it made
     try:

@@ -16,6 +16,7 @@ from airflow_rover.core.node_job import node_job
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import SampleReader, open_split
+from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
@@ -33,6 +34,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_request_logs()
+    die_with_parent()  # a local node ends with its master
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
     try:
