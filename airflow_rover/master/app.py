@@ -95,6 +95,11 @@ def _node_routes(master: JobMaster) -> APIRouter:
     def release(node_id: str) -> dict[str, int]:
         return {"released": _known(master.release_shards, node_id)}
 
+    @router.post("/nodes/{node_id}/evaluate")
+    def claim_evaluation(node_id: str) -> dict[str, bool]:
+        """A worker done training asks whether it scores the held-out split."""
+        return {"evaluate": _known(master.claim_evaluation, node_id)}
+
     @router.post("/evaluation")
     def evaluation(body: master_api.EvalReport) -> dict[str, bool]:
         try:

@@ -68,7 +68,9 @@ class ShardDispatch:
         lease_s = job.spec.training.shard_lease_s
         shard = job.queue.lease(node_id, time.time(), lease_s, self._slice_for(node_id))
         if shard is None:  # others still hold shards that may come back if they die
-            status: Literal["done", "wait"] = "done" if job.queue.finished else "wait"
+            # Done training, a worker waits for the evaluation to begin: it may score it.
+            done = job.queue.finished and not job.spec.eval_data
+            status: Literal["done", "wait"] = "done" if done else "wait"
             return master_api.LeaseReply(status=status, ps_set_version=version)
         out = master_api.ShardOut(
             shard_id=shard.shard_id,

@@ -182,13 +182,23 @@ class JobMaster:
         with self._lock:
             return self.dispatch.give_back(node_id)
 
-    def report_evaluation(self, body: master_api.EvalReport) -> None:
-        """Accept the held-out score only from the evaluator node, only while evaluating."""
+    def claim_evaluation(self, node_id: str) -> bool:
+        """Whether worker ``node_id``, done training, scores the held-out split."""
         with self._lock:
-            node = self.nodes.known(body.node_id)
-            if node.role != "evaluator" or self.state != JobState.EVALUATING:
+            return self.wrap_up.claim_evaluation(node_id)
+
+    def report_evaluation(self, body: master_api.EvalReport) -> None:
+        """Accept the held-out score only from the node scoring it, only while evaluating."""
+        with self._lock:
+            self.nodes.known(body.node_id)
+            if self.state != JobState.EVALUATING:
                 raise PermissionError(
                     f"{body.node_id} may not report an evaluation while the job is {self.state}"
+                )
+            if body.node_id != self.wrap_up.evaluator:
+                raise PermissionError(
+                    f"{body.node_id} may not report an evaluation: "
+                    f"{self.wrap_up.evaluator or 'no node'} scores the held-out split"
                 )
             self.wrap_up.evaluation = {
                 "auc": body.auc,
@@ -288,8 +298,8 @@ class JobMaster:
                     self._start_training()
             elif self.state == JobState.RUNNING:
                 self._train()
-            elif self.state == JobState.EVALUATING and self.wrap_up.evaluation_over():
-                self.wrap_up.complete()
+            elif self.state == JobState.EVALUATING:
+                self.wrap_up.tick()
             if self.state in TRAINING:
                 self.throughput_history.record(time.time(), self.throughput.rate())
             self.mirror_state()

@@ -1,6 +1,11 @@
 """The end of a job: once every shard is done, a final checkpoint (a failure from there on
 retrains nothing), the held-out evaluation, then the model saved from the PS and the result
-that the task pushes to XCom."""
+that the task pushes to XCom.
+
+The held-out split is scored by the first worker that asks once training is over: its
+TensorFlow and model are warm, so no node starts for it. A node of its own (``evaluator``)
+scores it only when no worker is left to ask, none asked in ``CLAIM_S``, or the worker that
+scored it died."""
 
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.job_core import JobCore
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.rpc.ps_client import PSClient
+
+EVALUATOR_NODE = "evaluator"
+CLAIM_S = 30.0
+"""How long a running worker has to ask for the evaluation before a node of its own does it."""
 
 
 class EndingJob(JobCore, Protocol):
@@ -45,6 +54,8 @@ class WrapUp:
         self.started = False  # training done: final checkpoint taken, evaluation started
         self.train_finished_at: float | None = None
         self.evaluation: dict[str, Any] | None = None
+        self.evaluator: str | None = None  # the node scoring the held-out split
+        self._claim_by = 0.0  # when a worker must have asked for the evaluation
         self.result: dict[str, Any] | None = None
 
     def training_over(self) -> None:
@@ -60,13 +71,55 @@ class WrapUp:
         if job.spec.eval_data:
             job.state = JobState.EVALUATING
             self.evaluation = None  # a PS restore may have sent training back
+            self.evaluator, self._claim_by = None, time.time() + CLAIM_S
             job.message = "scoring the held-out split"
-            job.nodes.start("evaluator", "evaluator")
             job.mirror_state(force=True)
 
+    def claim_evaluation(self, node_id: str) -> bool:
+        """Whether worker ``node_id``, done training, scores the held-out split: the first
+        running worker to ask while it is unscored does."""
+        node = self.job.nodes.known(node_id)
+        if self.evaluator == node_id:
+            return True  # asked again (its first answer was lost)
+        if self.job.state != JobState.EVALUATING or self.evaluator is not None:
+            return False
+        if node.role != "worker" or not node.running:
+            return False
+        self.evaluator = node_id
+        self.job.message = f"scoring the held-out split on {node_id}"
+        self.job.mirror_state(force=True)
+        return True
+
+    def tick(self) -> None:
+        """While evaluating: a node of its own scores the held-out split if no worker will
+        (or the worker that took it exited without a score), and the job completes once it
+        is scored."""
+        if self.evaluator is None:
+            workers = self.job.nodes.of_role("worker")
+            if time.time() >= self._claim_by or not any(w.running for w in workers):
+                self.evaluate_on_own_node()
+        elif self.evaluator != EVALUATOR_NODE and self.evaluation is None:
+            worker = self.job.nodes.get(self.evaluator)
+            if worker is None or worker.exit_code is not None:
+                self.evaluate_on_own_node()
+        if self.evaluation_over():
+            self.complete()
+
+    def evaluate_on_own_node(self) -> None:
+        """Start the ``evaluator`` node to score the held-out split."""
+        self.evaluator = EVALUATOR_NODE
+        self.job.message = "scoring the held-out split"
+        self.job.nodes.start(EVALUATOR_NODE, "evaluator")
+        self.job.mirror_state(force=True)
+
     def training_resumed(self) -> None:
-        """A PS restore may send training back: wrap up again once it is over."""
+        """A PS restore may send training back: stop the evaluation (it scores again once
+        training is over) and wrap up again."""
         self.started = False
+        evaluator = self.job.nodes.get(self.evaluator) if self.evaluator else None
+        if evaluator is not None and evaluator.running:
+            self.job.nodes.stop(evaluator)
+        self.evaluator = None
 
     def ready_without_evaluation(self) -> bool:
         """Trained, no held-out split to score, the last checkpoint durable."""
@@ -75,7 +128,7 @@ class WrapUp:
 
     def evaluation_over(self) -> bool:
         """The evaluator reported and exited, and the last checkpoint is durable."""
-        evaluator = self.job.nodes.get("evaluator")
+        evaluator = self.job.nodes.get(self.evaluator) if self.evaluator else None
         if self.evaluation is None or evaluator is None or evaluator.exit_code is None:
             return False
         return self.job.checkpointing.durable()

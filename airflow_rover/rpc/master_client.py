@@ -101,6 +101,11 @@ class MasterClient:
         master resumes each from the PS ledgers. Returns how many there were."""
         return int(self._request("POST", f"/nodes/{node_id}/release")["released"])
 
+    def claim_evaluation(self, node_id: str) -> bool:
+        """Whether this worker, done training, scores the held-out split (the master picks
+        the first to ask)."""
+        return bool(self._request("POST", f"/nodes/{node_id}/evaluate")["evaluate"])
+
     def report_evaluation(self, report: master_api.EvalReport) -> None:
         self._request("POST", "/evaluation", report)
 

@@ -61,8 +61,11 @@ def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
     master.ready(ctx.node_id)
     if role == "worker":
         _train(ctx, spec, model, optimizer, master, cluster.ps_set_version, stop, data)
+        # the first worker done scores the held-out split, warm (``master.wrap_up``)
+        if spec.eval_data and master.claim_evaluation(ctx.node_id):
+            _evaluate(ctx.node_id, spec, model, master, open_split(spec, spec.eval_data))
     else:
-        _evaluate(spec, model, master, data)
+        _evaluate(ctx.node_id, spec, model, master, data)
     model.ps.close()  # the client of the last PS set it trained against
     master.close()
 
@@ -161,14 +164,17 @@ def _train(
     write_profile(profile_file(ctx.job_dir.log_file(node_id)), progress, model.ps, model.traces())
 
 
-def _evaluate(spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader) -> None:
+def _evaluate(
+    node_id: str, spec: JobSpec, model: PSModel, master: MasterClient, data: SampleReader
+) -> None:
     """Score the held-out split and report it to the master."""
     from airflow_rover.data.preprocessing import load_preprocess
     from airflow_rover.worker.evaluation import evaluate
 
     if spec.eval_data is None:
         raise SystemExit("evaluator started for a job without eval_data")
-    report = evaluate(model, data, load_preprocess(spec.preprocess), spec.preprocess)
+    preprocess = load_preprocess(spec.preprocess)
+    report = evaluate(model, data, preprocess, spec.preprocess, node_id=node_id)
     master.report_evaluation(report)
     log.info(
         "evaluation: auc=%.4f logloss=%.4f on %d samples",

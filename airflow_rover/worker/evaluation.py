@@ -18,9 +18,10 @@ def evaluate(
     preprocess: Preprocess = unchanged,
     preprocess_ref: str | None = None,
     batch_size: int = 8192,
+    node_id: str = "evaluator",
 ) -> master_api.EvalReport:
     """Score the held-out split, each batch preprocessed (``preprocess_ref`` names it in
-    errors), with the model as the PS hold it now."""
+    errors), with the model as the PS hold it now; ``node_id``: the node that reports it."""
     scores: list[np.ndarray] = []
     labels: list[np.ndarray] = []
     for lo in range(0, reader.num_samples, batch_size):
@@ -32,4 +33,4 @@ def evaluate(
     p = np.clip(np.concatenate(scores).astype(np.float64), 1e-7, 1 - 1e-7)
     logloss = float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
     auc = roc_auc(y, p)
-    return master_api.EvalReport(node_id="evaluator", auc=auc, logloss=logloss, samples=y.size)
+    return master_api.EvalReport(node_id=node_id, auc=auc, logloss=logloss, samples=y.size)

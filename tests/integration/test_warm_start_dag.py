@@ -60,7 +60,7 @@ def test_the_first_run_cold_starts_and_its_job_lands_in_the_history(runs) -> Non
     assert (job["initial_plan"]["num_workers"], job["initial_plan"]["num_ps"]) == (1, 1)
     assert job["final_plan"] == metrics["plan"]  # 1 and 1 unless the autoscaler resized it
     assert job["plans"][0]["state"] == "initial"
-    assert {n["node_id"] for n in job["nodes"]} >= {"ps-0", "worker-0", "evaluator"}
+    assert {n["node_id"] for n in job["nodes"]} >= {"ps-0", "worker-0"}
 
 
 def test_the_second_run_warm_starts_from_the_first(runs) -> None:  # type: ignore[no-untyped-def]

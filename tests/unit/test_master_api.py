@@ -94,14 +94,16 @@ def _drain(
     workers: tuple[str, ...] = ("worker-0", "worker-1"),
     train: Callable[[dict], None] | None = None,
 ) -> list[dict]:
-    """Workers take turns leasing and completing shards until the queue says done; ``train``
-    (if given) is called with each leased shard before it is reported."""
+    """Workers take turns leasing and completing shards until the queue says done (or, with
+    a held-out split, to wait for the evaluation); ``train`` (if given) is called with each
+    leased shard before it is reported."""
     shards: list[dict] = []
     turn = 0
+    over = "wait" if job.master.spec.eval_data else "done"
     while True:
         reply = job.lease(workers[turn % len(workers)])
         if reply["status"] != "ok":
-            assert reply == no_shard("done")
+            assert reply == no_shard(over)
             return shards
         shard = reply["shard"]
         if train is not None:
@@ -121,6 +123,7 @@ ROUTES: list[tuple[str, str, dict | None]] = [
     ("POST", "/shards/0/done", {"node_id": "worker-0"}),
     ("POST", "/nodes/worker-0/release", None),
     ("POST", "/nodes/worker-0/crash", {"exc_type": "ValueError", "message": "x", "where": "f"}),
+    ("POST", "/nodes/worker-0/evaluate", None),
     ("POST", "/evaluation", {"node_id": "worker-0", "auc": 0.9, "logloss": 0.1, "samples": 5}),
     ("GET", "/plans", None),
     ("POST", "/plans", {"num_workers": 9}),
@@ -984,13 +987,22 @@ def test_full_job_with_a_real_parameter_server(make_job, with_eval: bool) -> Non
         status = job.status()
         if with_eval:
             assert status["state"] == "evaluating"
-            assert job.launcher.started[-1] == ("evaluator", "evaluator")
             assert job.lease("worker-0") == no_shard("done")
-            body = {"node_id": "evaluator", "auc": 0.75, "logloss": 0.45, "samples": 500}
-            assert job.post("/evaluation", body) == {"ok": True}
+            # the first worker to ask scores the held-out split: no node starts for it
+            assert job.post("/nodes/worker-1/evaluate") == {"evaluate": True}
+            assert job.post("/nodes/worker-0/evaluate") == {"evaluate": False}
+            assert job.post("/nodes/worker-1/evaluate") == {"evaluate": True}  # asked again
+            job.master.step()
+            assert "evaluator" not in {node for node, _ in job.launcher.started}
+            assert job.status()["message"] == "scoring the held-out split on worker-1"
+            body = {"node_id": "worker-0", "auc": 0.75, "logloss": 0.45, "samples": 500}
+            refused = job.api.post(P + "/evaluation", json=body, headers=AUTH)
+            assert refused.status_code == 409, refused.text
+            assert "worker-1 scores the held-out split" in refused.text
+            assert job.post("/evaluation", {**body, "node_id": "worker-1"}) == {"ok": True}
             job.master.step()
             assert job.status()["state"] == "evaluating"  # until the evaluator has exited
-            job.launcher.exit("evaluator", 0)
+            job.launcher.exit("worker-1", 0)
             job.master.step()
             status = job.status()
     finally:

@@ -608,3 +608,88 @@ def test_a_job_left_with_no_trainable_shard_fails_instead_of_scoring_nothing(
     assert (failure["kind"], failure["retryable"]) == ("no_trainable_shard", False)
     assert [q["shard_id"] for q in failure["quarantined"]] == list(range(NUM_SHARDS))
     assert ("evaluator", "evaluator") not in rig.launcher.started
+
+
+# -- (e) the held-out split is scored by a worker, or by a node of its own ---------------------
+def _trained_with_eval(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec], dataset: GeneratedDataset
+) -> Rig:
+    """A job with a held-out split whose every shard worker-1 trained: evaluating."""
+    rig = make_rig(job_spec().model_copy(update={"eval_data": str(dataset.eval_dir)}))
+    rig.run()
+    while (reply := rig.master.lease("worker-1")).status == "ok":
+        assert reply.shard is not None
+        rig.push(reply.shard)
+        assert rig.done("worker-1", reply.shard.shard_id)
+    assert reply.status == "wait"  # done training, it may score the held-out split
+    rig.master.step()
+    assert rig.master.state == JobState.EVALUATING
+    return rig
+
+
+def _scored_by(rig: Rig, node_id: str) -> dict:
+    report = master_api.EvalReport(node_id=node_id, auc=0.7, logloss=0.5, samples=200)
+    rig.master.report_evaluation(report)
+    rig.kill(node_id, 0)
+    status = rig.master.status()
+    assert status["state"] == "succeeded", status["message"]
+    assert status["result"]["auc"] == 0.7
+    return status
+
+
+def test_the_first_worker_to_ask_scores_the_held_out_split_and_no_node_starts(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec], dataset: GeneratedDataset
+) -> None:
+    rig = _trained_with_eval(make_rig, job_spec, dataset)
+    assert rig.master.claim_evaluation("worker-1") and not rig.master.claim_evaluation("worker-0")
+    with pytest.raises(PermissionError, match="worker-1 scores the held-out split"):
+        rig.master.report_evaluation(
+            master_api.EvalReport(node_id="worker-0", auc=0.7, logloss=0.5, samples=200)
+        )
+    rig.kill("worker-0", 0)  # told it is not the one: it exits
+    _scored_by(rig, "worker-1")
+    assert ("evaluator", "evaluator") not in rig.launcher.started
+
+
+def test_a_worker_that_dies_scoring_is_replaced_by_an_evaluator_node(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec], dataset: GeneratedDataset
+) -> None:
+    rig = _trained_with_eval(make_rig, job_spec, dataset)
+    assert rig.master.claim_evaluation("worker-0")
+    rig.kill("worker-0", -9)
+    assert rig.launcher.started[-1] == ("evaluator", "evaluator")
+    assert not rig.master.claim_evaluation("worker-1")  # the node scores it now
+    _scored_by(rig, "evaluator")
+
+
+def test_with_no_worker_left_to_ask_an_evaluator_node_scores(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec], dataset: GeneratedDataset
+) -> None:
+    rig = _trained_with_eval(make_rig, job_spec, dataset)
+    rig.launcher.exit("worker-0", 0)
+    assert ("evaluator", "evaluator") not in rig.launcher.started  # worker-1 may still ask
+    rig.kill("worker-1", 0)
+    assert rig.launcher.started[-1] == ("evaluator", "evaluator")
+    _scored_by(rig, "evaluator")
+
+
+def test_a_ps_lost_while_a_worker_scores_stops_it_and_sends_training_back(
+    make_rig: Callable[..., Rig], job_spec: Callable[..., JobSpec], dataset: GeneratedDataset
+) -> None:
+    """The worker scoring is stopped; with the PS back from the final checkpoint the workers
+    start again, training is over at once, and the first to ask scores again."""
+    rig = _trained_with_eval(make_rig, job_spec, dataset)
+    assert rig.master.claim_evaluation("worker-1")
+    rig.kill("ps-0", 137)
+    assert rig.master.state == JobState.RECOVERING
+    assert "worker-1" in rig.launcher.stopped
+    rig.kill("worker-1", -15)  # it ends of the stop: not a failure
+    checkpoint = rig.layout.latest_checkpoint()  # the one taken when training was over
+    assert checkpoint is not None
+    rig.start_ps(0, restore_from=checkpoint)
+    rig.master.step()
+    assert rig.launcher.started.count(("worker-1", "worker")) == 2
+    rig.master.step()
+    assert rig.master.state == JobState.EVALUATING
+    assert rig.master.claim_evaluation("worker-0")
+    _scored_by(rig, "worker-0")
