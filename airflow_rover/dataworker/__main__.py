@@ -13,12 +13,12 @@ from airflow_rover.core.job_dir import (
     ENV_DATA_PORT,
     NodeContext,
 )
+from airflow_rover.core.parent_death import die_with_parent
 from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.preprocessing import load_preprocess
 from airflow_rover.data.reader import open_split
 from airflow_rover.dataworker.server import DataWorkerService, start_server
-from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs

@@ -33,6 +33,7 @@ from airflow_rover.core.job_dir import (
     JobDir,
 )
 from airflow_rover.core.job_status import resolve_status
+from airflow_rover.core.parent_death import parent_env
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.states import TERMINAL_STATES
 from airflow_rover.data.sources import reads_s3
@@ -51,7 +52,6 @@ from airflow_rover.launchers.local_processes import (
     stop_job,
 )
 from airflow_rover.launchers.memory_watch import MemoryWatch
-from airflow_rover.launchers.parent_death import parent_env
 from airflow_rover.launchers.process_identity import ProcessRecord
 from airflow_rover.master.node_launcher import Capability, NodeLauncher, Role
 from airflow_rover.master.serve import MasterEndpoint

@@ -25,10 +25,10 @@ from airflow_rover.core.job_dir import (
     NodeContext,
 )
 from airflow_rover.core.node_job import node_job
+from airflow_rover.core.parent_death import die_with_parent
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.core.training_optimizers import Optimizer
-from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
 from airflow_rover.ps.initial import load_initial
 from airflow_rover.ps.server import ParameterServer, start_server

@@ -13,10 +13,10 @@ import grpc
 
 from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.core.node_job import node_job
+from airflow_rover.core.parent_death import die_with_parent
 from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.reader import SampleReader, open_split
-from airflow_rover.launchers.parent_death import die_with_parent
 from airflow_rover.rpc.crash_report import report_crash
 from airflow_rover.rpc.master_api import EXIT_PS_LOST, ClusterInfo
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs

@@ -17,7 +17,7 @@ import pytest
 MIDDLE = textwrap.dedent(
     """
     import os, subprocess, sys, time
-    from airflow_rover.launchers.parent_death import parent_env
+    from airflow_rover.core.parent_death import parent_env
     node = subprocess.Popen(
         [sys.executable, "-c", sys.argv[1]], env={**os.environ, **parent_env()}
     )
@@ -29,7 +29,7 @@ NODE = textwrap.dedent(
     """
     import time
     time.sleep({delay})
-    from airflow_rover.launchers.parent_death import die_with_parent
+    from airflow_rover.core.parent_death import die_with_parent
     die_with_parent()
     open({ready!r}, "w").close()
     time.sleep(600)
@@ -80,7 +80,7 @@ def test_a_node_whose_launcher_died_during_its_start_up_ends_too(tmp_path: Path)
 def test_a_process_not_started_by_a_launcher_is_left_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from airflow_rover.launchers.parent_death import ENV_PARENT_PID, die_with_parent
+    from airflow_rover.core.parent_death import ENV_PARENT_PID, die_with_parent
 
     monkeypatch.delenv(ENV_PARENT_PID, raising=False)
     die_with_parent()  # a pod's node: nothing to do, and this test process lives on
