@@ -83,11 +83,16 @@ class CpuMonitor:
         self.root = root
         self.period_s = period_s
         self._used: dict[int, tuple[str, float]] = {}  # pid: (role, CPU seconds)
+        self._before: dict[int, float] = {}  # pid: CPU seconds it had used before the run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-monitor", daemon=True)
         self._start = (time.monotonic(), _busy_seconds())
+        self._started_at = time.time()
 
     def __enter__(self) -> CpuMonitor:
+        self._start = (time.monotonic(), _busy_seconds())
+        self._started_at = time.time()
+        self._sample()  # what the processes already there had used is not the run's
         self._thread.start()
         return self
 
@@ -113,7 +118,15 @@ class CpuMonitor:
             role = _role(proc, self.root)
             if role == "other" and proc.pid in self._used:
                 role = self._used[proc.pid][0]
-            self._used[proc.pid] = (role, used)
+            if proc.pid not in self._before:
+                self._before[proc.pid] = used if self._existed_before(proc) else 0.0
+            self._used[proc.pid] = (role, used - self._before[proc.pid])
+
+    def _existed_before(self, proc: psutil.Process) -> bool:
+        try:
+            return bool(proc.create_time() < self._started_at)
+        except psutil.Error:
+            return False
 
     def _run(self) -> None:
         while not self._stop.wait(self.period_s):
