@@ -83,6 +83,7 @@ class JobMaster:
         start = starting_point(job_dir, spec, mirror)
         self.queue, self.resumed_from, self.lost = start.queue, start.resumed_from, start.lost
         self.started_from = start.started_from
+        self.initial_rows: dict[str, master_api.InitialRows] = {}  # per PS, from ``init_from``
         self.dispatch = ShardDispatch(self)
         self.port: MasterPort = PolicyPort(self)
         self.dispatch.reconcile_pending = start.checkpoint is not None  # ask the PS ledgers
@@ -135,6 +136,8 @@ class JobMaster:
         with self._lock:
             node = self.nodes.known(node_id)
             node.state, node.address, node.last_seen = NodeState.RUNNING, body.address, time.time()
+            if body.initial_rows is not None:  # a PS loaded again (none checkpointed) replaces
+                self.initial_rows[node_id] = body.initial_rows
             self.recovery.node_ready(node)
             if node.role == "worker" and self.train_started_at is None:
                 self.train_started_at = node.last_seen  # the training clock: first worker ready

@@ -19,6 +19,7 @@ from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.recovery import NodeRecovery
 from airflow_rover.master.throughput_history import ThroughputHistory
 from airflow_rover.master.wrap_up import WrapUp
+from airflow_rover.rpc import master_api
 
 THROUGHPUT_WINDOW_S = 10.0
 TRAINING = frozenset({JobState.RUNNING, JobState.RECOVERING})  # a rate is reported only then
@@ -98,6 +99,7 @@ class ReportingJob(JobCore, Protocol):
     checkpointing: Checkpoints
     resumed_from: str | None
     started_from: str
+    initial_rows: dict[str, master_api.InitialRows]
     samples_resumed: int
     lost: LostUpdates
     data_workers: DataWorkerRoom
@@ -147,9 +149,19 @@ def recovery_summary(job: ReportingJob) -> dict[str, Any]:
         **job.recovery.summary(),
         "resumed_from": job.resumed_from,
         "started_from": job.started_from,
+        "initial_rows": initial_rows(job.initial_rows),
         "quarantined": job.queue.quarantined_shards(),
         **job.checkpointing.report(),
         "lost_batches": job.lost.batches,
         "lost_samples": job.lost.samples,
         "pls": round(job.pls, 6),
     }
+
+
+def initial_rows(by_ps: dict[str, master_api.InitialRows]) -> dict[str, int] | None:
+    """The rows the PS took of ``init_from`` and those they left out as not seen within
+    ``evict_after_days``, all PS together (None: the job did not start from a model)."""
+    if not by_ps:
+        return None
+    rows = by_ps.values()
+    return {"loaded": sum(r.loaded for r in rows), "evicted": sum(r.evicted for r in rows)}

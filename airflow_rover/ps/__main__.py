@@ -30,9 +30,10 @@ from airflow_rover.core.spec import JobSpec
 from airflow_rover.core.stop_signals import stop_on_signals
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.ps.flash import FlashCheckpointer, choose_restore, orphan_slots
-from airflow_rover.ps.initial import load_initial
+from airflow_rover.ps.initial import InitialLoad, load_initial
 from airflow_rover.ps.server import ParameterServer, start_server
 from airflow_rover.rpc.crash_report import report_crash
+from airflow_rover.rpc.master_api import InitialRows
 from airflow_rover.rpc.master_client import MasterClient, quiet_request_logs
 from airflow_rover.rpc.ps_service import receive_limit
 
@@ -115,15 +116,18 @@ def restore_checkpoint(ps: ParameterServer, checkpoint: Path, node_id: str) -> N
     )
 
 
-def initial_loader(spec: JobSpec, ctx: NodeContext) -> Callable[[ParameterServer], None] | None:
+def initial_loader(
+    spec: JobSpec, ctx: NodeContext, took: Callable[[InitialLoad], None]
+) -> Callable[[ParameterServer], None] | None:
     """How a PS of a job with ``init_from`` and no checkpoint of its own starts: its rows of
-    the source (``ps.initial``), logged with what it took and evicted."""
+    the source (``ps.initial``), logged with what it took and evicted, and given to ``took``."""
     source = spec.init
     if source is None:
         return None
 
     def load(ps: ParameterServer) -> None:
         loaded = load_initial(ps, source, spec.day)
+        took(loaded)
         log.info(
             "%s started from %s (%s): %d rows, %d dense variables from %d partition(s); "
             "%d rows evicted (not seen for more than %s days)",
@@ -206,10 +210,10 @@ def serve(ctx: NodeContext, master: MasterClient) -> None:
     def after_checkpoint(ps: ParameterServer, checkpoint: Path) -> None:
         policy.after_restore(ps, job, checkpoint)
 
+    loads: list[InitialLoad] = []  # what it took of ``init_from`` (none: it did not)
     if index < spec.plan.num_ps and not policy.ps_starts_empty(job, index):
-        ps = restore(
-            new_ps, ctx.job_dir, ctx.node_id, index, after_checkpoint, initial_loader(spec, ctx)
-        )
+        initial = initial_loader(spec, ctx, loads.append)
+        ps = restore(new_ps, ctx.job_dir, ctx.node_id, index, after_checkpoint, initial)
     else:  # joining a resize: empty until the others hand over its rows (``reshard``); or
         # replacing a lost PS under ECRM: empty until rebuilt from parity (``ps.ecrm``)
         ps = new_ps()
@@ -229,7 +233,8 @@ def serve(ctx: NodeContext, master: MasterClient) -> None:
     stop = threading.Event()
     stop_on_signals(stop)
     advertised = os.environ.get(ENV_ADVERTISE_HOST, "127.0.0.1")
-    master.ready(ctx.node_id, f"{advertised}:{port}")
+    took = InitialRows(loaded=loads[0].rows, evicted=loads[0].evicted) if loads else None
+    master.ready(ctx.node_id, f"{advertised}:{port}", took)
     log.info("%s serving on port %d", ctx.node_id, port)
     stop.wait()
     server.stop(grace=2).wait()

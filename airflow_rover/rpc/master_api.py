@@ -23,11 +23,20 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+class InitialRows(_Body):
+    """What a PS took of the model its job continues (``init_from``): rows kept, rows left
+    out as not seen within ``evict_after_days``."""
+
+    loaded: int = Field(ge=0)
+    evicted: int = Field(ge=0)
+
+
 class NodeReady(_Body):
     # host:port where a PS serves (an IP, a DNS name, or a bracketed IPv6 address)
     address: str | None = Field(
         default=None, max_length=200, pattern=r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):[0-9]{1,5}$"
     )
+    initial_rows: InitialRows | None = None  # a PS that started from ``init_from``
 
 
 class Heartbeat(_Body):

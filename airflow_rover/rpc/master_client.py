@@ -73,8 +73,14 @@ class MasterClient:
             self._request("GET", "/cluster", params=params)
         )
 
-    def ready(self, node_id: str, address: str | None = None) -> None:
-        self._request("POST", f"/nodes/{node_id}/ready", master_api.NodeReady(address=address))
+    def ready(
+        self,
+        node_id: str,
+        address: str | None = None,
+        initial_rows: master_api.InitialRows | None = None,
+    ) -> None:
+        body = master_api.NodeReady(address=address, initial_rows=initial_rows)
+        self._request("POST", f"/nodes/{node_id}/ready", body)
 
     def report_crash(self, node_id: str, crash: master_api.NodeCrash, timeout_s: float) -> None:
         """Tell the master what this node dies of: one try, ``timeout_s`` at most (a node

@@ -127,6 +127,10 @@ def test_day1_trains_from_scratch_and_day2_continues_from_day1s_model(
     started = f"Starting from run {day1['run_id']!r} of {DAG_ID}.train (job {job1}): {folder}"
     assert log.count(started) == 1, log[-6000:]
     assert _train(day2)["recovery"]["started_from"].startswith(f"init_from {folder}")
+    # every row of day 1's model was seen within evict_after_days: all taken, none left out
+    assert _train(day1)["recovery"]["initial_rows"] is None
+    loaded = {"loaded": _train(day1)["embedding_rows"], "evicted": 0}
+    assert _train(day2)["recovery"]["initial_rows"] == loaded
     assert Path(folder).parent.parent.name == DAYS[0]  # models/<dag>/<ds>/models/<stamp>
 
 

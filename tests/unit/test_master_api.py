@@ -78,6 +78,24 @@ def test_a_ready_node_wakes_the_supervisor(make_job) -> None:
     assert job.master.wake.is_set()
 
 
+def test_the_rows_the_ps_took_of_init_from_reach_the_status(make_job) -> None:
+    """Each PS says what it loaded of the model the job continues and what it evicted; a PS
+    that loads again (it died before any checkpoint) replaces its own report."""
+    job = make_job()
+    job.master.step()
+    assert job.status()["recovery"]["initial_rows"] is None  # not started from a model
+    ready = {"address": "127.0.0.1:1", "initial_rows": {"loaded": 70, "evicted": 5}}
+    job.post("/nodes/ps-0/ready", ready)
+    job.post("/nodes/ps-0/ready", {**ready, "initial_rows": {"loaded": 60, "evicted": 4}})
+    assert job.status()["recovery"]["initial_rows"] == {"loaded": 60, "evicted": 4}
+    refused = job.api.post(
+        P + "/nodes/ps-0/ready",
+        json={**ready, "initial_rows": {"loaded": -1, "evicted": 0}},
+        headers=AUTH,
+    )
+    assert refused.status_code == 422, refused.text
+
+
 def test_the_local_launcher_signals_a_node_process_exit() -> None:
     """The master's wake-up on a lost node: set by the waiter thread as the process ends."""
     exited = threading.Event()
