@@ -87,9 +87,11 @@ ECRM_SETTLE_S = 0.5
 
 
 def ecrm_training(status: dict[str, Any]) -> bool:
-    """Every worker training, and no PS rebuilt from parity in the last ``ECRM_SETTLE_S``:
-    ECRM recovers one lost PS at a time (a second loss during a rebuild fails the try, by
-    design), and each kill here is to be a fresh single loss."""
+    """Every worker training (past its first step), and no PS rebuilt from parity in the last
+    ``ECRM_SETTLE_S``: ECRM recovers one lost PS at a time (a second loss during a rebuild
+    fails the try, by design), and each kill here is to be a fresh single loss. A worker that
+    has not stepped yet may still be offering its initial weights, where a lost PS ends it
+    (``EXIT_PS_LOST``, relaunched): ECRM trains through a loss, not through a start-up."""
     rebuilds = status.get("recovery", {}).get("ecrm_rebuilds", [])
     workers = [n for n in status.get("nodes", []) if n["role"] == "worker"]
     settled = all(
@@ -99,7 +101,7 @@ def ecrm_training(status: dict[str, Any]) -> bool:
         status.get("state") == "running"
         and settled
         and bool(workers)
-        and all(n["state"] == "running" for n in workers)
+        and all(n["state"] == "running" and n.get("steps", 0) > 0 for n in workers)
     )
 
 

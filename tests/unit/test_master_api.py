@@ -249,6 +249,7 @@ def test_status_shape_through_start_up(make_job) -> None:
         "checkpoints": 0,
         "resumed_from": None,
         "started_from": "scratch",
+        "initial_rows": None,
         "quarantined": [],
         "checkpoint_policy": "full",
         "checkpoint_policy_reason": "as requested",
