@@ -194,7 +194,7 @@ class NodeRecovery:
         job.lost_ps()
         job.message = f"{cause}; relaunching it {loss.how}"
         log.warning(job.message)
-        for other in job.nodes:  # the evaluation stopped with ``lost_ps``
+        for other in job.nodes:  # (``lost_ps`` stopped the node scoring the held-out split)
             if other.role == "worker" and not loss.workers_train_on:
                 job.queue.release_worker(other.node_id)  # it waits for the PS
         job.dispatch.reconcile_pending = True

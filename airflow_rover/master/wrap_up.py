@@ -22,6 +22,7 @@ from airflow_rover.core.states import JobState
 from airflow_rover.master.checkpointing import Checkpoints
 from airflow_rover.master.data_workers import DataWorkerRoom
 from airflow_rover.master.job_core import JobCore
+from airflow_rover.master.nodes import NodeInfo
 from airflow_rover.master.resize import PlanExecutor
 from airflow_rover.rpc.ps_client import PSClient
 
@@ -99,11 +100,14 @@ class WrapUp:
             if time.time() >= self._claim_by or not any(w.running for w in workers):
                 self.evaluate_on_own_node()
         elif self.evaluator != EVALUATOR_NODE and self.evaluation is None:
-            worker = self.job.nodes.get(self.evaluator)
+            worker = self._evaluator_node()
             if worker is None or worker.exit_code is not None:
                 self.evaluate_on_own_node()
         if self.evaluation_over():
             self.complete()
+
+    def _evaluator_node(self) -> NodeInfo | None:
+        return self.job.nodes.get(self.evaluator) if self.evaluator else None
 
     def evaluate_on_own_node(self) -> None:
         """Start the ``evaluator`` node to score the held-out split."""
@@ -116,7 +120,7 @@ class WrapUp:
         """A PS restore may send training back: stop the evaluation (it scores again once
         training is over) and wrap up again."""
         self.started = False
-        evaluator = self.job.nodes.get(self.evaluator) if self.evaluator else None
+        evaluator = self._evaluator_node()
         if evaluator is not None and evaluator.running:
             self.job.nodes.stop(evaluator)
         self.evaluator = None
@@ -128,7 +132,7 @@ class WrapUp:
 
     def evaluation_over(self) -> bool:
         """The evaluator reported and exited, and the last checkpoint is durable."""
-        evaluator = self.job.nodes.get(self.evaluator) if self.evaluator else None
+        evaluator = self._evaluator_node()
         if self.evaluation is None or evaluator is None or evaluator.exit_code is None:
             return False
         return self.job.checkpointing.durable()
