@@ -524,19 +524,36 @@ def latest_rows(
         picks = _fresh_by_flags(newest_first, high + 1)
     else:
         picks = _fresh_by_unique(newest_first)
-    ids_parts: list[np.ndarray] = []
-    field_parts: dict[str, list[np.ndarray]] = {name: [] for name in names}
-    for (ids, fields), fresh in zip(newest_first, picks, strict=True):
-        ids_parts.append(ids if fresh is None else ids[fresh])
-        for name in names:
-            value = np.asarray(fields[name])
-            field_parts[name].append(value if fresh is None else value[fresh])
-    ids = np.concatenate(ids_parts)
-    fields_out = {name: np.concatenate(parts) for name, parts in field_parts.items()}
+    # positions, then np.take straight into the output: boolean indexing by a scattered mask
+    # is ~5x slower, and taking into parts then concatenating copies every row twice
+    keeps = [None if fresh is None else np.flatnonzero(fresh) for fresh in picks]
+    sizes = [
+        ids.size if keep is None else keep.size
+        for (ids, _), keep in zip(newest_first, keeps, strict=True)
+    ]
+    ends = np.cumsum([0, *sizes])
+    ids = _merged([ids for ids, _ in newest_first], keeps, ends)
+    fields_out = {
+        name: _merged([np.asarray(f[name]) for _, f in newest_first], keeps, ends) for name in names
+    }
     if not ascending:
         return ids, fields_out
     order = np.argsort(ids, kind="stable")
     return ids[order], {name: value[order] for name, value in fields_out.items()}
+
+
+def _merged(
+    parts: Sequence[np.ndarray], keeps: Sequence[np.ndarray | None], ends: np.ndarray
+) -> np.ndarray:
+    """The ``keeps`` rows of each of ``parts`` (all of it where None), one after another."""
+    out = np.empty((int(ends[-1]), *parts[0].shape[1:]), dtype=np.result_type(*parts))
+    for i, (part, keep) in enumerate(zip(parts, keeps, strict=True)):
+        dest = out[ends[i] : ends[i + 1]]
+        if keep is None or part.dtype != out.dtype:
+            dest[...] = part if keep is None else part.take(keep, axis=0)
+        else:
+            np.take(part, keep, axis=0, out=dest, mode="clip")  # in range: unbuffered
+    return out
 
 
 # A flag per possible id while the ids span at most this many per row merged (plus a floor):
