@@ -346,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(tempfile.gettempdir()) / "airflow-rover-recovery",
         help="the dataset (kept) and the checkpoints of each run",
     )
+    parser.add_argument(
+        "--no-ecrm", action="store_true", help="CPR's policies only (ECRM's runs take half)"
+    )
     args = parser.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     if unknown := [s for s in sizes if s not in SIZES]:
@@ -392,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    {policy}: {runs[policy].wall_s:.1f} s", flush=True)  # type: ignore[union-attr]
         for k in ECRM_K:
             key = f"ecrm-k{k}"
+            if args.no_ecrm:
+                runs[key] = "not run (--no-ecrm)"
+                continue
             if num_ps < k + 1:
                 runs[key] = f"n/a: needs k+1 = {k + 1} PS, a PS holding {size}% means {num_ps}"
                 continue
