@@ -4,7 +4,9 @@ Speed, side by side in one process (dim 16, Adagrad, a table of ``--rows`` rows)
 (``EmbeddingTable.lookup``: checks, index, gather, access counters) against ``np.take`` on a
 dense array with the batch's row positions computed beforehand; each push
 (``apply_gradients``) against the same Adagrad maths on that array (gather, apply, scatter).
-Baseline and table alternate, the same batches each; medians of ``--repeats``.
+Baseline and table alternate, the same batches each; medians of ``--repeats``. Beside each
+pull, the index's own lookup (ids to row positions, no row read): what any pull through the
+index pays before numpy's whole work begins.
 
 Memory, each size in a fresh process: bytes per row after creating the rows (raw 64-bit ids,
 in batches of 4,096, as pulls create them) against the minimum, row + Adagrad state + an
@@ -109,11 +111,15 @@ def speed(kind: IndexKind, rows: int, batch: int, how: str, repeats: int) -> dic
     def push(i: int) -> None:
         table.apply_gradients(batches[i], grads[i])
 
-    times: dict[str, list[float]] = {k: [] for k in ("np_pull", "pull", "np_push", "push")}
+    def find(i: int) -> object:
+        return table.index.lookup(batches[i])
+
+    times: dict[str, list[float]] = {k: [] for k in ("np_pull", "pull", "find", "np_push", "push")}
     for _ in range(repeats):
         for name, fn in (
             ("np_pull", np_pull),
             ("pull", pull),
+            ("find", find),
             ("np_push", np_push),
             ("push", push),
         ):
@@ -194,6 +200,10 @@ def main() -> int:
                     f"  {kind:5} {how:7} {batch:6,} ids  pull {t['pull'] * 1e6:7.0f} us vs "
                     f"numpy {t['np_pull'] * 1e6:6.0f} us: "
                     f"{verdict('pull', t['pull'] / t['np_pull'])}"
+                )
+                print(
+                    f"  {'':5} {'':7} {'':6}      of which finding the rows alone (no row "
+                    f"read) {t['find'] * 1e6:.0f} us: {t['find'] / t['np_pull']:.2f}x numpy's pull"
                 )
                 print(
                     f"  {'':5} {'':7} {'':6}      push {t['push'] * 1e6:7.0f} us vs "
