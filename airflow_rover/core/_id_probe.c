@@ -179,6 +179,38 @@ int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, con
     return absent;
 }
 
+/* rover_pull for ids that index ``row_of`` directly (a hashed vocabulary: row_of[id], EMPTY
+ * where the id has no row yet). One pipelined pass: id i's entry is prefetched, id i-AHEAD's
+ * row and record, id i-2*AHEAD is copied and counted. */
+int64_t rover_pull_direct(const int32_t *row_of, const int64_t *ids, int64_t n, int32_t *rows_out,
+                          const float *src, int64_t dim, float *out, uint64_t *meta, int32_t day) {
+    size_t width = (size_t)dim * sizeof(float);
+    int64_t absent = 0;
+    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
+        if (i < n) __builtin_prefetch(&row_of[ids[i]]);
+        int64_t j = i - AHEAD;
+        if (j >= 0 && j < n) {
+            int32_t r = row_of[ids[j]];
+            rows_out[j] = r;
+            if (r != EMPTY) {
+                prefetch_row(src + (int64_t)r * dim, width, 0);
+                __builtin_prefetch(&meta[r], 1);
+            }
+        }
+        int64_t k = i - 2 * AHEAD;
+        if (k >= 0 && k < n) {
+            int32_t r = rows_out[k];
+            if (r == EMPTY) {
+                absent++;
+            } else {
+                copy_row(out + k * dim, src + (int64_t)r * dim, width);
+                count(meta, r, day);
+            }
+        }
+    }
+    return absent;
+}
+
 /* out[i] = src[rows[i]] (rows of ``dim`` floats), for the push's reads. */
 void rover_gather(const float *src, int64_t dim, const int32_t *rows, int64_t n, float *out) {
     size_t width = (size_t)dim * sizeof(float);

@@ -72,6 +72,20 @@ class Probe(Protocol):
         access counted (``meta``: ``META`` records); returns how many are absent."""
         ...
 
+    def pull_direct(
+        self,
+        row_of: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        """``pull`` for ids that index ``row_of`` directly (``rows[i] = row_of[ids[i]]``, -1
+        where absent; ids checked in range by the caller); returns how many are absent."""
+        ...
+
     def gather_count(
         self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
     ) -> None:
@@ -110,6 +124,7 @@ class CompiledProbe:
             "rover_rebuild": (None, [ptr, u64, ptr, i64]),
             "rover_increasing": (i32, [ptr, i64]),
             "rover_pull": (i64, [ptr, u64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i32]),
+            "rover_pull_direct": (i64, [ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i32]),
             "rover_gather_count": (None, [ptr, i64, ptr, i64, ptr, ptr, i32]),
             "rover_gather": (None, [ptr, i64, ptr, i64, ptr]),
             "rover_scatter": (None, [ptr, i64, ptr, i64, ptr]),
@@ -161,6 +176,19 @@ class CompiledProbe:
         return int(
             self._lib.rover_pull(*args, _addr(src), src.shape[1], _addr(out), _addr(meta), day)
         )
+
+    def pull_direct(
+        self,
+        row_of: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        args = (_addr(row_of), _addr(ids), ids.size, _addr(rows), _addr(src), src.shape[1])
+        return int(self._lib.rover_pull_direct(*args, _addr(out), _addr(meta), day))
 
     def gather_count(
         self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
@@ -254,6 +282,23 @@ class NumpyProbe:
         self.gather_count(src, rows[found], got, meta, day)
         out[found] = got
         return absent
+
+    def pull_direct(
+        self,
+        row_of: np.ndarray,
+        ids: np.ndarray,
+        rows: np.ndarray,
+        src: np.ndarray,
+        out: np.ndarray,
+        meta: np.ndarray,
+        day: int,
+    ) -> int:
+        np.take(row_of, ids, out=rows)
+        found = np.flatnonzero(rows != EMPTY)
+        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
+        self.gather_count(src, rows[found], got, meta, day)
+        out[found] = got
+        return int(ids.size - found.size)
 
     def gather_count(
         self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int

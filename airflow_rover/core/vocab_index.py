@@ -48,16 +48,9 @@ class VocabIndex:
     def pull(
         self, ids: np.ndarray, src: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
     ) -> tuple[np.ndarray, int]:
-        rows = self._slot[ids]
-        absent = int(np.count_nonzero(rows < 0))
-        if not absent:
-            PROBE.gather_count(src, rows, out, meta, day)
-            return rows, 0
-        found = np.flatnonzero(rows >= 0)
-        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
-        PROBE.gather_count(src, rows[found], got, meta, day)
-        out[found] = got
-        return rows, absent
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        rows = np.empty(ids.size, dtype=np.int32)
+        return rows, PROBE.pull_direct(self._slot, ids, rows, src, out, meta, day)
 
     def reset(self, keys: np.ndarray) -> None:
         keys = np.array(keys, dtype=np.int64)  # a copy: it may be a view of ``self.keys``

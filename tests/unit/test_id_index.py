@@ -128,3 +128,30 @@ def test_vocab_index_maps_in_range_ids_and_names_the_out_of_range() -> None:
     assert IdIndex().check(np.array([-(2**63), 2**63 - 1])) is None
     index.reset(np.array([99, 3]))
     np.testing.assert_array_equal(index.lookup(np.array([3, 7, 99])), [1, -1, 0])
+
+
+def test_direct_pull_reads_and_counts_only_the_rows_an_id_has() -> None:
+    """The vocabulary's pull (``pull_direct``): C loops and numpy twin agree, absent ids
+    are reported and left alone, present ones copied and counted."""
+    rng = np.random.default_rng(3)
+    row_of = np.full(50_000, -1, dtype=np.int32)
+    held = rng.choice(row_of.size, 20_000, replace=False)
+    row_of[held] = rng.permutation(held.size).astype(np.int32)
+    src = rng.normal(size=(held.size, 16)).astype(np.float32)
+    ids = np.sort(rng.choice(row_of.size, 5_000, replace=False)).astype(np.int64)
+    results = []
+    for probe in [p.values[0] for p in PROBES]:
+        rows = np.empty(ids.size, np.int32)
+        out = np.zeros((ids.size, 16), np.float32)
+        meta = np.zeros(src.shape[0], META)
+        absent = probe.pull_direct(row_of, ids, rows, src, out, meta, 5)
+        results.append((rows, absent, out, meta))
+    for a, b in zip(*results, strict=True):
+        np.testing.assert_array_equal(a, b)
+    rows, absent, out, meta = results[0]
+    np.testing.assert_array_equal(rows, row_of[ids])
+    found = rows >= 0
+    assert absent == np.count_nonzero(~found) > 0
+    np.testing.assert_array_equal(out[found], src[rows[found]])
+    assert (out[~found] == 0).all()
+    assert meta["count"].sum() == found.sum() and (meta["seen"][rows[found]] == 5).all()
