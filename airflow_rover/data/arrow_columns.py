@@ -80,7 +80,8 @@ class ColumnLayout:
                 for c in self.categorical
             ),
             lists=tuple(
-                ListColumn(c.name, c.buckets, c.combiner, c.values, c.table) for c in self.lists
+                ListColumn(c.name, c.buckets, c.combiner, c.values, c.table, c.raw)
+                for c in self.lists
             ),
         )
 
@@ -170,11 +171,6 @@ def _categorical(
         _expect(f"list<{kind}>", accepted, config.name, "categorical", where)
     else:
         _expect(kind, ("int", "string"), config.name, "categorical", where)
-    if config.raw and is_list:
-        raise DataSchemaError(
-            f"{where}: categorical column {config.name!r} holds list<{kind}> with raw=true; "
-            "raw values are read from scalar columns only"
-        )
     if not config.hashed and kind != "int":
         raise DataSchemaError(
             f"{where}: categorical column {config.name!r} holds {kind} with hashed=false; "
@@ -265,12 +261,16 @@ def _weights(column: pa.ChunkedArray, name: str, where: str) -> np.ndarray:
 
 
 def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
-    """A list column's ids, hashed into its buckets; a null list holds no id."""
+    """A list column's ids, hashed into its buckets (``raw``: its keys, as a scalar column's);
+    a null list holds no id."""
     lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64()).to_numpy()
     row_splits = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=row_splits[1:])
     values = pc.list_flatten(column)
-    if field.hashed:
+    if field.raw:
+        flat = pa.chunked_array([values])
+        ids = _raw_keys(flat, _string_hashes_of([flat])[0] if field.strings else None)
+    elif field.hashed:
         ids = to_buckets(_hashes(pa.chunked_array([values]), field), field.buckets)
     else:
         ids = pc.fill_null(values, 0).cast(pa.int64()).to_numpy()

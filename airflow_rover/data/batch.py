@@ -25,13 +25,15 @@ class CategoricalColumn:
 @dataclass(frozen=True)
 class ListColumn:
     """A multi-valued categorical feature: each sample holds any number of ids in
-    ``[0, vocab_size)``, whose embeddings ``combiner`` (sum or mean) makes one."""
+    ``[0, vocab_size)`` (any int64 when ``raw``), whose embeddings ``combiner`` (sum or mean)
+    makes one."""
 
     name: str
     vocab_size: int
     combiner: str = "sum"
     values: str = "ids"
     table: str | None = None
+    raw: bool = False  # any int64 key (``data.arrow_columns``), not an id in the vocabulary
 
 
 @dataclass(frozen=True)

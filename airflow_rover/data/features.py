@@ -39,7 +39,13 @@ def feature_columns(schema: Schema) -> list[FeatureColumn]:
     ]
     columns += [
         FeatureColumn(
-            c.name, c.vocab_size, _pooling(c.combiner), c.table, _values(c.values), True, "vocab"
+            c.name,
+            c.vocab_size,
+            _pooling(c.combiner),
+            c.table,
+            _values(c.values),
+            True,
+            _index(c.raw),
         )
         for c in schema.lists
     ]

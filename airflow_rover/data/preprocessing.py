@@ -75,8 +75,10 @@ def checked(fn: Preprocess, batch: Batch, schema: Schema, ref: str | None = None
                 f"{name}: column {column.name!r} holds ids outside [0, {column.vocab_size})"
             )
     for ragged, listed in zip(out.lists, schema.lists, strict=True):
-        if ragged.values.size and (
-            ragged.values.min() < 0 or ragged.values.max() >= listed.vocab_size
+        if (
+            ragged.values.size
+            and not listed.raw
+            and (ragged.values.min() < 0 or ragged.values.max() >= listed.vocab_size)
         ):
             raise PreprocessError(
                 f"{name}: list column {listed.name!r} holds ids outside [0, {listed.vocab_size})"

@@ -18,6 +18,7 @@ from airflow_rover.core.hashing import hash_strings
 from airflow_rover.core.policies import CheckpointPolicyConfig
 from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, describe_errors
 from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.features import with_resolved_features
 from airflow_rover.data.preflight import PreflightError
 from airflow_rover.data.preprocessing import checked, unchanged
@@ -184,3 +185,51 @@ def test_raw_parquet_columns_reach_ids_tables_unfolded(tmp_path: Path) -> None:
                 }
             )
         )
+
+
+def test_raw_list_columns_reach_ids_tables_unfolded(tmp_path: Path) -> None:
+    """A list column with raw=true: each sample's ints as they are, strings by their 64-bit
+    hash (a null list or value as the readers read it), its default tables of index 'ids';
+    the batch's ids for the PS hold them unchanged, scalar and list columns of the table
+    merged into one unique set."""
+    rng = np.random.default_rng(5)
+    clicks = [list(rng.integers(BIG.min, BIG.max, rng.integers(0, 4))) for _ in range(40)]
+    clicks[3] = None
+    tags = [[f"tag-{i}" for i in rng.integers(0, 10**9, rng.integers(0, 3))] for _ in range(40)]
+    table = pa.table(
+        {
+            "label": rng.random(40) < 0.3,
+            "price": rng.random(40),
+            "clicks": pa.array(clicks, pa.list_(pa.int64())),
+            "tags": pa.array(tags, pa.list_(pa.string())),
+        }
+    )
+    (tmp_path / "data").mkdir()
+    pq.write_table(table, tmp_path / "data" / "part-0.parquet")
+    schema = {
+        "dense": [{"name": "price"}],
+        "categorical": [
+            {"name": "clicks", "raw": True, "combiner": "mean"},
+            {"name": "tags", "raw": True},
+        ],
+    }
+    spec = JobSpec.model_validate(
+        {"job_id": "raw-lists", "train_data": str(tmp_path / "data"), "data_schema": schema}
+    )
+    features = preflight(spec)
+    entries = {t.name: (t.index, t.values, t.pooling) for t in features.tables if t.dim != 1}
+    assert entries == {"clicks": ("ids", "ints", "mean"), "tags": ("ids", "strings", "sum")}
+    batch = open_split(spec, spec.train_data).read(0, 40)
+    got_clicks, got_tags = batch.lists
+    np.testing.assert_array_equal(
+        got_clicks.values, np.array([v for c in clicks for v in (c or [])], dtype=np.int64)
+    )
+    assert np.diff(got_clicks.row_splits).tolist() == [len(c or []) for c in clicks]
+    flat_tags = [t for row in tags for t in row]
+    np.testing.assert_array_equal(got_tags.values, hash_strings(flat_tags).view(np.int64))
+    encoder = ElementEncoder(features, [], ["clicks", "tags"])
+    ids = encoder.batch_ids(batch.categorical, batch.lists)
+    np.testing.assert_array_equal(ids.unique["ids_clicks"], np.unique(got_clicks.values))
+    np.testing.assert_array_equal(ids.unique["ids_tags"], np.unique(got_tags.values))
+    looked_up = ids.unique["ids_clicks"][ids.list_ids["clicks"]]
+    np.testing.assert_array_equal(looked_up, got_clicks.values)
