@@ -63,7 +63,7 @@ def check_data(spec: JobSpec) -> FeatureConfig:
         )
     vocab = {c.name: c.vocab_size for c in schema.categorical}
     vocab |= {c.name: c.vocab_size for c in schema.lists}
-    raw = {c.name for c in (*schema.categorical, *schema.lists) if c.raw}
+    raw = {c.name for c in schema.categorical if c.raw} | {c.name for c in schema.lists if c.raw}
     for i, table in enumerate(features.tables):
         if table.column not in vocab:
             raise PreflightError(
