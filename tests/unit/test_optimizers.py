@@ -276,3 +276,20 @@ def test_table_rows_match_reference_after_growth(name: str) -> None:
     np.testing.assert_allclose(
         table.lookup(ids, create=False), _reference(name, init, grads, LRS[name]), rtol=0, atol=1e-6
     )
+
+
+def test_adagrad_in_place_is_bit_identical_to_its_float32_formula() -> None:
+    """The in-place Adagrad (two temporaries) gives the very bits of the plain float32
+    expression, so the update is the same whichever way a process computes it."""
+    rng = np.random.default_rng(8)
+    opt = Optimizer("adagrad", 0.2)
+    for shape in [(300, 16), (257,), (5, 1)]:
+        param = rng.uniform(-1, 1, shape).astype(np.float32)
+        state = opt.init_state(shape, rows=True)
+        ref_param, ref_accum = param.copy(), state["accum"].copy()
+        for g in _grads(shape, STEPS, seed=9):
+            opt.apply(param, state, g)
+            ref_accum += g * g
+            ref_param -= np.float32(0.2) * g / np.sqrt(ref_accum + np.float32(1e-7))
+        np.testing.assert_array_equal(param, ref_param)
+        np.testing.assert_array_equal(state["accum"], ref_accum)
