@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import grpc
 import numpy as np
 import pytest
 
@@ -185,3 +186,20 @@ def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() ->
     finally:
         client.close()
         server.stop(0)
+
+
+def test_a_ps_gone_answers_as_before_and_the_wait_is_counted_as_wait(client: PSClient) -> None:
+    """A single PS's call is made blocking (``PSClient._start_all``); it answers as the gRPC
+    future did: the reply from ``result()``, a PS gone as the call's ``grpc.RpcError``
+    (UNAVAILABLE: the worker waits for its relaunch), and its round trip profiled as the wait,
+    not the encode."""
+    ids = {"dim4": np.array([1, 5, 9], dtype=np.int64)}
+    client.push_pull_async(grads(1), ids, [-1] * client.num_ps).result()
+    assert client.profile.ns["rpc/PushPull/wait"] > 0
+    gone = PSClient(["127.0.0.1:1"] * client.num_ps, TOKEN, timeout_s=5.0)
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            gone.push_pull_async(grads(1), ids, [-1] * gone.num_ps).result()
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        gone.close()
