@@ -277,10 +277,7 @@ class NumpyProbe:
         day: int,
     ) -> int:
         absent = self.find(slots, mask, keys, ids, rows)
-        found = np.flatnonzero(rows != EMPTY)
-        got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
-        self.gather_count(src, rows[found], got, meta, day)
-        out[found] = got
+        self._copy_found(src, rows, out, meta, day)
         return absent
 
     def pull_direct(
@@ -294,11 +291,17 @@ class NumpyProbe:
         day: int,
     ) -> int:
         np.take(row_of, ids, out=rows)
+        return int(ids.size - self._copy_found(src, rows, out, meta, day))
+
+    def _copy_found(
+        self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
+    ) -> int:
+        """``out[i] = src[rows[i]]``, counted, where ``rows[i]`` is a row; returns how many."""
         found = np.flatnonzero(rows != EMPTY)
         got = np.empty((found.size, src.shape[1]), dtype=src.dtype)
         self.gather_count(src, rows[found], got, meta, day)
         out[found] = got
-        return int(ids.size - found.size)
+        return int(found.size)
 
     def gather_count(
         self, src: np.ndarray, rows: np.ndarray, out: np.ndarray, meta: np.ndarray, day: int
