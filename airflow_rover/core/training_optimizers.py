@@ -56,7 +56,7 @@ class Optimizer:
                 param -= lr * grad / np.sqrt(accum + np.float32(EPSILON))
                 return
             # The same operations in the same order (bit-identical), into two temporaries
-            # instead of five allocations: 0.72 -> 0.42 ms for a Wide&Deep step's weights.
+            # instead of five allocations.
             tmp = np.multiply(grad, grad)
             accum += tmp
             np.sqrt(np.add(accum, np.float32(EPSILON), out=tmp), out=tmp)
