@@ -266,12 +266,11 @@ def _ragged(column: pa.ChunkedArray, field: CategoricalField) -> RaggedIds:
     lengths = pc.fill_null(pc.list_value_length(column), 0).cast(pa.int64()).to_numpy()
     row_splits = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=row_splits[1:])
-    values = pc.list_flatten(column)
+    values = pa.chunked_array([pc.list_flatten(column)])
     if field.raw:
-        flat = pa.chunked_array([values])
-        ids = _raw_keys(flat, _string_hashes_of([flat])[0] if field.strings else None)
+        ids = _raw_keys(values, _string_hashes_of([values])[0] if field.strings else None)
     elif field.hashed:
-        ids = to_buckets(_hashes(pa.chunked_array([values]), field), field.buckets)
+        ids = to_buckets(_hashes(values, field), field.buckets)
     else:
         ids = pc.fill_null(values, 0).cast(pa.int64()).to_numpy()
     return RaggedIds(np.ascontiguousarray(ids, dtype=np.int64), row_splits)
