@@ -9,7 +9,8 @@ setup(
         Extension(
             "airflow_rover.core._id_probe",
             ["airflow_rover/core/_id_probe.c"],
-            extra_compile_args=["-O3", "-std=c99"],
+            extra_compile_args=["-O3", "-std=c99", "-fno-math-errno"],
+            libraries=["m"],
             optional=True,
         )
     ]

@@ -8,6 +8,7 @@
  *
  * Loaded with ctypes (core.id_probe); a pure-numpy twin gives the same rows without a compiler.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -230,6 +231,33 @@ void rover_scatter(float *dst, int64_t dim, const int32_t *rows, int64_t n, cons
         for (int64_t i = 0; i < m; i++) prefetch_row(dst + (int64_t)rows[b + i] * dim, width, 1);
         for (int64_t i = 0; i < m; i++)
             copy_row(dst + (int64_t)rows[b + i] * dim, src + (b + i) * dim, width);
+    }
+}
+
+/* One Adagrad step on the rows ``rows[i]`` of ``param`` and ``accum`` (rows of ``dim`` floats,
+ * distinct), in place: accum += g*g; param -= lr*g / sqrt(accum + eps). Every operation is one
+ * float rounding, in the order core.training_optimizers applies them, so the result is the
+ * same bits (built with -std=c99: no contraction into fused multiply-adds). */
+void rover_adagrad(float *param, float *accum, int64_t dim, const int32_t *rows, int64_t n,
+                   const float *grads, float lr, float eps) {
+    for (int64_t i = 0; i < n + AHEAD; i++) {
+        if (i < n) {
+            prefetch_row(param + (int64_t)rows[i] * dim, (size_t)dim * sizeof(float), 1);
+            prefetch_row(accum + (int64_t)rows[i] * dim, (size_t)dim * sizeof(float), 1);
+        }
+        int64_t k = i - AHEAD;
+        if (k < 0) continue;
+        float *p = param + (int64_t)rows[k] * dim, *a = accum + (int64_t)rows[k] * dim;
+        const float *g = grads + k * dim;
+        for (int64_t d = 0; d < dim; d++) {
+            float sq = g[d] * g[d];
+            float acc = a[d] + sq;
+            a[d] = acc;
+            float denom = sqrtf(acc + eps);
+            float update = lr * g[d];
+            update = update / denom;
+            p[d] = p[d] - update;
+        }
     }
 }
 

@@ -31,8 +31,8 @@ class RowIndex(Protocol):
         """The ids of rows ``0 .. size-1`` in row order (a view, valid until the next change)."""
         ...
 
-    def check(self, ids: np.ndarray) -> str | None:
-        """Why ``ids`` cannot be held (out of range), or None."""
+    def check(self, lo: int, hi: int) -> str | None:
+        """Why ids from ``lo`` to ``hi`` (their least and greatest) cannot be held, or None."""
         ...
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:
@@ -83,7 +83,7 @@ class IdIndex:
         """Slots in the hash index."""
         return int(self._slots.size)
 
-    def check(self, ids: np.ndarray) -> str | None:
+    def check(self, lo: int, hi: int) -> str | None:
         return None  # every int64 has a row of its own
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:

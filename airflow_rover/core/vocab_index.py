@@ -23,9 +23,9 @@ class VocabIndex:
     def keys(self) -> np.ndarray:
         return self._keys.array[: self.size]
 
-    def check(self, ids: np.ndarray) -> str | None:
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            return f"ids must lie in [0, {self.vocab_size}), got [{ids.min()}, {ids.max()}]"
+    def check(self, lo: int, hi: int) -> str | None:
+        if lo < 0 or hi >= self.vocab_size:
+            return f"ids must lie in [0, {self.vocab_size}), got [{lo}, {hi}]"
         return None
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:

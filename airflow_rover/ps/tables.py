@@ -23,7 +23,7 @@ from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.id_index import IdIndex, RowIndex
 from airflow_rover.core.id_probe import META, PROBE
 from airflow_rover.core.incremental import UNKNOWN_DAY
-from airflow_rover.core.training_optimizers import Optimizer
+from airflow_rover.core.training_optimizers import EPSILON, Optimizer
 from airflow_rover.core.vocab_index import VocabIndex
 
 IndexKind = Literal["vocab", "ids"]
@@ -150,8 +150,13 @@ class EmbeddingTable:
         increasing = PROBE.increasing(as_int64)  # np.unique's output, the usual request
         if not increasing and np.unique(as_int64).size != ids.size:
             raise ValueError(f"table {self.name!r}: ids must be unique within a request")
-        ends = ids[[0, -1]] if increasing and ids.size else ids
-        if (why := self.index.check(ends)) is not None:
+        if not ids.size:
+            return as_int64
+        if increasing:
+            lo, hi = int(as_int64[0]), int(as_int64[-1])
+        else:
+            lo, hi = int(as_int64.min()), int(as_int64.max())
+        if (why := self.index.check(lo, hi)) is not None:
             raise ValueError(f"table {self.name!r}: {why}")
         return as_int64
 
@@ -234,33 +239,43 @@ class EmbeddingTable:
         return checked
 
     def apply_gradients(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        """One optimizer step on the rows of unique ``ids`` (gradients already summed per id)."""
-        self._step(ids, grads, keep_old=False)
+        """One optimizer step on the rows of unique ``ids`` (gradients already summed per id):
+        Adagrad's in place, in one C pass over the rows; other optimizers on copies."""
+        ids = self.check_update(ids, grads)
+        with self._lock:
+            slots = self._slots(ids)
+            in_c = self.optimizer.name == "adagrad"
+            if in_c and _rows_in_c(slots, self.rows, self.state["accum"], grads):
+                lr = np.float32(self.optimizer.learning_rate)
+                PROBE.adagrad(self.rows, self.state["accum"], slots, grads, lr, np.float32(EPSILON))
+            else:
+                self._apply_at(slots, grads, keep_old=False)
 
     def apply_with_fields(
         self, ids: np.ndarray, grads: np.ndarray
     ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``apply_gradients``, returning the rows' ``fields`` before and after the step in one
         pass (an ECRM PS sends their difference to the parity holders)."""
-        old, new = self._step(ids, grads, keep_old=True)
+        ids = self.check_update(ids, grads)
+        with self._lock:
+            old, new = self._apply_at(self._slots(ids), grads, keep_old=True)
         assert old is not None
         return old, new
 
-    def _step(
-        self, ids: np.ndarray, grads: np.ndarray, keep_old: bool
+    def _apply_at(
+        self, slots: np.ndarray, grads: np.ndarray, keep_old: bool
     ) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray]]:
-        ids = self.check_update(ids, grads)
-        with self._lock:
-            slots = self._slots(ids)
-            rows = _take(self.rows, slots)
-            state = {k: _take(v, slots) for k, v in self.state.items()}
-            old = None
-            if keep_old:
-                old = {"row": rows.copy(), **{f"state/{k}": v.copy() for k, v in state.items()}}
-            self.optimizer.apply(rows, state, grads)
-            _put(self.rows, slots, rows)
-            for key, value in state.items():
-                _put(self.state[key], slots, value)
+        """The optimizer's step on copies of rows ``slots``, written back (caller holds the
+        lock): the fields before (``keep_old``) and after."""
+        rows = _take(self.rows, slots)
+        state = {k: _take(v, slots) for k, v in self.state.items()}
+        old = None
+        if keep_old:
+            old = {"row": rows.copy(), **{f"state/{k}": v.copy() for k, v in state.items()}}
+        self.optimizer.apply(rows, state, grads)
+        _put(self.rows, slots, rows)
+        for key, value in state.items():
+            _put(self.state[key], slots, value)
         return old, {"row": rows, **{f"state/{k}": v for k, v in state.items()}}
 
     def restore(self, arrays: dict[str, np.ndarray]) -> None:

@@ -124,8 +124,9 @@ def test_vocab_index_maps_in_range_ids_and_names_the_out_of_range() -> None:
     index = VocabIndex(100)
     np.testing.assert_array_equal(index.insert(np.array([7, 3, 7, 99])), [0, 1, 0, 2])
     np.testing.assert_array_equal(index.lookup(np.array([3, 4])), [1, -1])
-    assert index.check(np.array([0, 100])) == "ids must lie in [0, 100), got [0, 100]"
-    assert IdIndex().check(np.array([-(2**63), 2**63 - 1])) is None
+    assert index.check(0, 100) == "ids must lie in [0, 100), got [0, 100]"
+    assert index.check(0, 99) is None
+    assert IdIndex().check(-(2**63), 2**63 - 1) is None
     index.reset(np.array([99, 3]))
     np.testing.assert_array_equal(index.lookup(np.array([3, 7, 99])), [1, -1, 0])
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
+from airflow_rover.core.id_probe import NumpyProbe
 from airflow_rover.core.training_optimizers import (
     ADAGRAD_INITIAL_ACCUMULATOR,
     ADAM_BETA_1,
@@ -17,6 +18,7 @@ from airflow_rover.core.training_optimizers import (
     EPSILON,
     Optimizer,
 )
+from airflow_rover.ps import tables
 from airflow_rover.ps.tables import DenseStore, EmbeddingTable
 
 # Adam's bias correction runs in float32 as in Keras (0.999 rounds to 0.99900001), about 6e-6
@@ -293,3 +295,29 @@ def test_adagrad_in_place_is_bit_identical_to_its_float32_formula() -> None:
             ref_param -= np.float32(0.2) * g / np.sqrt(ref_accum + np.float32(1e-7))
         np.testing.assert_array_equal(param, ref_param)
         np.testing.assert_array_equal(state["accum"], ref_accum)
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["compiled", "numpy-twin"])
+@pytest.mark.parametrize("dim", [1, 16, 7])
+def test_table_adagrad_push_is_bit_identical_to_the_optimizer(
+    dim: int, twin: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's Adagrad push (one C pass over its rows in place, or the numpy twin without
+    a compiler) gives the very bits ``Optimizer.apply`` gives on copies of the rows, for
+    the table dims the C loop copies whole and any other."""
+    if twin:
+        monkeypatch.setattr(tables, "PROBE", NumpyProbe())
+    rng = np.random.default_rng(dim)
+    opt = Optimizer("adagrad", 0.2)
+    table = EmbeddingTable("t", dim, vocab_size=5000, seed=SEED, optimizer=opt)
+    ids = np.sort(rng.choice(5000, 900, replace=False))
+    param = table.lookup(ids)
+    accum = opt.init_state(param.shape, rows=True)
+    for step, g in enumerate(_grads((ids.size, dim), STEPS, seed=dim)):
+        some = np.arange(ids.size) % (step + 2) != 0  # a different subset of rows each step
+        table.apply_gradients(ids[some], g[some])
+        p, state = param[some], {"accum": accum["accum"][some]}
+        opt.apply(p, state, g[some])
+        param[some], accum["accum"][some] = p, state["accum"]
+    np.testing.assert_array_equal(table.lookup(ids, create=False), param)
+    np.testing.assert_array_equal(table.fields(ids)["state/accum"], accum["accum"])
