@@ -2,9 +2,12 @@
  * positions, and the pull's gather with its access counting.
  *
  * The index holds only row positions (int32, -1 empty, a power-of-two count); an id lives once,
- * in ``keys[row]`` (the table's ids in row order), so a slot costs 4 bytes. Work runs in blocks
- * of BLOCK ids, stage by stage, each stage prefetching what the next one reads: the misses of a
- * block overlap instead of following one another.
+ * in ``keys[row]`` (the table's ids in row order), so a slot costs 4 bytes. A row needs the
+ * low log2(slots) bits of its slot; the bits above, up to the sign, hold a tag: the top bits
+ * of the id's hash. A probe passing another id's slot then reads that id's key only when the
+ * tags agree, so a slot taken by another id seldom costs a cache miss. Loops are software-
+ * pipelined, each stage prefetching what a later one reads: the misses of many ids overlap
+ * instead of following one another.
  *
  * Loaded with ctypes (core.id_probe); a pure-numpy twin gives the same rows without a compiler.
  */
@@ -59,14 +62,35 @@ static inline void count(uint64_t *meta, int64_t r, int32_t day) {
     meta[r] = ((uint64_t)(uint32_t)day << 32) | c;
 }
 
-/* The row of ``id`` or EMPTY, probing from ``pos``. */
+/* An id's slot value for row ``row``: the row in the bits of ``mask``, the top bits of the id's
+ * hash ``h`` above them (none when the row takes all 31). */
+static inline int32_t tagged(uint64_t h, uint64_t mask, int64_t row) {
+    int bits = 64 - __builtin_clzll(mask); /* mask + 1 is a power of two above 1 */
+    uint32_t tag = bits < 31 ? (uint32_t)(h >> (33 + bits)) << bits : 0;
+    return (int32_t)(tag | (uint32_t)row);
+}
+
+/* The row of ``id`` (hash ``h``) or EMPTY, probing from its home slot. */
 static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *keys, int64_t id,
-                            uint64_t pos) {
-    for (;;) {
-        int32_t row = slots[pos];
-        if (row == EMPTY || keys[row] == id) return row;
-        pos = (pos + 1) & mask;
+                            uint64_t h) {
+    int32_t want = tagged(h, mask, 0);
+    int32_t rows = (int32_t)mask;
+    for (uint64_t pos = h & mask;; pos = (pos + 1) & mask) {
+        int32_t s = slots[pos];
+        if (s == EMPTY) return EMPTY;
+        if ((s & ~rows) == want && keys[s & rows] == id) return s & rows;
     }
+}
+
+/* The row a slot holds (slots other than EMPTY). */
+static inline int64_t row_in(int32_t s, uint64_t mask) { return (int64_t)(s & (int32_t)mask); }
+
+/* Stage two of a pipelined find: prefetch the key of the home slot's row if the tag agrees. */
+static inline void prefetch_key(const int32_t *slots, uint64_t mask, const int64_t *keys,
+                                uint64_t h) {
+    int32_t s = slots[h & mask];
+    if (s != EMPTY && (s & ~(int32_t)mask) == tagged(h, mask, 0))
+        __builtin_prefetch(&keys[row_in(s, mask)]);
 }
 
 /* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent.
@@ -74,20 +98,17 @@ static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *
 int64_t rover_find(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
                    int64_t n, int32_t *out) {
     int64_t absent = 0;
-    uint64_t pos[RING];
+    uint64_t hash[RING];
     for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
         if (i < n) {
-            pos[i & (RING - 1)] = mix(ids[i]) & mask;
-            __builtin_prefetch(&slots[pos[i & (RING - 1)]]);
+            hash[i & (RING - 1)] = mix(ids[i]);
+            __builtin_prefetch(&slots[hash[i & (RING - 1)] & mask]);
         }
         int64_t j = i - AHEAD;
-        if (j >= 0 && j < n) {
-            int32_t row = slots[pos[j & (RING - 1)]];
-            if (row != EMPTY) __builtin_prefetch(&keys[row]);
-        }
+        if (j >= 0 && j < n) prefetch_key(slots, mask, keys, hash[j & (RING - 1)]);
         int64_t k = i - 2 * AHEAD;
         if (k >= 0 && k < n) {
-            int32_t row = probe(slots, mask, keys, ids[k], pos[k & (RING - 1)]);
+            int32_t row = probe(slots, mask, keys, ids[k], hash[k & (RING - 1)]);
             out[k] = row;
             absent += row == EMPTY;
         }
@@ -102,20 +123,20 @@ int64_t rover_insert(int32_t *slots, uint64_t mask, int64_t *keys, const int64_t
                      int32_t *out, int64_t next) {
     for (int64_t i = 0; i < n; i++) {
         int64_t id = ids[i];
-        uint64_t pos = mix(id) & mask;
-        for (;;) {
-            int32_t row = slots[pos];
-            if (row == EMPTY) {
-                slots[pos] = (int32_t)next;
+        uint64_t h = mix(id);
+        int32_t want = tagged(h, mask, 0);
+        for (uint64_t pos = h & mask;; pos = (pos + 1) & mask) {
+            int32_t s = slots[pos];
+            if (s == EMPTY) {
+                slots[pos] = tagged(h, mask, next);
                 keys[next] = id;
                 out[i] = (int32_t)next++;
                 break;
             }
-            if (keys[row] == id) {
-                out[i] = row;
+            if ((s & ~(int32_t)mask) == want && keys[row_in(s, mask)] == id) {
+                out[i] = (int32_t)row_in(s, mask);
                 break;
             }
-            pos = (pos + 1) & mask;
         }
     }
     return next;
@@ -125,9 +146,9 @@ int64_t rover_insert(int32_t *slots, uint64_t mask, int64_t *keys, const int64_t
 void rover_rebuild(int32_t *slots, uint64_t mask, const int64_t *keys, int64_t n) {
     memset(slots, 0xff, (mask + 1) * sizeof(int32_t));
     for (int64_t r = 0; r < n; r++) {
-        uint64_t pos = mix(keys[r]) & mask;
+        uint64_t h = mix(keys[r]), pos = h & mask;
         while (slots[pos] != EMPTY) pos = (pos + 1) & mask;
-        slots[pos] = (int32_t)r;
+        slots[pos] = tagged(h, mask, r);
     }
 }
 
@@ -157,23 +178,37 @@ void rover_gather_count(const float *src, int64_t dim, const int32_t *rows, int6
 
 /* The pull: rows of ids[0:n) into rows_out (EMPTY where absent) and, for each id present, its
  * row copied to out[i] and its access counted. Returns how many are absent (the caller
- * creates, copies and counts those). Two pipelined passes, not one: finding (slot and key)
- * then copying (row and record) keeps fewer misses in flight than the fill buffers hold. */
+ * creates, copies and counts those). One pipelined pass: id i's slot is prefetched, id
+ * i-AHEAD's key, id i-2*AHEAD is probed and its row and record prefetched, id i-3*AHEAD's row
+ * copied and counted. */
 int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
                    int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
                    uint64_t *meta, int32_t day) {
     size_t width = (size_t)dim * sizeof(float);
-    int64_t absent = rover_find(slots, mask, keys, ids, n, rows_out);
-    for (int64_t i = 0; i < n + AHEAD; i++) {
-        if (i < n && rows_out[i] != EMPTY) {
-            int64_t r = rows_out[i];
-            prefetch_row(src + r * dim, width, 0);
-            __builtin_prefetch(&meta[r], 1);
+    int64_t absent = 0;
+    uint64_t hash[RING];
+    for (int64_t i = 0; i < n + 3 * AHEAD; i++) {
+        if (i < n) {
+            hash[i & (RING - 1)] = mix(ids[i]);
+            __builtin_prefetch(&slots[hash[i & (RING - 1)] & mask]);
         }
-        int64_t k = i - AHEAD;
-        if (k >= 0 && rows_out[k] != EMPTY) {
-            int64_t r = rows_out[k];
-            copy_row(out + k * dim, src + r * dim, width);
+        int64_t j = i - AHEAD;
+        if (j >= 0 && j < n) prefetch_key(slots, mask, keys, hash[j & (RING - 1)]);
+        int64_t k = i - 2 * AHEAD;
+        if (k >= 0 && k < n) {
+            int32_t r = probe(slots, mask, keys, ids[k], hash[k & (RING - 1)]);
+            rows_out[k] = r;
+            if (r == EMPTY) {
+                absent++;
+            } else {
+                prefetch_row(src + (int64_t)r * dim, width, 0);
+                __builtin_prefetch(&meta[r], 1);
+            }
+        }
+        int64_t l = i - 3 * AHEAD;
+        if (l >= 0 && rows_out[l] != EMPTY) {
+            int64_t r = rows_out[l];
+            copy_row(out + l * dim, src + r * dim, width);
             count(meta, r, day);
         }
     }

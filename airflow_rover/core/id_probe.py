@@ -273,16 +273,20 @@ class NumpyProbe:
     def find(
         self, slots: np.ndarray, mask: int, keys: np.ndarray, ids: np.ndarray, out: np.ndarray
     ) -> int:
-        pos = (mix(ids) & np.uint64(mask)).astype(np.int64)
-        out[:] = slots[pos]
-        live = np.flatnonzero(out != EMPTY)
-        live = live[keys[out[live]] != ids[live]]
+        hashes = mix(ids)
+        want = tags(hashes, mask)
+        pos = (hashes & np.uint64(mask)).astype(np.int64)
+        live = np.arange(ids.size)  # ids whose probe goes on
         while live.size:
-            pos[live] = (pos[live] + 1) & mask
             got = slots[pos[live]]
-            out[live] = got
-            live = live[got != EMPTY]
-            live = live[keys[out[live]] != ids[live]]
+            empty = got == EMPTY
+            out[live[empty]] = EMPTY
+            live, got = live[~empty], got[~empty]
+            row = got & np.int32(mask)
+            hit = ((got & ~np.int32(mask)) == want[live]) & (keys[row] == ids[live])
+            out[live[hit]] = row[hit]
+            live = live[~hit]
+            pos[live] = (pos[live] + 1) & mask
         return int(np.count_nonzero(out == EMPTY))
 
     def insert(
@@ -381,17 +385,28 @@ class NumpyProbe:
         param[rows] -= lr * grads / np.sqrt(acc + eps)
 
 
+def tags(hashes: np.ndarray, mask: int) -> np.ndarray:
+    """The tag bits of ids with these hashes in a slot (int32), as the C file computes them:
+    the hash's top bits above the low log2(mask + 1) bits that hold the row."""
+    bits = mask.bit_length()
+    if bits >= 31:
+        return np.zeros(hashes.size, dtype=np.int32)
+    return ((hashes >> np.uint64(33 + bits)) << np.uint64(bits)).astype(np.int32)
+
+
 def _place(slots: np.ndarray, mask: int, ids: np.ndarray, first_row: int) -> None:
     """Put distinct ``ids`` (absent from ``slots``) in as rows ``first_row``, ...: each takes
     the first empty slot from its hash on; where several reach one slot, the earliest wins."""
-    pos = (mix(ids) & np.uint64(mask)).astype(np.int64)
+    hashes = mix(ids)
+    tag = tags(hashes, mask)
+    pos = (hashes & np.uint64(mask)).astype(np.int64)
     pending = np.arange(ids.size)
     while pending.size:
         at = pos[pending]
         free = slots[at] == EMPTY
         _, win = np.unique(at[free], return_index=True)
         winners = pending[free][win]
-        slots[pos[winners]] = first_row + winners
+        slots[pos[winners]] = tag[winners] | (first_row + winners).astype(np.int32)
         pending = pending[np.isin(pending, winners, assume_unique=True, invert=True)]
         pos[pending] = (pos[pending] + 1) & mask
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from airflow_rover.core.id_index import MAX_LOAD, IdIndex
-from airflow_rover.core.id_probe import META, PROBE, CompiledProbe, NumpyProbe, mix
+from airflow_rover.core.id_probe import META, PROBE, CompiledProbe, NumpyProbe, mix, tags
 from airflow_rover.core.vocab_index import VocabIndex
 
 PROBES = [pytest.param(NumpyProbe(), id="numpy")]
@@ -49,6 +49,18 @@ def test_no_two_ids_share_a_row_after_many_inserts_and_growth(probe: NumpyProbe)
     everything = np.fromiter(truth, dtype=np.int64)
     np.testing.assert_array_equal(index.lookup(everything), list(truth.values()))
     np.testing.assert_array_equal(index.keys[index.lookup(everything)], everything)
+    _assert_slots_tagged(index)
+
+
+def _assert_slots_tagged(index: IdIndex) -> None:
+    """Each row sits in one slot, its low log2(capacity) bits the row and the bits above them
+    the top bits of its id's hash."""
+    slots, mask = index._slots, index.capacity - 1
+    held = slots[slots != -1]
+    rows = held & mask
+    assert sorted(rows.tolist()) == list(range(index.size))
+    np.testing.assert_array_equal(held & ~np.int32(mask), tags(mix(index.keys[rows]), mask))
+    assert (held >= 0).all() and (held & ~np.int32(mask)).any()
 
 
 @pytest.mark.parametrize("probe", PROBES)
@@ -118,6 +130,7 @@ def test_reset_holds_exactly_the_given_ids(probe: NumpyProbe) -> None:
     np.testing.assert_array_equal(index.keys[index.lookup(keep)], keep)
     np.testing.assert_array_equal(index.lookup(index.keys), np.arange(index.size))
     assert (index.lookup(np.setdiff1d(raw_ids(rng, 1_000), keep)) == -1).all()
+    _assert_slots_tagged(index)  # rebuilt by the C loop or the numpy twin
 
 
 def test_vocab_index_maps_in_range_ids_and_names_the_out_of_range() -> None:
