@@ -273,6 +273,19 @@ void rover_scatter(float *dst, int64_t dim, const int32_t *rows, int64_t n, cons
  * distinct), in place: accum += g*g; param -= lr*g / sqrt(accum + eps). Every operation is one
  * float rounding, in the order core.training_optimizers applies them, so the result is the
  * same bits (built with -std=c99: no contraction into fused multiply-adds). */
+static inline void adagrad_span(float *p, float *a, const float *g, int64_t n, float lr,
+                                float eps) {
+    for (int64_t d = 0; d < n; d++) {
+        float sq = g[d] * g[d];
+        float acc = a[d] + sq;
+        a[d] = acc;
+        float denom = sqrtf(acc + eps);
+        float update = lr * g[d];
+        update = update / denom;
+        p[d] = p[d] - update;
+    }
+}
+
 void rover_adagrad(float *param, float *accum, int64_t dim, const int32_t *rows, int64_t n,
                    const float *grads, float lr, float eps) {
     for (int64_t i = 0; i < n + AHEAD; i++) {
@@ -281,19 +294,16 @@ void rover_adagrad(float *param, float *accum, int64_t dim, const int32_t *rows,
             prefetch_row(accum + (int64_t)rows[i] * dim, (size_t)dim * sizeof(float), 1);
         }
         int64_t k = i - AHEAD;
-        if (k < 0) continue;
-        float *p = param + (int64_t)rows[k] * dim, *a = accum + (int64_t)rows[k] * dim;
-        const float *g = grads + k * dim;
-        for (int64_t d = 0; d < dim; d++) {
-            float sq = g[d] * g[d];
-            float acc = a[d] + sq;
-            a[d] = acc;
-            float denom = sqrtf(acc + eps);
-            float update = lr * g[d];
-            update = update / denom;
-            p[d] = p[d] - update;
-        }
+        if (k >= 0)
+            adagrad_span(param + (int64_t)rows[k] * dim, accum + (int64_t)rows[k] * dim,
+                         grads + k * dim, dim, lr, eps);
     }
+}
+
+/* The same Adagrad step on n contiguous values (a dense variable, whole). */
+void rover_adagrad_flat(float *param, float *accum, const float *grads, int64_t n, float lr,
+                        float eps) {
+    adagrad_span(param, accum, grads, n, lr, eps);
 }
 
 /* 1 if no value of x[0:n) is inf or nan (exponent bits all set), else 0. */

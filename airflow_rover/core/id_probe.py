@@ -118,6 +118,17 @@ class Probe(Protocol):
         place, bit for bit as ``training_optimizers.Optimizer.apply``."""
         ...
 
+    def adagrad_flat(
+        self,
+        param: np.ndarray,
+        accum: np.ndarray,
+        grads: np.ndarray,
+        lr: np.float32,
+        eps: np.float32,
+    ) -> None:
+        """``adagrad`` on whole float32 arrays of one shape (C-contiguous)."""
+        ...
+
 
 def _interface_addr(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
@@ -165,6 +176,7 @@ class CompiledProbe:
             "rover_scatter": (None, [ptr, i64, ptr, i64, ptr]),
             "rover_all_finite": (i32, [ptr, i64]),
             "rover_adagrad": (None, [ptr, ptr, i64, ptr, i64, ptr, f32, f32]),
+            "rover_adagrad_flat": (None, [ptr, ptr, ptr, i64, f32, f32]),
         }
         for name, (restype, argtypes) in sig.items():
             fn = getattr(lib, name)
@@ -252,6 +264,17 @@ class CompiledProbe:
     ) -> None:
         args = (_addr(param), _addr(accum), param.shape[1], _addr(rows), rows.size)
         self._lib.rover_adagrad(*args, _addr(grads), float(lr), float(eps))
+
+    def adagrad_flat(
+        self,
+        param: np.ndarray,
+        accum: np.ndarray,
+        grads: np.ndarray,
+        lr: np.float32,
+        eps: np.float32,
+    ) -> None:
+        args = (_addr(param), _addr(accum), _addr(grads), param.size)
+        self._lib.rover_adagrad_flat(*args, float(lr), float(eps))
 
 
 def mix(ids: np.ndarray) -> np.ndarray:
@@ -383,6 +406,21 @@ class NumpyProbe:
         acc = accum[rows] + grads * grads
         accum[rows] = acc
         param[rows] -= lr * grads / np.sqrt(acc + eps)
+
+    def adagrad_flat(
+        self,
+        param: np.ndarray,
+        accum: np.ndarray,
+        grads: np.ndarray,
+        lr: np.float32,
+        eps: np.float32,
+    ) -> None:
+        tmp = np.multiply(grads, grads)  # two temporaries, the operations in the same order
+        accum += tmp
+        np.sqrt(np.add(accum, eps, out=tmp), out=tmp)
+        update = np.multiply(lr, grads)
+        update /= tmp
+        param -= update
 
 
 def tags(hashes: np.ndarray, mask: int) -> np.ndarray:

@@ -12,6 +12,8 @@ from typing import Literal
 
 import numpy as np
 
+from airflow_rover.core.id_probe import PROBE
+
 OptimizerName = Literal["sgd", "adagrad", "adam"]
 ADAGRAD_INITIAL_ACCUMULATOR = 0.1  # Keras' default
 EPSILON = 1e-7  # Keras' default for Adagrad and Adam
@@ -51,18 +53,11 @@ class Optimizer:
             param -= lr * grad
         elif self.name == "adagrad":
             accum = state["accum"]
-            if grad.dtype != np.float32 or grad.ndim == 0 or grad.shape != param.shape:
-                accum += grad * grad
-                param -= lr * grad / np.sqrt(accum + np.float32(EPSILON))
+            if _flat_float32(param, accum, grad):
+                PROBE.adagrad_flat(param, accum, grad, lr, np.float32(EPSILON))
                 return
-            # The same operations in the same order (bit-identical), into two temporaries
-            # instead of five allocations.
-            tmp = np.multiply(grad, grad)
-            accum += tmp
-            np.sqrt(np.add(accum, np.float32(EPSILON), out=tmp), out=tmp)
-            update = np.multiply(lr, grad)
-            update /= tmp
-            param -= update
+            accum += grad * grad
+            param -= lr * grad / np.sqrt(accum + np.float32(EPSILON))
         else:
             step = state["step"]
             step += 1
@@ -80,3 +75,13 @@ class Optimizer:
         elif self.name == "adam":
             np.maximum(state["v"], np.float32(0), out=state["v"])
             np.maximum(np.rint(state["step"]), np.float32(0), out=state["step"])
+
+
+def _flat_float32(*arrays: np.ndarray) -> bool:
+    """Whether ``PROBE.adagrad_flat`` can step these arrays: float32, C-contiguous, of one
+    shape with at least one dimension (its loop or its numpy twin, the same bits either way)."""
+    shape = arrays[0].shape
+    return all(
+        a.dtype == np.float32 and a.flags.c_contiguous and a.ndim and a.shape == shape
+        for a in arrays
+    )

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from airflow_rover.core import training_optimizers
 from airflow_rover.core.hashing import INIT_SCALE, initial_rows
 from airflow_rover.core.id_probe import NumpyProbe
 from airflow_rover.core.training_optimizers import (
@@ -280,9 +281,15 @@ def test_table_rows_match_reference_after_growth(name: str) -> None:
     )
 
 
-def test_adagrad_in_place_is_bit_identical_to_its_float32_formula() -> None:
-    """The in-place Adagrad (two temporaries) gives the very bits of the plain float32
-    expression, so the update is the same whichever way a process computes it."""
+@pytest.mark.parametrize("twin", [False, True], ids=["compiled", "numpy-twin"])
+def test_adagrad_in_place_is_bit_identical_to_its_float32_formula(
+    twin: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The in-place Adagrad (one C pass, or its numpy twin with two temporaries) gives the
+    very bits of the plain float32 expression, so the update is the same whichever way a
+    process computes it."""
+    if twin:
+        monkeypatch.setattr(training_optimizers, "PROBE", NumpyProbe())
     rng = np.random.default_rng(8)
     opt = Optimizer("adagrad", 0.2)
     for shape in [(300, 16), (257,), (5, 1)]:
