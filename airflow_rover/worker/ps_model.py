@@ -21,6 +21,7 @@ from airflow_rover.data.batch import RaggedIds
 from airflow_rover.data.batch_ids import BatchIds, Element, ElementEncoder
 from airflow_rover.data.reader import Batch
 from airflow_rover.rpc.ps_client import PSClient
+from airflow_rover.worker.flat_call import FlatCall
 from airflow_rover.worker.models import DENSE_INPUT
 from airflow_rover.worker.pooling import pool
 
@@ -62,9 +63,9 @@ class PSModel:
             input_signature=(*signature, *[tf.TensorSpec([None], tf.float32)] * 2),
         )
         self._predict_fn = tf.function(self._predict, input_signature=signature)
-        # The step's one trace, called directly: a tf.function call first matches its arguments
-        # against its traces, about 0.6 ms of Python (GIL held) a step.
-        self._step_fn: Any = None
+        # The step's one trace, called on flat inputs: a tf.function call first matches its
+        # arguments against its traces, and a trace's call binds them to its signature.
+        self._step_fn: FlatCall | None = None
 
     # -- graph functions ---------------------------------------------------------------------
     def _inputs(
@@ -174,15 +175,19 @@ class PSModel:
     ) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Loss, row gradients per group and dense gradients for one element."""
         if self._step_fn is None:
-            self._step_fn = self._grad_fn.get_concrete_function()
+            self._step_fn = FlatCall(self._grad_fn.get_concrete_function())
+        list_ids, segments = self._list_inputs(element)
         loss, row_grads, var_grads = self._step_fn(
-            element["dense"],
-            [rows[g.name] for g in self.groups],
-            [element[f"inverse/{g.name}"] for g in self.groups],
-            *self._list_inputs(element),
-            [dense[n] for n in self.var_names],
-            element["label"],
-            element["weight"],
+            [
+                element["dense"],
+                *(rows[g.name] for g in self.groups),
+                *(element[f"inverse/{g.name}"] for g in self.groups),
+                *list_ids,
+                *segments,
+                *(dense[n] for n in self.var_names),
+                element["label"],
+                element["weight"],
+            ]
         )
         row_out = {g.name: r.numpy() for g, r in zip(self.groups, row_grads, strict=True)}
         dense_out = {n: v.numpy() for n, v in zip(self.var_names, var_grads, strict=True)}
@@ -196,8 +201,8 @@ class PSModel:
     def warm_up(self) -> None:
         """Trace the step function on a one-sample batch, so a worker that says it is ready
         trains at full speed from its first step (no PS access: zero rows, initial weights)."""
-        self._step_fn = self._grad_fn.get_concrete_function()
-        self._step_fn(
+        step = self._grad_fn.get_concrete_function()
+        step(
             np.zeros((1, self.features.num_dense), np.float32),
             [np.zeros((1, g.dim), np.float32) for g in self.groups],
             [np.zeros((1, len(s)), np.int32) for s in self._scalar],
@@ -207,6 +212,7 @@ class PSModel:
             np.zeros(1, np.float32),
             np.ones(1, np.float32),
         )
+        self._step_fn = FlatCall(step)
 
     def predict(self, batch: Batch) -> np.ndarray:
         element = self.ids_element(batch)
