@@ -225,7 +225,7 @@ class EmbeddingTable:
             state_slots = self.index.lookup(state_ids)
             if state_slots.size and state_slots.min() < 0:
                 raise ValueError(f"table {self.name!r}: state_ids must be a subset of ids")
-            return rows, {k: v[state_slots] for k, v in self.state.items()}
+            return rows, {k: _take(v, state_slots) for k, v in self.state.items()}
 
     def check_update(self, ids: np.ndarray, grads: np.ndarray) -> np.ndarray:
         """Reject a malformed update before anything of it is applied; ``ids`` as checked."""
