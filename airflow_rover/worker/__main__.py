@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 import grpc
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> None:
 def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
     """Build the model, then train (a worker) or score the held-out split (the evaluator)."""
     stop = threading.Event()  # set when the master says so; SIGTERM ends the process at once
+    started = time.monotonic()
     _configure_tensorflow()
     spec = ctx.job_dir.read_spec()
     cluster = master.cluster()
@@ -58,6 +60,7 @@ def _run(role: str, ctx: NodeContext, master: MasterClient) -> None:
     model = _ps_model(spec, ctx, role, cluster, optimizer, data)
     if role == "worker":
         model.warm_up()
+    log.info("%s ready: model built in %.1f s", ctx.node_id, time.monotonic() - started)
     master.ready(ctx.node_id)
     if role == "worker":
         _train(ctx, spec, model, optimizer, master, cluster.ps_set_version, stop, data)

@@ -208,10 +208,13 @@ def test_a_trigger_recreated_after_a_triggerer_restart_sees_the_job_complete_onc
     streamed = re.findall(
         r"\] (\[(?:master|ps-\d|worker-\d|evaluator)\] .*?) +\[airflow_rover", out
     )
-    # each worker's lines were passed on; a worker still in its first step when the job ends
-    # is stopped before it logs "done", so one "done" line is what is certain
+    # each worker's lines were passed on (every worker logs when it is ready); a worker still
+    # in its first step when the job ends is stopped before it logs "done", so one "done"
+    # line is what is certain
     for worker in (f"worker-{i}" for i in range(NUM_WORKERS)):
-        assert any(line.startswith(f"[{worker}] ") for line in streamed), worker
+        assert any(f"[{worker}] " in line and f" {worker} ready:" in line for line in streamed), (
+            worker
+        )
     assert any(re.match(r"\[(worker-\d)\] .*\1 done:", line) for line in streamed)
     assert not [line for line in streamed if "HTTP Request:" in line]
     repeated = {line: n for line, n in Counter(streamed).items() if n > 2}
