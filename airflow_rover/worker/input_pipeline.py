@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-import tensorflow as tf
 
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.data.preprocessing import (
@@ -21,6 +20,7 @@ from airflow_rover.data.preprocessing import (
 from airflow_rover.data.reader import SampleReader
 from airflow_rover.rpc.master_client import MasterClient
 from airflow_rover.worker.data_client import LeasedElement, RemoteBatches
+from airflow_rover.worker.prefetch import Prefetched
 from airflow_rover.worker.ps_model import PSModel
 from airflow_rover.worker.shard_leases import leased_batches
 
@@ -54,9 +54,10 @@ def input_pipeline(
     wake: threading.Event | None = None,
     keeps: Callable[[int], bool] | None = None,
     inputs: InputConfig = IN_PROCESS,
-) -> tuple[tf.data.Dataset, Callable[[], float]]:
-    """The leased shards' batches as model inputs, prefetched, and how full the queue of ready
-    batches is (0..1); built once per worker (building one costs about 0.1 s, which a
+) -> tuple[Iterator[dict[str, np.ndarray]], Callable[[], float]]:
+    """The leased shards' batches as model inputs (numpy arrays, the dtypes the step function
+    declares), made ahead on a thread of their own, and how full the queue of ready batches
+    is (0..1); built once per worker (building one costs about 0.1 s, which a
     relaunched PS would otherwise add to every recovery). ``ps_set_version()``: the version of
     the PS set the trainer is on (leases ask for it)."""
     leased: Iterator[LeasedElement]
@@ -111,8 +112,14 @@ def input_pipeline(
                 "ps_set_version": np.array(version, dtype=np.int64),
             }
 
-    dataset = tf.data.Dataset.from_generator(elements, output_signature=model.element_signature())
-    return dataset.prefetch(PREFETCH_BATCHES), fill
+    dtypes = {name: spec.dtype.as_numpy_dtype for name, spec in model.element_signature().items()}
+
+    def typed() -> Iterator[dict[str, np.ndarray]]:
+        """Each element as the step's inputs are declared (no copy where it is already so)."""
+        for element in elements():
+            yield {name: np.asarray(value, dtype=dtypes[name]) for name, value in element.items()}
+
+    return Prefetched(typed(), PREFETCH_BATCHES, stop, f"input-{node_id}"), fill
 
 
 def _prepared_here(

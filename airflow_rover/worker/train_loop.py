@@ -15,7 +15,7 @@ from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.rpc import master_api
 from airflow_rover.rpc.master_client import MasterClient
-from airflow_rover.rpc.ps_client import Push
+from airflow_rover.rpc.ps_client import Push, PushPullReply
 from airflow_rover.worker.dense_mirror import DenseMirror
 from airflow_rover.worker.progress import Progress
 from airflow_rover.worker.ps_model import PSModel
@@ -23,6 +23,19 @@ from airflow_rover.worker.relaunch import wait_for_relaunch
 from airflow_rover.worker.shard_leases import NO_SHARD
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Common:
+    """The ids two consecutive steps both touch, and their positions in each step's ids."""
+
+    ids: np.ndarray
+    at_next: np.ndarray
+    at_cur: np.ndarray
+
+
+def _common(next_ids: np.ndarray, cur_ids: np.ndarray) -> _Common:
+    return _Common(*np.intersect1d(next_ids, cur_ids, assume_unique=True, return_indices=True))
 
 
 @dataclass
@@ -106,7 +119,7 @@ class TrainLoop:
             self._flush()
 
     def _unique(self, element: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {g.name: element[f"unique/{g.name}"].numpy() for g in self.model.groups}
+        return {g.name: np.asarray(element[f"unique/{g.name}"]) for g in self.model.groups}
 
     def _pull(self, element: dict[str, Any]) -> _Pulled:
         """Read an element's rows when nothing is pending (the first step after a pause)."""
@@ -122,26 +135,29 @@ class TrainLoop:
         profile = self.progress.profile
         t0 = time.perf_counter_ns()
         next_unique = self._unique(nxt) if nxt is not None else {}
-        both = {  # ids both steps touch: (ids, positions in the next step, in this one)
-            g: np.intersect1d(ids, cur.unique[g], assume_unique=True, return_indices=True)
-            for g, ids in next_unique.items()
-        }
         start = self.model.ps.push_pull_async  # its replies merged on the sender thread too
-        call = self._sender.submit(
-            lambda *args, **kwargs: start(*args, **kwargs).result(),
+        pending, expected, key = (
             self.pending,
-            next_unique,
             self.mirror.expected(pushing=self.pending is not None),
-            state_ids={g: common for g, (common, _, _) in both.items()},
-            push_key=self.pending_key,
+            self.pending_key,
         )
+
+        def push_pull() -> tuple[PushPullReply, dict[str, _Common]]:
+            """On the sender thread, during the TF step: the ids both steps touch, then the
+            PushPull that reads their optimizer state with the next step's rows."""
+            both = {g: _common(ids, cur.unique[g]) for g, ids in next_unique.items()}
+            state_ids = {g: common.ids for g, common in both.items()}
+            reply = start(pending, next_unique, expected, state_ids=state_ids, push_key=key)
+            return reply.result(), both
+
+        call = self._sender.submit(push_pull)
         t1, cpu = time.perf_counter_ns(), time.thread_time_ns()
         _, row_grads, dense_grads = self.model.gradients(cur.element, cur.rows, self.mirror.values)
         profile.add("worker/tf_step_cpu", time.thread_time_ns() - cpu)
         t2 = time.perf_counter_ns()
         early = self.mirror.apply_early(dense_grads)
         t3 = time.perf_counter_ns()
-        reply = call.result()
+        reply, both = call.result()
         t4 = time.perf_counter_ns()
         self._watch_if_lost()
         self._report(self.pending_shard)  # the push that just landed completed it
@@ -151,11 +167,11 @@ class TrainLoop:
         self.pending_shard = int(cur.element["shard_id"]) if bool(cur.element["last"]) else NO_SHARD
         t5 = time.perf_counter_ns()
         if nxt is not None:
-            for g, (_, at_next, at_cur) in both.items():
-                rows = reply.rows[g][at_next]
+            for g, common in both.items():
+                rows = reply.rows[g][common.at_next]
                 state = reply.row_state[g]
-                self.optimizer.apply(rows, state, row_grads[g][at_cur])
-                reply.rows[g][at_next] = rows
+                self.optimizer.apply(rows, state, row_grads[g][common.at_cur])
+                reply.rows[g][common.at_next] = rows
         t6 = time.perf_counter_ns()
         samples = int(cur.element["label"].shape[0])
         self.progress.record(samples, (t6 - t0) / 1e9)

@@ -7,7 +7,8 @@ this step's gradients are computed (``TrainLoop``: the worker replays its own up
 rows read ahead, so it never computes on rows that miss its own last update, and with one
 worker training is exactly sequential). Dense weights are mirrored on the worker
 (``DenseMirror``) and travel back only when another worker changed them.
-A ``tf.data`` pipeline leases shards, reads samples and computes ids ahead (``prefetch``).
+An input pipeline leases shards, reads samples and computes ids ahead, on a thread of its own
+(``worker.prefetch``).
 Training is asynchronous across workers: each pushes on its own.
 """
 
@@ -61,7 +62,7 @@ def train(
     wake = threading.Event()
     loop = TrainLoop(node_id, model, optimizer, master, progress, ps_set_version, stop, wake)
     # The lambda reads ``loop`` when called: the PS set of whichever loop trains now.
-    dataset, progress.ready_fill = input_pipeline(
+    pipeline, progress.ready_fill = input_pipeline(
         node_id,
         model,
         reader,
@@ -73,7 +74,7 @@ def train(
         lambda version: loop.trains(version),
         inputs,
     )
-    elements = _timed(iter(dataset), progress)
+    elements = _timed(pipeline, progress)
     while not _trained_to_the_end(loop, elements):
         loop = _loop_on_relaunched_ps(loop)
     master.heartbeat(node_id, progress.heartbeat())
