@@ -93,29 +93,6 @@ static inline void prefetch_key(const int32_t *slots, uint64_t mask, const int64
         __builtin_prefetch(&keys[row_in(s, mask)]);
 }
 
-/* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent.
- * Software-pipelined: id i's slot is prefetched, id i-AHEAD's key, id i-2*AHEAD is probed. */
-int64_t rover_find(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
-                   int64_t n, int32_t *out) {
-    int64_t absent = 0;
-    uint64_t hash[RING];
-    for (int64_t i = 0; i < n + 2 * AHEAD; i++) {
-        if (i < n) {
-            hash[i & (RING - 1)] = mix(ids[i]);
-            __builtin_prefetch(&slots[hash[i & (RING - 1)] & mask]);
-        }
-        int64_t j = i - AHEAD;
-        if (j >= 0 && j < n) prefetch_key(slots, mask, keys, hash[j & (RING - 1)]);
-        int64_t k = i - 2 * AHEAD;
-        if (k >= 0 && k < n) {
-            int32_t row = probe(slots, mask, keys, ids[k], hash[k & (RING - 1)]);
-            out[k] = row;
-            absent += row == EMPTY;
-        }
-    }
-    return absent;
-}
-
 /* Rows of ids[0:n) into out, an absent id taking row ``next`` (then next + 1, ...) with its id
  * written to keys[row]; returns the next free row. The caller leaves room for every id: slots
  * below the load limit after n more, keys long enough. A repeated id gets its first row. */
@@ -177,13 +154,14 @@ void rover_gather_count(const float *src, int64_t dim, const int32_t *rows, int6
 }
 
 /* The pull: rows of ids[0:n) into rows_out (EMPTY where absent) and, for each id present, its
- * row copied to out[i] and its access counted. Returns how many are absent (the caller
- * creates, copies and counts those). One pipelined pass: id i's slot is prefetched, id
- * i-AHEAD's key, id i-2*AHEAD is probed and its row and record prefetched, id i-3*AHEAD's row
- * copied and counted. */
-int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
-                   int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
-                   uint64_t *meta, int32_t day) {
+ * row copied to out[i] and its access counted; with src NULL only the rows are found. Returns
+ * how many are absent (the caller creates, copies and counts those). One pipelined pass: id
+ * i's slot is prefetched, id i-AHEAD's key, id i-2*AHEAD is probed and its row and record
+ * prefetched, id i-3*AHEAD's row copied and counted. */
+static inline int64_t pull_pass(const int32_t *slots, uint64_t mask, const int64_t *keys,
+                                const int64_t *ids, int64_t n, int32_t *rows_out,
+                                const float *src, int64_t dim, float *out, uint64_t *meta,
+                                int32_t day) {
     size_t width = (size_t)dim * sizeof(float);
     int64_t absent = 0;
     uint64_t hash[RING];
@@ -200,19 +178,31 @@ int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, con
             rows_out[k] = r;
             if (r == EMPTY) {
                 absent++;
-            } else {
+            } else if (src) {
                 prefetch_row(src + (int64_t)r * dim, width, 0);
                 __builtin_prefetch(&meta[r], 1);
             }
         }
         int64_t l = i - 3 * AHEAD;
-        if (l >= 0 && rows_out[l] != EMPTY) {
+        if (src && l >= 0 && rows_out[l] != EMPTY) {
             int64_t r = rows_out[l];
             copy_row(out + l * dim, src + r * dim, width);
             count(meta, r, day);
         }
     }
     return absent;
+}
+
+int64_t rover_pull(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
+                   int64_t n, int32_t *rows_out, const float *src, int64_t dim, float *out,
+                   uint64_t *meta, int32_t day) {
+    return pull_pass(slots, mask, keys, ids, n, rows_out, src, dim, out, meta, day);
+}
+
+/* Rows of ids[0:n) into out (EMPTY where absent); returns how many are absent. */
+int64_t rover_find(const int32_t *slots, uint64_t mask, const int64_t *keys, const int64_t *ids,
+                   int64_t n, int32_t *out) {
+    return pull_pass(slots, mask, keys, ids, n, out, 0, 0, 0, 0, 0);
 }
 
 /* rover_pull for ids that index ``row_of`` directly (a hashed vocabulary: row_of[id], EMPTY
