@@ -53,7 +53,7 @@ class Optimizer:
             param -= lr * grad
         elif self.name == "adagrad":
             accum = state["accum"]
-            if _flat_float32(param, accum, grad):
+            if _adagrad_in_one_pass(param, accum, grad):
                 PROBE.adagrad_flat(param, accum, grad, lr, np.float32(EPSILON))
                 return
             accum += grad * grad
@@ -77,11 +77,15 @@ class Optimizer:
             np.maximum(np.rint(state["step"]), np.float32(0), out=state["step"])
 
 
-def _flat_float32(*arrays: np.ndarray) -> bool:
-    """Whether ``PROBE.adagrad_flat`` can step these arrays: float32, C-contiguous, of one
-    shape with at least one dimension (its loop or its numpy twin, the same bits either way)."""
-    shape = arrays[0].shape
-    return all(
-        a.dtype == np.float32 and a.flags.c_contiguous and a.ndim and a.shape == shape
-        for a in arrays
+def _adagrad_in_one_pass(param: np.ndarray, accum: np.ndarray, grad: np.ndarray) -> bool:
+    """Whether ``PROBE.adagrad_flat`` can step these arrays (its C loop or its numpy twin, the
+    same bits either way): float32, C-contiguous, of one shape with at least one dimension,
+    and what it writes writeable (the C loop would not refuse a read-only array)."""
+    arrays = (param, accum, grad)
+    return (
+        all(a.dtype == np.float32 and a.flags.c_contiguous for a in arrays)
+        and param.ndim > 0
+        and param.shape == accum.shape == grad.shape
+        and param.flags.writeable
+        and accum.flags.writeable
     )

@@ -57,9 +57,8 @@ def input_pipeline(
 ) -> tuple[Iterator[dict[str, np.ndarray]], Callable[[], float]]:
     """The leased shards' batches as model inputs (numpy arrays, the dtypes the step function
     declares), made ahead on a thread of their own, and how full the queue of ready batches
-    is (0..1); built once per worker (building one costs about 0.1 s, which a
-    relaunched PS would otherwise add to every recovery). ``ps_set_version()``: the version of
-    the PS set the trainer is on (leases ask for it)."""
+    is (0..1); built once per worker (a loop against a relaunched PS trains on from it).
+    ``ps_set_version()``: the version of the PS set the trainer is on (leases ask for it)."""
     leased: Iterator[LeasedElement]
     fill: Callable[[], float] = lambda: 0.0  # noqa: E731
     if inputs.data_workers:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ class Prefetched(Iterator[T], Generic[T]):
                     self._ended = True
                     raise StopIteration from None
         if kind == _ITEM:
-            return value  # type: ignore[return-value]
+            return cast(T, value)
         self._ended = True
         if kind == _ERROR:
             assert isinstance(value, BaseException)

@@ -328,3 +328,15 @@ def test_table_adagrad_push_is_bit_identical_to_the_optimizer(
         param[some], accum["accum"][some] = p, state["accum"]
     np.testing.assert_array_equal(table.lookup(ids, create=False), param)
     np.testing.assert_array_equal(table.fields(ids)["state/accum"], accum["accum"])
+
+
+def test_adagrad_refuses_to_write_a_read_only_array_as_numpy_does() -> None:
+    """A read-only accumulator (a view of a received message) is not written through the C
+    loop's pointer: the update fails as numpy's in-place update fails."""
+    opt = Optimizer("adagrad", 0.2)
+    param = np.ones(8, np.float32)
+    accum = np.full(8, 0.1, np.float32)
+    accum.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        opt.apply(param, {"accum": accum}, np.ones(8, np.float32))
+    np.testing.assert_array_equal(accum, np.full(8, 0.1, np.float32))
