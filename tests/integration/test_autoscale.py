@@ -1,8 +1,9 @@
 """A real local job started with a poor plan (1 worker, 1 PS): from its first observations its
 throughput model (the paper's proportions at the measured speed) proposes more workers, the
-trigger applies the plan, and the measured throughput rises, where the machine's other
-processes left the job the cores for it (on 2 cores shared with the suite's other test
-process, a second worker can only take cores from the first)."""
+trigger applies the plan, and the measured throughput rises where the machine has cores for a
+second worker: at least 4, which the machine's other processes leave to the job (on 2 cores
+one worker and its PS keep both busy, and a second worker can only take cores from the
+first)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from bench._machine import CpuMonitor
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 OTHER_CORES_FOR_A_RISE = 0.5  # more kept busy by other processes: a rise is not asserted
+MIN_CORES_FOR_A_RISE = 4  # fewer: one worker and its PS keep the cores busy already
 
 
 async def first_event(trigger: ElasticJobTrigger) -> dict[str, Any]:
@@ -45,7 +47,7 @@ def test_the_trigger_applies_the_optimizers_plan_and_throughput_rises(tmp_path: 
             "train_data": str(data.train_dir),
             "eval_data": str(data.eval_dir),
             "plan": {"num_ps": 1, "num_workers": 1},
-            "training": {"shard_size": 4096, "epochs": 10, "optimizer": "adagrad"},
+            "training": {"shard_size": 4096, "epochs": 30, "optimizer": "adagrad"},  # ~1 min
             "autoscale": {
                 "interval_s": 2,
                 "sampling_s": 6,
@@ -79,7 +81,10 @@ def test_the_trigger_applies_the_optimizers_plan_and_throughput_rises(tmp_path: 
         f"throughput 1 worker {before:.0f}, 2 workers {after:.0f} samples/s ({rates}); "
         f"other processes kept {other:.2f} cores busy"
     )
-    if other <= OTHER_CORES_FOR_A_RISE:
+    # One worker and its PS now keep most of two cores busy (bench/throughput.py: one worker
+    # trains at 1.0-1.1x the single-process loop), so on two cores a second worker takes
+    # cores from the first and the rate falls; a rise needs cores the first plan left free.
+    if other <= OTHER_CORES_FOR_A_RISE and (os.cpu_count() or 1) >= MIN_CORES_FOR_A_RISE:
         assert after > before
     assert (
         job["result"]["accounting"]["batches"]["trained_once"]
