@@ -70,26 +70,31 @@ static inline int32_t tagged(uint64_t h, uint64_t mask, int64_t row) {
     return (int32_t)(tag | (uint32_t)row);
 }
 
+/* The row a slot holds (slots other than EMPTY). */
+static inline int64_t row_in(int32_t s, uint64_t mask) { return (int64_t)(s & (int32_t)mask); }
+
+/* Whether slot ``s`` (not EMPTY) carries the tag ``want`` (``tagged(h, mask, 0)``). */
+static inline int tag_agrees(int32_t s, uint64_t mask, int32_t want) {
+    return (s & ~(int32_t)mask) == want;
+}
+
 /* The row of ``id`` (hash ``h``) or EMPTY, probing from its home slot. */
 static inline int32_t probe(const int32_t *slots, uint64_t mask, const int64_t *keys, int64_t id,
                             uint64_t h) {
     int32_t want = tagged(h, mask, 0);
-    int32_t rows = (int32_t)mask;
     for (uint64_t pos = h & mask;; pos = (pos + 1) & mask) {
         int32_t s = slots[pos];
         if (s == EMPTY) return EMPTY;
-        if ((s & ~rows) == want && keys[s & rows] == id) return s & rows;
+        int32_t row = (int32_t)row_in(s, mask);
+        if (tag_agrees(s, mask, want) && keys[row] == id) return row;
     }
 }
-
-/* The row a slot holds (slots other than EMPTY). */
-static inline int64_t row_in(int32_t s, uint64_t mask) { return (int64_t)(s & (int32_t)mask); }
 
 /* Stage two of a pipelined find: prefetch the key of the home slot's row if the tag agrees. */
 static inline void prefetch_key(const int32_t *slots, uint64_t mask, const int64_t *keys,
                                 uint64_t h) {
     int32_t s = slots[h & mask];
-    if (s != EMPTY && (s & ~(int32_t)mask) == tagged(h, mask, 0))
+    if (s != EMPTY && tag_agrees(s, mask, tagged(h, mask, 0)))
         __builtin_prefetch(&keys[row_in(s, mask)]);
 }
 
@@ -110,7 +115,7 @@ int64_t rover_insert(int32_t *slots, uint64_t mask, int64_t *keys, const int64_t
                 out[i] = (int32_t)next++;
                 break;
             }
-            if ((s & ~(int32_t)mask) == want && keys[row_in(s, mask)] == id) {
+            if (tag_agrees(s, mask, want) && keys[row_in(s, mask)] == id) {
                 out[i] = (int32_t)row_in(s, mask);
                 break;
             }

@@ -403,9 +403,9 @@ class NumpyProbe:
         lr: np.float32,
         eps: np.float32,
     ) -> None:
-        acc = accum[rows] + grads * grads
-        accum[rows] = acc
-        param[rows] -= lr * grads / np.sqrt(acc + eps)
+        values, state = param[rows], accum[rows]
+        self.adagrad_flat(values, state, grads, lr, eps)
+        param[rows], accum[rows] = values, state
 
     def adagrad_flat(
         self,

@@ -29,6 +29,7 @@ from airflow_rover.core.ledger import NO_KEY
 from airflow_rover.data.batch_ids import Element
 from airflow_rover.rpc import data_service, master_api
 from airflow_rover.rpc.master_client import MasterClient
+from airflow_rover.worker.prefetch import put_unless_set
 from airflow_rover.worker.shard_leases import NO_SHARD
 
 log = logging.getLogger(__name__)
@@ -66,13 +67,7 @@ class ShardFetch:
 
     def put(self, item: tuple[Element, int] | _End) -> bool:
         """Queue ``item`` (waits for room); False once the fetch is cancelled."""
-        while not self.cancelled.is_set():
-            try:
-                self.ready.put(item, timeout=WAIT_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_set(self.ready, item, self.cancelled, WAIT_S)
 
     def cancel(self) -> None:
         self.cancelled.set()

@@ -101,24 +101,22 @@ def input_pipeline(
             )
         )
 
-    def elements() -> Iterator[dict[str, np.ndarray]]:
-        for element, shard_id, last, key, version in leased:
-            yield {
-                **element,
-                "shard_id": np.array(shard_id, dtype=np.int64),
-                "key": np.array(key, dtype=np.int64),
-                "last": np.array(last),
-                "ps_set_version": np.array(version, dtype=np.int64),
-            }
-
     dtypes = {name: spec.dtype.as_numpy_dtype for name, spec in model.element_signature().items()}
 
-    def typed() -> Iterator[dict[str, np.ndarray]]:
-        """Each element as the step's inputs are declared (no copy where it is already so)."""
-        for element in elements():
-            yield {name: np.asarray(value, dtype=dtypes[name]) for name, value in element.items()}
+    def elements() -> Iterator[dict[str, np.ndarray]]:
+        """Each element with its lease's fields, every array in the dtype the step declares
+        (no copy where it is already so)."""
+        for element, shard_id, last, key, version in leased:
+            fields = {
+                **element,
+                "shard_id": shard_id,
+                "key": key,
+                "last": last,
+                "ps_set_version": version,
+            }
+            yield {name: np.asarray(value, dtype=dtypes[name]) for name, value in fields.items()}
 
-    return Prefetched(typed(), PREFETCH_BATCHES, stop, f"input-{node_id}"), fill
+    return Prefetched(elements(), PREFETCH_BATCHES, stop, f"input-{node_id}"), fill
 
 
 def _prepared_here(

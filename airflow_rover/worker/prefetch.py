@@ -60,11 +60,19 @@ class Prefetched(Iterator[T], Generic[T]):
         self._put((_END, None))
 
     def _put(self, entry: tuple[int, object]) -> bool:
-        """Queue ``entry`` once there is room; False if ``stop`` was set meanwhile."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(entry, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_unless_set(self._queue, entry, self._stop, _POLL_S)
+
+
+Q = TypeVar("Q")
+
+
+def put_unless_set(items: queue.Queue[Q], item: Q, cancel: threading.Event, poll_s: float) -> bool:
+    """Put ``item`` in the bounded queue ``items`` once there is room; False, with nothing
+    put, if ``cancel`` is set first (looked at every ``poll_s`` while the queue is full)."""
+    while not cancel.is_set():
+        try:
+            items.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
