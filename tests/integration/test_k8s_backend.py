@@ -15,7 +15,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, cast
@@ -69,6 +69,7 @@ SPEC = JobSpec(
     plan=ResourcePlan(num_ps=2, num_workers=2, ps_cpu=2, ps_memory_mb=4096, worker_cpu=1),
 )
 NAMES = m.JobNames(SPEC.job_id, NS)
+SETTLE_GRACE_S = 0.3  # after a poll settles, how long calls it should not make are watched for
 POD = NAMES.node_pod
 
 
@@ -265,18 +266,41 @@ def ensure_reads() -> list[str]:
     ]
 
 
-async def first_event(trigger: ElasticJobTrigger, within_s: float = 1.0) -> dict[str, Any] | None:
-    """The trigger's first event, or None if it is still polling after ``within_s`` (then it
-    is stopped, as a triggerer restart stops it)."""
+async def first_event(
+    trigger: ElasticJobTrigger, settled: Callable[[], bool] | None = None, within_s: float = 60.0
+) -> dict[str, Any] | None:
+    """The trigger's first event; or None once ``settled()`` holds and no event came (a poll has
+    done its work; the trigger is then stopped, as a triggerer restart stops it). Waiting on
+    what the poll does, not on a time window, keeps a loaded machine from cutting a poll short."""
     events = cast(AsyncGenerator[TriggerEvent, None], trigger.run())
+    upcoming = asyncio.ensure_future(anext(events))
+    deadline = time.monotonic() + within_s
     try:
-        event = await asyncio.wait_for(anext(events), within_s)
-        payload: dict[str, Any] = event.payload
+        while not upcoming.done():
+            if settled is not None and settled():
+                await asyncio.wait({upcoming}, timeout=SETTLE_GRACE_S)  # the rest of the poll
+                if not upcoming.done():
+                    return None
+            elif time.monotonic() > deadline:
+                raise AssertionError(f"no event and not settled in {within_s}s")
+            else:
+                await asyncio.wait({upcoming}, timeout=0.01)
+        payload: dict[str, Any] = upcoming.result().payload
         return payload
-    except TimeoutError:
-        return None
     finally:
+        upcoming.cancel()
+        await asyncio.gather(upcoming, return_exceptions=True)
         await events.aclose()
+
+
+def applied(master: JobMaster) -> Callable[[], bool]:
+    """Settled once the master has applied the newest plan the trigger passed on."""
+    return lambda: master.autoscaler.plans[-1].state == "applied"
+
+
+def polled_master(api: ApiServerStandIn, since: int) -> Callable[[], bool]:
+    """Settled once the trigger has read the master pod: the last call of a poll that saw it run."""
+    return lambda: f"fetch pods/{NAMES.master_pod}" in api.calls(since)
 
 
 def test_a_recreated_trigger_creates_nothing_twice(
@@ -292,11 +316,11 @@ def test_a_recreated_trigger_creates_nothing_twice(
         path, kwargs = trigger.serialize()
         assert path == "airflow_rover.triggers.elastic_job.ElasticJobTrigger"
         trigger = ElasticJobTrigger(**kwargs)
-        assert asyncio.run(first_event(trigger, 0.5)) is None  # still running: no event
+        assert asyncio.run(first_event(trigger, polled_master(api, mark))) is None  # no event
         assert api.calls(mark) == [*ensure_reads(), f"fetch pods/{NAMES.master_pod}"]
     v1.delete_namespaced_service(NAMES.ps_service, NS)
     mark = api.count()
-    assert asyncio.run(first_event(ElasticJobTrigger(**kwargs), 0.5)) is None
+    assert asyncio.run(first_event(ElasticJobTrigger(**kwargs), polled_master(api, mark))) is None
     created = [c for c in api.calls(mark) if not c.startswith("fetch")]
     assert created == [f"create services/{NAMES.ps_service}"]
     assert m.owner_uid(
@@ -513,7 +537,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         ]:
             propose(master, num_workers=workers)
             mark = api.count()
-            assert asyncio.run(first_event(trigger, 0.5)) is None  # applied, still running
+            assert asyncio.run(first_event(trigger, applied(master))) is None  # still running
             assert [c for c in api.calls(mark) if not c.startswith("fetch")] == expected
             assert master.autoscaler.plans[-1].state == "applied"
             assert hook.job_dir.read_spec().plan.num_workers == workers
@@ -521,7 +545,7 @@ def test_plans_the_trigger_applies_create_and_delete_worker_pods(
         # A hot PS: the plan doubles the PS cores; the master resizes the PS pod in place.
         propose(master, ps_cpu=2 * spec.plan.ps_cpu)
         mark = api.count()
-        assert asyncio.run(first_event(trigger, 0.5)) is None
+        assert asyncio.run(first_event(trigger, applied(master))) is None
         assert [c for c in api.calls(mark) if not c.startswith("fetch")] == [
             f"update pods/{POD('ps-0')}/resize"
         ]
