@@ -103,14 +103,28 @@ class ParityStore:
 
     def _check_slots(self, table: str, slots: np.ndarray) -> np.ndarray:
         slots = np.asarray(slots, dtype=np.int64)
-        n = self._table(table).slot_pos.size
-        if slots.size and (slots.min() < 0 or slots.max() >= n):
+        t = self._table(table)
+        n = t.slot_pos.size
+        if slots.size and table in self.placement.positional:
+            if slots.min() < 0:
+                raise ValueError(f"table {table!r}: parity slots must be >= 0")
+            top = int(slots.max())
+            if top >= n:  # its groups fill as rows appear: room for the new levels
+                grow = max(top + 1, 2 * n, 256) - n
+                t.slot_pos = np.concatenate([t.slot_pos, np.full(grow, -1, dtype=np.int64)])
+                t.stale = np.concatenate([t.stale, np.zeros(grow, dtype=bool)])
+        elif slots.size and (slots.min() < 0 or slots.max() >= n):
             raise ValueError(f"table {table!r}: parity slots must lie in [0, {n})")
         return slots
 
     def _initial_parity(self, table: str, slots: np.ndarray) -> Fields:
-        _, ids = self.placement.members(table, self.ps_index, slots)
         dtypes, trailing = self.spec(table)
+        if table in self.placement.positional:  # a position's code starts at zero
+            return {
+                name: np.zeros((slots.size, *trailing[name]), dtype=self.codec.parity_dtype(dt))
+                for name, dt in dtypes.items()
+            }
+        _, ids = self.placement.members(table, self.ps_index, slots)
         return encode_members(
             self.codec, ids, lambda _i, got: self.initial(table, got), dtypes, trailing
         )
@@ -195,14 +209,15 @@ class ParityStore:
 
     def mark_stale(self, table: str, slots: np.ndarray | None = None) -> None:
         """These slots (default: all) will be re-encoded: drop deltas for them meanwhile."""
-        t = self._table(table)
         if slots is None:
-            t.stale[:] = True
+            self._table(table).stale[:] = True
         else:
-            t.stale[self._check_slots(table, slots)] = True
+            slots = self._check_slots(table, slots)  # first: it may grow the table's arrays
+            self._table(table).stale[slots] = True
 
     def stale(self, table: str, slots: np.ndarray) -> np.ndarray:
-        return self._table(table).stale[self._check_slots(table, slots)]
+        slots = self._check_slots(table, slots)
+        return self._table(table).stale[slots]
 
     # -- difference propagation
 
@@ -241,6 +256,7 @@ class ParityStore:
         holder, slots = self.placement.parity_location(part.table, part.ids)
         if (holder != self.ps_index).any():
             raise ValueError(f"table {part.table!r}: rows whose parity is not on this PS")
+        slots = self._check_slots(part.table, slots)
         t = self._table(part.table)
         live = ~t.stale[slots]
         self.dropped += int(slots.size - live.sum())

@@ -23,16 +23,23 @@ def rows_to_rebuild(
     """The lost PS's rows worth decoding: those in a group whose parity a holder materialised
     (``{holder: {table: store.materialised(table)}}`` from ``placement.holders_of(lost_ps)``).
     Every other row of the lost PS is still at its seeded initial value (no holder ever
-    acknowledged an update of it), which the replacement re-creates by itself on first use."""
+    acknowledged an update of it), which the replacement re-creates by itself on first use.
+    A positional table's rows are keys: each of them may turn out to hold no row (its parity
+    says so, ``core.ecrm.row_keys``)."""
     out: dict[str, list[np.ndarray]] = {t: [] for t in placement.tables}
-    owned = {t: placement.ids_on(t, lost_ps) for t in placement.tables}
+    owned = {
+        t: placement.ids_on(t, lost_ps) for t in placement.tables if t not in placement.positional
+    }
     for holder, by_table in materialised.items():
         member = (lost_ps - (holder - placement.k)) % placement.num_ps  # its place in the groups
         if member >= placement.k:  # not one of lost_ps's holders
             continue
         for table, slots in by_table.items():
-            mine = owned[table]
             local = np.asarray(slots, dtype=np.int64) * placement.k + member
+            if table in placement.positional:
+                out[table].append(placement.position_keys(lost_ps, local))
+                continue
+            mine = owned[table]
             out[table].append(mine[local[local < mine.size]])
     return {
         # a row's group has one holder and one member per PS: no repeats, a sort suffices
@@ -143,6 +150,11 @@ class RebuildPlan:
         self.rows_per_lock = rows_per_lock
         tables = placement.tables
         if data_ids is None:
+            if placement.positional:
+                raise ValueError(
+                    f"positional tables {sorted(placement.positional)}: pass data_ids "
+                    "(rows_to_rebuild), a placement does not know which keys hold rows"
+                )
             data_ids = {t: placement.ids_on(t, lost_ps) for t in tables}
         if parity_slots is None:
             parity_slots = {t: np.arange(placement.num_slots(t, lost_ps)) for t in tables}
