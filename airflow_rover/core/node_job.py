@@ -13,4 +13,5 @@ def node_job(spec: JobSpec, job_dir: JobDir) -> NodeJob:
     embedding group."""
     groups = EmbeddingPlacement.from_features(spec.resolved_features).groups
     vocab = {g.name: g.vocab_size for g in groups}
-    return NodeJob(job_dir, spec.plan.num_ps, spec.training.seed, vocab)
+    raw = frozenset(g.name for g in groups if g.index == "ids")
+    return NodeJob(job_dir, spec.plan.num_ps, spec.training.seed, vocab, raw)

@@ -652,12 +652,6 @@ class JobSpec(_Strict):
     def _model_ref(cls, value: str) -> str:
         return check_model_ref(value)
 
-    @model_validator(mode="after")
-    def _raw_id_tables_supported(self) -> JobSpec:
-        if self.features is not None:
-            check_id_tables(self.features, self.checkpoint.policy)
-        return self
-
     @field_validator("preprocess")
     @classmethod
     def _preprocess_ref(cls, value: str | None) -> str | None:
@@ -678,18 +672,6 @@ class JobSpec(_Strict):
                 "features resolved from the dataset (launchers.base.write_job)"
             )
         return self.features
-
-
-def check_id_tables(features: FeatureConfig, policy: str) -> None:
-    """ValueError where the checkpoint ``policy`` cannot hold the features' raw-id tables: a
-    spec's own features are checked when it is validated, defaulted ones when resolved."""
-    tables = features.id_tables
-    if tables and policy == "ecrm":
-        raise ValueError(
-            f"checkpoint.policy='ecrm' cannot protect tables with index 'ids' {list(tables)}: "
-            "ECRM lays its parity out over each table's vocabulary [0, vocab_size), which "
-            "raw ids do not lie in; choose 'full' or 'cpr', or index 'vocab'"
-        )
 
 
 def check_model_ref(value: str) -> str:

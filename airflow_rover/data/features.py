@@ -12,7 +12,6 @@ from airflow_rover.core.spec import (
     FeatureColumn,
     FeatureConfig,
     JobSpec,
-    check_id_tables,
     default_features,
 )
 from airflow_rover.data.batch import Schema
@@ -57,7 +56,6 @@ def with_resolved_features(spec: JobSpec) -> JobSpec:
     if spec.features is not None:
         return spec
     features = resolve_features(spec)
-    check_id_tables(features, spec.checkpoint.policy)
     return spec.model_copy(update={"features": features})
 
 

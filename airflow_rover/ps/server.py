@@ -119,6 +119,7 @@ class ParameterServer(Partition):
         wanted = {key[4:]: ids for key, ids in req.items() if key.startswith("ids/")}
         pending = {}  # ECRM: rows this replacement has not rebuilt yet, per table
         if self.ecrm is not None:
+            self.ecrm.wait_ready(wanted)
             for name, ids in wanted.items():
                 mask = self.ecrm.pending(name, ids)
                 if mask is not None:
@@ -200,6 +201,8 @@ class ParameterServer(Partition):
         self.dense.check_update(dense)
         t1 = time.perf_counter_ns()
         self.profile.add("ps/push/check", t1 - t0)
+        if self.ecrm is not None:  # outside the apply lock: a rebuild takes it
+            self.ecrm.wait_ready(table.name for table, _, _ in sparse)
         with self.applying(), self.profile.phase("ps/push/apply"):
             if not self.ledger.admit(key):  # a retried batch this PS already applied
                 return {"duplicate": np.ones(1, dtype=np.uint8)}

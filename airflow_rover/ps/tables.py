@@ -262,6 +262,35 @@ class EmbeddingTable:
         assert old is not None
         return old, new
 
+    def slots_of(self, ids: np.ndarray) -> np.ndarray:
+        """Row positions of unique ``ids``, creating missing rows (seeded, no access counted):
+        ECRM keys a positional table's rows by position."""
+        ids = self._check_ids(ids)
+        with self._lock:
+            return self._slots(ids).astype(np.int64)
+
+    def apply_at(
+        self, slots: np.ndarray, grads: np.ndarray
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``apply_with_fields`` on rows at positions ``slots`` (held, unique)."""
+        with self._lock:
+            old, new = self._apply_at(np.asarray(slots, dtype=np.int64), grads, keep_old=True)
+        assert old is not None
+        return old, new
+
+    def ids_at(self, slots: np.ndarray) -> np.ndarray:
+        """The ids of rows at positions ``slots`` (held)."""
+        with self._lock:
+            return self.index.keys[np.asarray(slots, dtype=np.int64)]
+
+    def fields_at(self, slots: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The ids and ``fields`` of rows at positions ``slots`` (held)."""
+        slots = np.asarray(slots, dtype=np.int64)
+        with self._lock:
+            out = {"row": _take(self.rows, slots)}
+            out.update({f"state/{k}": _take(v, slots) for k, v in self.state.items()})
+            return self.index.keys[slots], out
+
     def _apply_at(
         self, slots: np.ndarray, grads: np.ndarray, keep_old: bool
     ) -> tuple[dict[str, np.ndarray] | None, dict[str, np.ndarray]]:

@@ -16,7 +16,7 @@ from airflow_rover.core.data_schema import DataSchema
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.hashing import hash_strings
 from airflow_rover.core.policies import CheckpointPolicyConfig
-from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig, describe_errors
+from airflow_rover.core.spec import FeatureConfig, JobSpec, TableConfig
 from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.data.batch_ids import ElementEncoder
 from airflow_rover.data.features import with_resolved_features
@@ -53,13 +53,10 @@ def test_index_defaults_to_vocab_and_ids_tables_are_listed() -> None:
     assert features.id_tables == ("user", "user_wide")
 
 
-def test_ecrm_is_rejected_naming_the_field_and_the_tables() -> None:
-    with pytest.raises(ValidationError) as caught:
-        JobSpec.model_validate(_spec(checkpoint={"policy": "ecrm"}))
-    message = describe_errors(caught.value, JobSpec)
-    assert "checkpoint.policy='ecrm'" in message
-    assert "['user', 'user_wide']" in message
-    assert JobSpec.model_validate(_spec(checkpoint={"policy": "cpr"})).checkpoint.policy == "cpr"
+def test_every_checkpoint_policy_takes_raw_id_tables() -> None:
+    for policy in ("full", "cpr", "ecrm"):
+        spec = JobSpec.model_validate(_spec(checkpoint={"policy": policy}))
+        assert spec.checkpoint.policy == policy
 
 
 def test_entries_sharing_a_table_agree_on_the_index() -> None:
@@ -104,8 +101,7 @@ def test_a_raw_manifest_column_gets_ids_tables_and_passes_the_range_checks(
     tmp_path: Path,
 ) -> None:
     """A column the manifest marks raw: default tables of index 'ids', its ids from the whole
-    int64 range pass the preprocess check and preflight's id sample; ECRM is refused when the
-    features are resolved."""
+    int64 range pass the preprocess check and preflight's id sample; ECRM takes them too."""
     data = write_raw_id_dataset(tmp_path, RawIdConfig(num_train=600, num_eval=100, num_ids=50))
     spec = JobSpec.model_validate(
         {"job_id": "raw", "train_data": str(data.train_dir), "plan": {"num_ps": 1}}
@@ -123,8 +119,7 @@ def test_a_raw_manifest_column_gets_ids_tables_and_passes_the_range_checks(
     assert checked(unchanged, batch, reader.schema) is batch
     assert first_id_outside_vocab(reader, features, 256) is None
     ecrm = spec.model_copy(update={"checkpoint": CheckpointPolicyConfig(policy="ecrm")})
-    with pytest.raises(ValueError, match=r"checkpoint.policy='ecrm' .* \['user', 'user_wide'\]"):
-        with_resolved_features(ecrm)
+    assert with_resolved_features(ecrm).features == features
 
 
 def test_a_manifest_raw_flag_must_be_a_bool(tmp_path: Path) -> None:

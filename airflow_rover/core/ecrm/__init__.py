@@ -60,8 +60,9 @@ of a lost row not rebuilt yet is a degraded read (``plan_decode``).
 Modules: ``codecs`` (``SumCodec``, ``XorCodec``), ``placement`` (``ParityPlacement``),
 ``propagation`` (``DifferencePropagator``, ``ParityDelta``), ``parity_store`` (``ParityStore``),
 ``encoding`` and ``decoding`` (``plan_encode``, ``plan_decode``, ``catch_up``), ``rebuild``
-(``RebuildPlan``), ``update_buffer`` (``UpdateBuffer``), ``messages`` (ECRM's RPCs as arrays)
-and ``degraded`` (a worker's or a replacement's reads of a lost PS's rows).
+(``RebuildPlan``), ``update_buffer`` (``UpdateBuffer``), ``messages`` (ECRM's RPCs as arrays),
+``degraded`` (a worker's or a replacement's reads of a lost PS's rows) and ``row_keys`` (the
+id a position of a positional table holds, as a parity field).
 """
 
 from airflow_rover.core.ecrm.codecs import Fields, ParityCodec, SumCodec, XorCodec, make_codec

@@ -147,6 +147,7 @@ class EcrmReads:
     k: int
     vocab_sizes: Mapping[str, int]
     optimizer: Optimizer
+    positional: frozenset[str] = frozenset()  # tables of raw ids: not decoded by a client
     codec: ParityCodec = field(default_factory=SumCodec)
     _placements: dict[int, ParityPlacement] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -156,7 +157,9 @@ class EcrmReads:
         with self._lock:
             got = self._placements.get(num_ps)
             if got is None:
-                got = self._placements[num_ps] = ParityPlacement(num_ps, self.k, self.vocab_sizes)
+                got = self._placements[num_ps] = ParityPlacement(
+                    num_ps, self.k, self.vocab_sizes, positional=self.positional
+                )
         return got
 
     def warm(self, num_ps: int) -> None:
@@ -193,8 +196,12 @@ class LostPS:
     def requests(
         self, ids_by_table: Mapping[str, np.ndarray]
     ) -> tuple[dict[str, DecodePlan], dict[tuple[str, int], dict[str, np.ndarray]]]:
-        """The ``Ecrm`` requests that read what decoding these rows needs (tables with ids)."""
+        """The ``Ecrm`` requests that read what decoding these rows needs (tables with ids).
+        A positional table's rows cannot be: which position holds a raw id only its PS knew,
+        so a read of one raises how the PS was lost (the caller waits for the replacement)."""
         wanted = {t: ids for t, ids in ids_by_table.items() if ids.size}
+        if any(t in self.reads.positional for t in wanted):
+            raise self.error
         return degraded_requests(self.placement, self.index, wanted)
 
     def rows(

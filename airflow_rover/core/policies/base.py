@@ -148,6 +148,7 @@ class NodeJob:
     num_ps: int
     seed: int
     vocab_sizes: Mapping[str, int]  # embedding group -> rows it can hold
+    raw_groups: frozenset[str] = frozenset()  # groups of raw 64-bit ids (an "ids" index)
 
 
 class NodeTables(Protocol):

@@ -306,7 +306,9 @@ class ErasureCoding(CheckpointPolicy):
 
     # -- the nodes -------------------------------------------------------------------------------
     def _placement(self, job: NodeJob) -> ParityPlacement:
-        return ParityPlacement(job.num_ps, self.options.k, job.vocab_sizes)
+        return ParityPlacement(
+            job.num_ps, self.options.k, job.vocab_sizes, positional=job.raw_groups
+        )
 
     def on_standby_ps(self, job: NodeJob) -> None:
         """The parity placement is worked out while the spare waits, so a rebuild starts
@@ -322,8 +324,9 @@ class ErasureCoding(CheckpointPolicy):
         return True
 
     def degraded_reads(self, job: NodeJob, optimizer: Any) -> EcrmReads:
-        """A lost PS's rows are decoded by the worker until its replacement is up."""
-        return EcrmReads(self.options.k, dict(job.vocab_sizes), optimizer)
+        """A lost PS's rows are decoded by the worker until its replacement is up (but for
+        groups of raw ids: the worker waits for those)."""
+        return EcrmReads(self.options.k, dict(job.vocab_sizes), optimizer, job.raw_groups)
 
 
 def rebuild_record(status: Any) -> dict[str, Any]:

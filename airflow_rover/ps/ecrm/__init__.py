@@ -27,7 +27,8 @@ asynchronous training could have reached).
 
 Modules: ``channels`` (``Peers``, ``ParityChannel``), ``holder`` (``ParityHolder``: the parity
 this PS holds and the ops on it), ``peer`` (``EcrmPeer``: propagation, the update buffer, the
-op dispatch, degraded reads) and ``replacement`` (``Replacement``: the rebuild).
+op dispatch, degraded reads), ``positional`` (``PositionalRows``: a table of raw ids, coded by
+row position) and ``replacement`` (``Replacement``: the rebuild).
 """
 
 from airflow_rover.ps.ecrm.peer import EcrmPeer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -35,11 +35,15 @@ from airflow_rover.core.ecrm.messages import ints, read_text, text
 from airflow_rover.core.job_tls import JobTLS
 from airflow_rover.ps.ecrm.channels import ParityChannel, Peers
 from airflow_rover.ps.ecrm.holder import ParityHolder
+from airflow_rover.ps.ecrm.positional import PositionalRows
 from airflow_rover.ps.partition import Partition
 from airflow_rover.ps.tables import EmbeddingTable
 from airflow_rover.rpc import frames
 
 DENSE_REPLICA_S = 1.0
+# How long a request to a replacement waits for its positional tables to be rebuilt: a
+# rebuild decodes about a million rows a second (docs/checkpoint-policies.md).
+POSITIONAL_WAIT_S = 600.0
 
 Request = dict[str, np.ndarray]
 Op = Callable[[Request], Request]
@@ -57,6 +61,7 @@ class RebuildProgress:
     held_rows: int = 0  # updates held back by locks, applied on release
     degraded_rows: int = 0  # rows served by decoding before they were rebuilt
     error: str | None = None
+    positional_failed: bool = False  # failed before its positional tables were rebuilt
 
     @property
     def active(self) -> bool:
@@ -87,7 +92,11 @@ class EcrmPeer:
         self.epochs = list(epochs)
         self.epoch = self.epochs[self.index]
         vocab = {name: t.vocab_size for name, t in ps.tables.items()}
-        self.placement = ParityPlacement(ps.num_ps, k, vocab)
+        raw = [name for name, t in ps.tables.items() if t.index_kind == "ids"]
+        self.placement = ParityPlacement(ps.num_ps, k, vocab, positional=raw)
+        self.positional = {
+            name: PositionalRows(ps.tables[name], self.placement, self.index) for name in raw
+        }
         self.codec = SumCodec()
         self.holder = ParityHolder(
             self.placement, self.index, self.codec, self._initial, self.epochs
@@ -102,6 +111,8 @@ class EcrmPeer:
             for h in self.placement.holders_of(self.index)
         }
         self.rebuild: RebuildProgress | None = None
+        self.positional_ready = threading.Event()  # a replacement clears it until rebuilt
+        self.positional_ready.set()
         # RPCs to several PS at once (a rebuild's steps, a degraded read's member and parity
         # reads): one round trip instead of one per PS
         self._pool = ThreadPoolExecutor(4 * ps.num_ps, thread_name_prefix="ecrm-fan")
@@ -113,22 +124,38 @@ class EcrmPeer:
     # -- normal operation
 
     def _initial(self, table: str, ids: np.ndarray) -> Fields:
+        rows = self.positional.get(table)
+        if rows is not None:  # a position's code starts at zero
+            return rows.blank(np.asarray(ids).size)
         return self.ps.tables[table].initial_fields(np.asarray(ids, dtype=np.int64))
 
     def apply_push(
         self, sparse: list[tuple[EmbeddingTable, np.ndarray, np.ndarray]], key: int
     ) -> None:
         """Apply a push's rows (under the PS's apply lock) and queue their differences: rows
-        locked by a rebuild wait in the buffer. Every holder gets the batch key."""
+        locked by a rebuild wait in the buffer. Every holder gets the batch key. A positional
+        table's rows are held and applied by key (their rows created first)."""
         updates = {}
         for table, ids, grads in sparse:
-            now, payload = self.buffer.admit(table.name, ids, {"grad": grads})
+            rows = self.positional.get(table.name)
+            keys = ids if rows is None else rows.keys(ids)
+            now, payload = self.buffer.admit(table.name, keys, {"grad": grads})
             if now.size:
                 updates[table.name] = self._apply(table, now, payload["grad"])
         self._send(updates, key)
 
     def _apply(self, table: EmbeddingTable, ids: np.ndarray, grads: np.ndarray) -> Any:
+        rows = self.positional.get(table.name)
+        if rows is not None:
+            return rows.apply(ids, grads)
         return ids, *table.apply_with_fields(ids, grads)
+
+    def _read(self, table: str, ids: np.ndarray) -> Fields:
+        """The code of rows ``ids`` (keys, for a positional table) as this PS has them."""
+        rows = self.positional.get(table)
+        if rows is not None:
+            return rows.read(ids)
+        return self.ps.tables[table].fields(ids)
 
     def _send(self, updates: Mapping[str, Any], key: int | None) -> None:
         by_holder = {d.holder: d for d in self.propagator.deltas(updates)}
@@ -159,10 +186,25 @@ class EcrmPeer:
 
     # -- pulls (a replacement serves rows not rebuilt yet by decoding them)
 
-    def pending(self, table: str, ids: np.ndarray) -> np.ndarray | None:
-        """Mask of ``ids`` this replacement has not rebuilt yet; None if there are none."""
+    def wait_ready(self, tables: Iterable[str]) -> None:
+        """Until a replacement has rebuilt its positional tables, if ``tables`` has one: their
+        rows are found by raw id, and which position holds an id is known once its key is
+        decoded, so requests for them wait rather than decode rows one by one."""
+        if self.positional_ready.is_set() or not any(t in self.positional for t in tables):
+            return
+        if not self.positional_ready.wait(POSITIONAL_WAIT_S):
+            raise TimeoutError(
+                f"PS {self.index}: its tables of raw ids were not rebuilt in {POSITIONAL_WAIT_S} s"
+            )
         rebuild = self.rebuild
-        if rebuild is None or rebuild.plan.done:
+        if rebuild is not None and rebuild.error and rebuild.positional_failed:
+            raise RuntimeError(f"PS {self.index}: rebuild failed: {rebuild.error}")
+
+    def pending(self, table: str, ids: np.ndarray) -> np.ndarray | None:
+        """Mask of ``ids`` this replacement has not rebuilt yet; None if there are none (a
+        positional table's rows are all rebuilt before it takes requests: ``wait_ready``)."""
+        rebuild = self.rebuild
+        if rebuild is None or rebuild.plan.done or table in self.positional:
             return None
         mask = rebuild.plan.status(table, ids) != RowStatus.DONE
         return mask if mask.any() else None
@@ -198,7 +240,7 @@ class EcrmPeer:
 
     def _fields(self, ps: int, table: str, ids: np.ndarray) -> Fields:
         if ps == self.index:
-            return self.ps.tables[table].fields(ids)
+            return self._read(table, ids)
         return self.peers.call(ps, {"op": text("fields"), "table": text(table), "ids": ids})
 
     def _dtypes(self, table: str) -> dict[str, np.dtype]:
@@ -234,7 +276,7 @@ class EcrmPeer:
     def _on_fields(self, req: Request) -> Request:
         if "degraded" in req:  # a degraded read's member: "ids/<table>" of several
             return self._member_read(req)
-        return self.ps.tables[_table(req)].fields(req["ids"].astype(np.int64))
+        return self._read(_table(req), req["ids"].astype(np.int64))
 
     def _on_lock(self, req: Request) -> Request:
         """Hold the updates of rows ``ids`` (a rebuild's chunk); with the send counters read
@@ -288,7 +330,7 @@ class EcrmPeer:
         out = {"epoch": np.array([self.epoch], dtype=np.int64)}
         with self.ps.applying():
             for t, ids in wanted.items():
-                out.update({f"{t}/{n}": v for n, v in self.ps.tables[t].fields(ids).items()})
+                out.update({f"{t}/{n}": v for n, v in self._read(t, ids).items()})
             flying = {h: channel.in_flight() for h, channel in self.channels.items()}
         for h, deltas in flying.items():
             for delta in deltas:
@@ -322,8 +364,14 @@ class EcrmPeer:
         return {"slots": np.array([slots_done], dtype=np.int64)}
 
     def _created(self) -> dict[str, np.ndarray]:
-        """Every table's ids this PS has rows for (``ids/<table>``)."""
-        return {f"ids/{name}": t.created_ids() for name, t in self.ps.tables.items()}
+        """Every table's ids this PS has rows for (``ids/<table>``; a positional table's keys
+        of coded rows)."""
+        return {
+            f"ids/{name}": rows.coded_keys()
+            if (rows := self.positional.get(name))
+            else t.created_ids()
+            for name, t in self.ps.tables.items()
+        }
 
     def _slots_with_rows(
         self, replies: Mapping[int, Mapping[str, np.ndarray]] | None = None
@@ -343,8 +391,12 @@ class EcrmPeer:
             created = [reply[f"ids/{t}"] for reply in replies.values()]
             ids = np.concatenate(created) if created else np.empty(0, np.int64)
             where, slots = self.placement.parity_location(t, ids.astype(np.int64))
-            has = np.zeros(self.placement.num_slots(t, self.index), dtype=bool)
-            has[slots[where == self.index]] = True  # a mask, not np.unique: no sort
+            mine = slots[where == self.index]
+            size = self.placement.num_slots(t, self.index)
+            if t in self.placement.positional:  # its slots grow with its rows
+                size = int(mine.max()) + 1 if mine.size else 0
+            has = np.zeros(size, dtype=bool)
+            has[mine] = True  # a mask, not np.unique: no sort
             out[t] = np.flatnonzero(has)
         return out
 

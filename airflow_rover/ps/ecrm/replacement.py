@@ -10,12 +10,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
 from airflow_rover.core.ecrm import Fields, RebuildPlan, rows_to_rebuild
 from airflow_rover.core.ecrm.messages import read_ints, text
+from airflow_rover.core.ecrm.row_keys import KEY_FIELD, decode_keys
 from airflow_rover.ps.ecrm.peer import EcrmPeer, RebuildProgress, Request
+from airflow_rover.ps.ecrm.positional import PositionalRows
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,15 @@ Replies = dict[tuple[str, int], Request]
 
 class Replacement(EcrmPeer):
     """The ECRM side of a PS that replaces a lost one, started empty: an ``EcrmPeer`` that
-    first rebuilds what the lost PS held (``start_rebuild``)."""
+    first rebuilds what the lost PS held (``start_rebuild``). Its positional tables are
+    rebuilt first, before they take requests (``wait_ready``); their rows are placed one
+    after the other (``PositionalRows.place``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._positional_chunks = 0  # the rebuild's first chunks: its positional tables' rows
+        if self.positional:
+            self.positional_ready.clear()
 
     def start_rebuild(self) -> Request:
         """Adopt what the holders knew of the lost PS, take over its sources' channels, and
@@ -47,12 +58,17 @@ class Replacement(EcrmPeer):
             keys = self._agree(seen)
         except RuntimeError as exc:  # reported by status(); the master gives up on the PS
             return self._give_up(exc, started)
+        targets = rows_to_rebuild(self.placement, self.index, materialised)
+        first = sorted(targets, key=lambda t: t not in self.positional)  # positional first
         plan = RebuildPlan(
             self.placement,
             self.index,
             self.rows_per_lock,
-            data_ids=rows_to_rebuild(self.placement, self.index, materialised),
+            data_ids={t: targets[t] for t in first},
             parity_slots=self._slots_with_rows({s: replies["reset", s] for s in sources}),
+        )
+        self._positional_chunks = sum(
+            -(-targets[t].size // self.rows_per_lock) for t in self.positional
         )
         rebuild = self._adopt(plan, keys, dense, started)
         self.send_ledger()  # so a later loss of this PS finds its holders knowing it
@@ -85,7 +101,10 @@ class Replacement(EcrmPeer):
         log.error("PS %d: %s", self.index, exc)
         nothing = {t: np.empty(0, np.int64) for t in self.placement.tables}
         plan = RebuildPlan(self.placement, self.index, self.rows_per_lock, nothing, nothing)
-        self.rebuild = RebuildProgress(plan, started, done_at=time.perf_counter(), error=str(exc))
+        self.rebuild = RebuildProgress(
+            plan, started, done_at=time.perf_counter(), error=str(exc), positional_failed=True
+        )
+        self.positional_ready.set()
         return self.status()
 
     def _adopt(
@@ -158,10 +177,12 @@ class Replacement(EcrmPeer):
         except Exception as exc:  # reported by status(); the master gives up on the PS
             log.exception("PS %d: rebuild failed", self.index)
             rebuild.error = f"{type(exc).__name__}: {exc}"
+            rebuild.positional_failed = not self.positional_ready.is_set()
         finally:
             rebuild.done_at = time.perf_counter()
             if rebuild.rows_done_at is None:
                 rebuild.rows_done_at = rebuild.done_at
+            self.positional_ready.set()
 
     def _rebuild(self, rebuild: RebuildProgress) -> None:
         """Chunk by chunk; the calls of a step go to the other PS at once (one round trip, not
@@ -173,7 +194,12 @@ class Replacement(EcrmPeer):
             return lambda: self.peers.call(q, request)
 
         released: dict[int, dict[int, int]] = {}  # each PS's send counters after its unlock
-        while (chunk := plan.next_chunk()) is not None:
+        while True:
+            if rebuild.chunks >= self._positional_chunks:
+                self.positional_ready.set()
+            chunk = plan.next_chunk()
+            if chunk is None:
+                break
             t = chunk.table
             others = [q for q in chunk.lock_ps if q != self.index]
             if self.index in chunk.locks:
@@ -201,7 +227,11 @@ class Replacement(EcrmPeer):
                 members = {q: got["member", q] for q in reads}
                 fields = chunk.decode(self.codec, parity, members, self._dtypes(t))
                 with self.ps.applying():
-                    self.ps.tables[t].put_fields(chunk.ids, fields)
+                    rows = self.positional.get(t)
+                    if rows is None:
+                        self.ps.tables[t].put_fields(chunk.ids, fields)
+                    else:
+                        self._place(rows, chunk.ids, fields)
                     plan.chunk_written()
                     rebuild.held_rows += self._release(t, chunk.locks[self.index])
                     released[self.index] = self.propagator.sent()
@@ -216,6 +246,19 @@ class Replacement(EcrmPeer):
             released.update({q: read_ints(reply) for q, reply in unlocked.items()})
             rebuild.chunks += 1
         self._wait_delivered(released)
+
+    def _place(self, rows: PositionalRows, keys: np.ndarray, fields: Fields) -> None:
+        """Decoded positions of a positional table: the rows they held placed here (under
+        the apply lock), their code moved where a row lands at another position."""
+        table = rows.table.name
+        present, ids = decode_keys(table, fields[KEY_FIELD])
+        if not present.any():
+            return
+        moved, before, after = rows.place(
+            keys[present], ids, {n: v[present] for n, v in fields.items()}
+        )
+        if moved.size:
+            self._send({table: (moved, before, after)}, None)
 
     def _wait_delivered(self, sent: Mapping[int, Mapping[int, int]]) -> None:
         """Until every holder has applied what each PS had sent when it released its held
