@@ -38,7 +38,7 @@ DENSE = {"w": np.zeros((2, 1), dtype=np.float32)}
 class RawCluster:
     """``NUM_PS`` PS with ECRM on, and what the tests do to them."""
 
-    def __init__(self, rows_per_lock: int) -> None:
+    def __init__(self, rows_per_lock: int, restore_from: list[ParameterServer] = ()) -> None:
         self.rows_per_lock = rows_per_lock
         self.epochs = [0] * NUM_PS
         self.ps: list[ParameterServer] = []
@@ -46,9 +46,11 @@ class RawCluster:
         self.addresses: list[str] = []
         for i in range(NUM_PS):
             self._start(i)
+        for ps, source in zip(self.ps, restore_from, strict=False):
+            ps.restore(source.snapshot())
         client = self.client()
         client.init_dense(DENSE)
-        client.ecrm_setup(K, rows_per_lock, self.addresses, self.epochs, False)
+        client.ecrm_setup(K, rows_per_lock, self.addresses, self.epochs, bool(restore_from))
 
     def _start(self, index: int) -> None:
         ps = ParameterServer(index, NUM_PS, LAYOUT, ADAGRAD, SEED)
@@ -198,3 +200,24 @@ def test_pushes_to_a_replacement_wait_until_its_raw_ids_are_rebuilt(cluster: Raw
     got = rows_by_id(cluster.ps[0])
     assert set(truth) <= set(got)
     assert set(cluster.ps[0].ledger.applied) == set(range(30))
+
+
+def test_parity_of_raw_ids_is_encoded_again_after_a_restore(cluster: RawCluster) -> None:
+    """Rows restored from a checkpoint are coded at their new positions once the holders
+    re-encode their parity: a PS lost right after is rebuilt whole."""
+    rng = np.random.default_rng(8)
+    pool = raw_ids(rng, 300)
+    client = cluster.client()
+    for key in range(15):
+        push(client, rng, np.unique(rng.choice(pool, 30)), key)
+    restored = RawCluster(rows_per_lock=16, restore_from=cluster.ps)
+    try:
+        truth = rows_by_id(restored.ps[2])
+        assert truth
+        restored.lose_and_rebuild(2)
+        got = rows_by_id(restored.ps[2])
+        assert set(got) == set(truth)
+        for i, row in got.items():
+            np.testing.assert_allclose(row, truth[i], atol=1e-5)
+    finally:
+        restored.stop()
