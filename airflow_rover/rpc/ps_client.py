@@ -103,7 +103,10 @@ class PendingPushPull:
                 if key.startswith("dstate/"):
                     name, slot = key[7:].rsplit("/", 1)
                     dense_state.setdefault(name, {})[slot] = value
-        versions = [int(r["dense_version"][0]) for r in replies]
+        versions = [
+            int(r["dense_version"][0]) if "dense_version" in r else known
+            for r, known in zip(replies, self.dense_versions, strict=True)
+        ]
         fresh = [any(k.startswith("dense/") for k in r) for r in replies]
         row_state = {
             t: _merge_state(replies, self.state_masks, t, ids) for t, ids in self.state_ids.items()
@@ -500,14 +503,16 @@ class PSClient:
         dense_versions: list[int],
         state_ids: dict[str, np.ndarray] | None = None,
         push_key: int = NO_KEY,
+        dense: bool = True,
     ) -> PendingPushPull:
         """``push_pull`` started in the background; ``state_ids`` (per table, a subset of its
-        pull ids) also reads those rows' optimizer state. A lost PS (``lost``; one that fails
-        now becomes it, under ECRM) gets no call: its part of the push is held, its rows are
-        decoded from the others."""
+        pull ids) also reads those rows' optimizer state. ``dense=False``: no PS sends dense
+        weights, whatever its version (the reply's versions are then ``dense_versions``). A
+        lost PS (``lost``; one that fails now becomes it, under ECRM) gets no call: its part of
+        the push is held, its rows are decoded from the others."""
         t0, cpu = time.perf_counter_ns(), time.thread_time_ns()
         state_ids = state_ids or {}
-        requests, masks = self._pull_requests(pull_ids, True, True, dense_versions)
+        requests, masks = self._pull_requests(pull_ids, dense, True, dense_versions)
         state_masks = self._split(state_ids)
         for i, req in enumerate(requests):
             for t, ids in state_ids.items():

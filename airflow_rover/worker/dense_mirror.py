@@ -8,6 +8,10 @@ from airflow_rover.core.training_optimizers import Optimizer
 from airflow_rover.rpc.ps_client import DenseReply
 from airflow_rover.worker.ps_model import PSModel
 
+REFRESH_EVERY = 4
+"""While other workers change the dense weights, a worker takes their updates at most every
+this many steps (``DenseMirror.request``)."""
+
 
 class DenseMirror:
     """The worker's copy of the dense weights and their optimizer state, kept equal to the PS's.
@@ -18,18 +22,29 @@ class DenseMirror:
     nothing travels back; otherwise the PS sends its values and state and the copy is replaced.
     One worker thus moves its dense gradients once per step instead of gradients + weights,
     and applies them while the PushPull is in flight (``apply_early``).
+
+    While other workers push too, every reply would bring the weights (values and state) anew;
+    the worker asks for them only every ``refresh_every``-th step (``request``) and in between
+    applies its own gradients to its copy, with its own copy of the optimizer state: its steps
+    then miss the other workers' dense updates of up to ``refresh_every`` steps (never its
+    own), and the next refresh replaces values and state with the PS's.
     The model reads these values as inputs of its step function (nothing is assigned).
     """
 
-    def __init__(self, model: PSModel, optimizer: Optimizer) -> None:
+    def __init__(
+        self, model: PSModel, optimizer: Optimizer, refresh_every: int = REFRESH_EVERY
+    ) -> None:
         self.model = model
         self.optimizer = optimizer
+        self.refresh_every = max(1, refresh_every)
         self.owner = {name: model.ps.dense_owner(name) for name in model.var_names}
         self._owners = set(self.owner.values())
         self.values: dict[str, np.ndarray] = {}
         self.state: dict[str, dict[str, np.ndarray]] = {}
         self.versions = [-1] * model.ps.num_ps  # -1: nothing known yet, the PS sends it all
-        self._last_fresh = True  # whether the last reply brought newer weights
+        self._last_fresh = True  # whether the last reply asked for brought newer weights
+        self._asking = True  # whether the PushPull in flight asks for the PS's weights
+        self._skipped = 0  # PushPulls since the last one that asked
 
     def expected(self, pushing: bool) -> list[int]:
         """The versions each PS will have after this worker's push, if nobody else pushes."""
@@ -38,12 +53,27 @@ class DenseMirror:
             for i, v in enumerate(self.versions)
         ]
 
+    def request(self, pushing: bool) -> tuple[list[int], bool]:
+        """For the next PushPull: ``expected(pushing)``, and whether it asks for the PS's
+        weights. It does while any are unknown, while the last reply that asked brought none
+        (one worker: nothing is sent then anyway, and the copy stays exact) and otherwise on
+        every ``refresh_every``-th PushPull."""
+        self._asking = (
+            not self.values
+            or min(self.versions) < 0
+            or not self._last_fresh
+            or self._skipped + 1 >= self.refresh_every
+        )
+        self._skipped = 0 if self._asking else self._skipped + 1
+        return self.expected(pushing), self._asking
+
     def apply_early(self, own: dict[str, np.ndarray]) -> bool:
         """Apply ``own`` (this step's dense gradients) while the PushPull is still in flight,
-        when the last reply brought no newer weights (one worker, or nobody else pushed): the
-        next one most likely brings none either, and the update overlaps the wait for it.
+        when its reply brings no newer weights: it does not ask for them, or the last reply
+        that asked brought none (one worker, or nobody else pushed), so most likely this one
+        brings none either, and the update overlaps the wait for it.
         Returns whether it did (then ``after_reply`` applies ``own`` only on fresh values)."""
-        if self._last_fresh or not self.values:
+        if (self._asking and self._last_fresh) or not self.values:
             return False
         for name in self.owner:
             self.optimizer.apply(self.values[name], self.state[name], own[name])
@@ -61,7 +91,8 @@ class DenseMirror:
                 self.state[name] = {k: np.array(v) for k, v in reply.state.get(name, {}).items()}
             if own is not None and (reply.fresh[ps] or not applied):
                 self.optimizer.apply(self.values[name], self.state[name], own[name])
-        self._last_fresh = any(reply.fresh[ps] for ps in self._owners)
+        if self._asking:
+            self._last_fresh = any(reply.fresh[ps] for ps in self._owners)
         self.versions = list(reply.versions)
 
     def pushed(self) -> None:

@@ -125,7 +125,8 @@ class TrainLoop:
         """Read an element's rows when nothing is pending (the first step after a pause)."""
         unique = self._unique(element)
         with self.progress.profile.phase("worker/first_pull"):
-            pending = self.model.ps.push_pull_async(None, unique, self.mirror.expected(False))
+            expected, dense = self.mirror.request(pushing=False)
+            pending = self.model.ps.push_pull_async(None, unique, expected, dense=dense)
             reply = pending.result()
         self._watch_if_lost()
         self.mirror.after_reply(reply.dense, None)
@@ -136,18 +137,17 @@ class TrainLoop:
         t0 = time.perf_counter_ns()
         next_unique = self._unique(nxt) if nxt is not None else {}
         start = self.model.ps.push_pull_async  # its replies merged on the sender thread too
-        pending, expected, key = (
-            self.pending,
-            self.mirror.expected(pushing=self.pending is not None),
-            self.pending_key,
-        )
+        pending, key = self.pending, self.pending_key
+        expected, dense = self.mirror.request(pushing=pending is not None)
 
         def push_pull() -> tuple[PushPullReply, dict[str, _Common]]:
             """On the sender thread, during the TF step: the ids both steps touch, then the
             PushPull that reads their optimizer state with the next step's rows."""
             both = {g: _common(ids, cur.unique[g]) for g, ids in next_unique.items()}
             state_ids = {g: common.ids for g, common in both.items()}
-            reply = start(pending, next_unique, expected, state_ids=state_ids, push_key=key)
+            reply = start(
+                pending, next_unique, expected, state_ids=state_ids, push_key=key, dense=dense
+            )
             return reply.result(), both
 
         call = self._sender.submit(push_pull)

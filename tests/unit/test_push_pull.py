@@ -145,7 +145,8 @@ def test_row_state_is_only_read_for_ids_being_pulled(client: PSClient) -> None:
 def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() -> None:
     """``DenseMirror.apply_early`` applies a step's dense gradients before the PushPull's
     reply comes; whether the reply then brings newer weights (another worker pushed) or not,
-    the mirror ends bit-identical to the PS's weights with the worker's pending update."""
+    the mirror ends bit-identical to the PS's weights with the worker's pending update (it
+    asks for them on every PushPull here: ``refresh_every=1``)."""
     from types import SimpleNamespace
 
     from airflow_rover.worker.dense_mirror import DenseMirror
@@ -156,18 +157,17 @@ def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() ->
     client = PSClient([f"127.0.0.1:{port}"], TOKEN)
     try:
         client.init_dense(DENSE)
-        mirror = DenseMirror(SimpleNamespace(ps=client, var_names=list(DENSE)), optimizer)
+        model = SimpleNamespace(ps=client, var_names=list(DENSE))
+        mirror = DenseMirror(model, optimizer, refresh_every=1)
         ids = {"dim4": np.array([1, 2], dtype=np.int64)}
         zero_rows = {"dim4": np.zeros((2, 4), np.float32)}
-        mirror.after_reply(
-            client.push_pull_async(None, ids, mirror.expected(False)).result().dense, None
-        )
+        expected, dense = mirror.request(False)
+        mirror.after_reply(client.push_pull_async(None, ids, expected).result().dense, None)
         pending = None
         early_steps, fresh_steps = 0, 0
         for step in range(8):
-            call = client.push_pull_async(
-                pending, ids, mirror.expected(pending is not None), push_key=step
-            )
+            expected, dense = mirror.request(pending is not None)
+            call = client.push_pull_async(pending, ids, expected, push_key=step, dense=dense)
             own = grads(100 + step)[2]
             early = mirror.apply_early(own)
             reply = call.result()
@@ -183,6 +183,66 @@ def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() ->
             if step in (3, 6):  # another worker pushes: the next reply brings its weights
                 client.push(ids, zero_rows, grads(step)[2], key=1000 + step)
         assert early_steps >= 4 and fresh_steps >= 1  # both paths taken
+    finally:
+        client.close()
+        server.stop(0)
+
+
+@pytest.mark.parametrize("others", [False, True], ids=["alone", "others-push"])
+def test_a_mirror_takes_others_weights_every_refresh_th_step(others: bool) -> None:
+    """Another worker pushes between every two of this worker's PushPulls: the mirror asks
+    for the PS's weights on every ``refresh_every``-th one only (the others send none), in
+    between applies its own updates to its copy, and after each refresh equals the PS's
+    weights with its pending update, bit for bit. Alone it equals them after every step."""
+    from types import SimpleNamespace
+
+    from airflow_rover.worker.dense_mirror import DenseMirror
+
+    optimizer = Optimizer("adagrad", 0.1)
+    ps = ParameterServer(0, 1, EmbeddingPlacement.from_features(FEATURES), optimizer, 0)
+    server, port = start_server(ps, TOKEN, threads=2)
+    client = PSClient([f"127.0.0.1:{port}"], TOKEN)
+    try:
+        client.init_dense(DENSE)
+        mirror = DenseMirror(SimpleNamespace(ps=client, var_names=list(DENSE)), optimizer, 3)
+        ids = {"dim4": np.array([1, 2], dtype=np.int64)}
+        zero_rows = {"dim4": np.zeros((2, 4), np.float32)}
+        expected, dense = mirror.request(False)
+        assert dense
+        mirror.after_reply(client.push_pull_async(None, ids, expected).result().dense, None)
+        pending = None
+        asked = []
+        for step in range(9):
+            if others:
+                client.push(ids, zero_rows, grads(step)[2], key=1000 + step)
+            want = {k: v.copy() for k, v in mirror.values.items()}
+            state = {n: {k: v.copy() for k, v in s.items()} for n, s in mirror.state.items()}
+            expected, dense = mirror.request(pending is not None)
+            call = client.push_pull_async(pending, ids, expected, push_key=step, dense=dense)
+            own = grads(100 + step)[2]
+            early = mirror.apply_early(own)
+            reply = call.result()
+            if dense and others:  # the PS's weights and state, this step's update on top
+                assert all(reply.dense.fresh) and not early
+                want = {k: v.copy() for k, v in ps.dense.values.items()}
+                state = {n: {k: v.copy() for k, v in s.items()} for n, s in ps.dense.state.items()}
+            else:  # its own copy (alone: the PS's), its own update applied during the trip
+                assert not any(reply.dense.fresh) and (early or dense)
+                assert reply.dense.versions == expected
+            mirror.after_reply(reply.dense, own, early)
+            for name, value in want.items():
+                optimizer.apply(value, state[name], own[name])
+                np.testing.assert_array_equal(mirror.values[name], value)
+                if not others:  # the PS's weights with the pending update, as ever
+                    at_ps = ps.dense.values[name].copy()
+                    at_state = {k: v.copy() for k, v in ps.dense.state[name].items()}
+                    optimizer.apply(at_ps, at_state, own[name])
+                    np.testing.assert_array_equal(mirror.values[name], at_ps)
+            asked.append(dense)
+            pending = (ids, zero_rows, own)
+        # alone: the first reply brought the weights, so it skips until one that asks brings
+        # none, then asks on every PushPull
+        assert asked == ([False, False, True] * 3 if others else [False, False] + [True] * 7)
     finally:
         client.close()
         server.stop(0)
