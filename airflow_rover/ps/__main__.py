@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from airflow_rover.core.allocator import keep_freed_memory
 from airflow_rover.core.embedding_placement import EmbeddingPlacement
 from airflow_rover.core.incremental import UNKNOWN_DAY
 from airflow_rover.core.job_dir import (
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_request_logs()
+    keep_freed_memory()  # megabyte messages without page faults
     die_with_parent()  # a local node ends with its master
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)  # ~30 ms: a spare has it made

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from airflow_rover.core.allocator import keep_freed_memory
 from airflow_rover.core.job_dir import NodeContext
 from airflow_rover.core.node_job import node_job
 from airflow_rover.core.parent_death import die_with_parent
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     quiet_request_logs()
+    keep_freed_memory()  # megabyte messages without page faults
     die_with_parent()  # a local node ends with its master
     ctx = NodeContext.from_env()
     master = MasterClient(ctx.master_addr, ctx.token, ctx.tls)
