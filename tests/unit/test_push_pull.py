@@ -4,6 +4,8 @@ travel back only when another worker changed them, and the worker's mirror stays
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import grpc
 import numpy as np
@@ -142,11 +144,10 @@ def test_row_state_is_only_read_for_ids_being_pulled(client: PSClient) -> None:
         ).result()
 
 
-def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() -> None:
-    """``DenseMirror.apply_early`` applies a step's dense gradients before the PushPull's
-    reply comes; whether the reply then brings newer weights (another worker pushed) or not,
-    the mirror ends bit-identical to the PS's weights with the worker's pending update (it
-    asks for them on every PushPull here: ``refresh_every=1``)."""
+@contextmanager
+def mirrored_ps(refresh_every: int) -> Iterator[tuple[ParameterServer, PSClient, Any]]:
+    """A PS serving ``DENSE`` (Adagrad 0.1), a client of it, and a ``DenseMirror`` of its
+    dense weights refreshed every ``refresh_every``-th PushPull; the first PushPull done."""
     from types import SimpleNamespace
 
     from airflow_rover.worker.dense_mirror import DenseMirror
@@ -158,11 +159,28 @@ def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() ->
     try:
         client.init_dense(DENSE)
         model = SimpleNamespace(ps=client, var_names=list(DENSE))
-        mirror = DenseMirror(model, optimizer, refresh_every=1)
-        ids = {"dim4": np.array([1, 2], dtype=np.int64)}
-        zero_rows = {"dim4": np.zeros((2, 4), np.float32)}
+        mirror = DenseMirror(model, optimizer, refresh_every=refresh_every)
         expected, dense = mirror.request(False)
-        mirror.after_reply(client.push_pull_async(None, ids, expected).result().dense, None)
+        assert dense
+        mirror.after_reply(client.push_pull_async(None, MIRROR_IDS, expected).result().dense, None)
+        yield ps, client, mirror
+    finally:
+        client.close()
+        server.stop(0)
+
+
+MIRROR_IDS = {"dim4": np.array([1, 2], dtype=np.int64)}
+ZERO_ROWS = {"dim4": np.zeros((2, 4), np.float32)}
+
+
+def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() -> None:
+    """``DenseMirror.apply_early`` applies a step's dense gradients before the PushPull's
+    reply comes; whether the reply then brings newer weights (another worker pushed) or not,
+    the mirror ends bit-identical to the PS's weights with the worker's pending update (it
+    asks for them on every PushPull here: ``refresh_every=1``)."""
+    ids, zero_rows = MIRROR_IDS, ZERO_ROWS
+    with mirrored_ps(refresh_every=1) as (ps, client, mirror):
+        optimizer = mirror.optimizer
         pending = None
         early_steps, fresh_steps = 0, 0
         for step in range(8):
@@ -183,9 +201,6 @@ def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() ->
             if step in (3, 6):  # another worker pushes: the next reply brings its weights
                 client.push(ids, zero_rows, grads(step)[2], key=1000 + step)
         assert early_steps >= 4 and fresh_steps >= 1  # both paths taken
-    finally:
-        client.close()
-        server.stop(0)
 
 
 @pytest.mark.parametrize("others", [False, True], ids=["alone", "others-push"])
@@ -194,22 +209,9 @@ def test_a_mirror_takes_others_weights_every_refresh_th_step(others: bool) -> No
     for the PS's weights on every ``refresh_every``-th one only (the others send none), in
     between applies its own updates to its copy, and after each refresh equals the PS's
     weights with its pending update, bit for bit. Alone it equals them after every step."""
-    from types import SimpleNamespace
-
-    from airflow_rover.worker.dense_mirror import DenseMirror
-
-    optimizer = Optimizer("adagrad", 0.1)
-    ps = ParameterServer(0, 1, EmbeddingPlacement.from_features(FEATURES), optimizer, 0)
-    server, port = start_server(ps, TOKEN, threads=2)
-    client = PSClient([f"127.0.0.1:{port}"], TOKEN)
-    try:
-        client.init_dense(DENSE)
-        mirror = DenseMirror(SimpleNamespace(ps=client, var_names=list(DENSE)), optimizer, 3)
-        ids = {"dim4": np.array([1, 2], dtype=np.int64)}
-        zero_rows = {"dim4": np.zeros((2, 4), np.float32)}
-        expected, dense = mirror.request(False)
-        assert dense
-        mirror.after_reply(client.push_pull_async(None, ids, expected).result().dense, None)
+    ids, zero_rows = MIRROR_IDS, ZERO_ROWS
+    with mirrored_ps(refresh_every=3) as (ps, client, mirror):
+        optimizer = mirror.optimizer
         pending = None
         asked = []
         for step in range(9):
@@ -243,9 +245,6 @@ def test_a_mirror_takes_others_weights_every_refresh_th_step(others: bool) -> No
         # alone: the first reply brought the weights, so it skips until one that asks brings
         # none, then asks on every PushPull
         assert asked == ([False, False, True] * 3 if others else [False, False] + [True] * 7)
-    finally:
-        client.close()
-        server.stop(0)
 
 
 def test_a_ps_gone_answers_as_before_and_the_wait_is_counted_as_wait(client: PSClient) -> None:

@@ -80,9 +80,8 @@ class PositionalRows:
             blank = self.blank(int(fresh.sum()))
             for name, value in old.items():
                 value[fresh] = blank[name]
-        old[KEY_FIELD] = key_fields(ids)
-        old[KEY_FIELD][fresh] = 0.0
         new[KEY_FIELD] = key_fields(ids)
+        old[KEY_FIELD] = np.where(fresh[:, None], 0.0, new[KEY_FIELD])
         self._mark(positions)
         return np.asarray(keys, dtype=np.int64), old, new
 
@@ -108,12 +107,8 @@ class PositionalRows:
         """A replacement's decoded rows (``old_keys`` ascending, the lost PS's keys of rows
         ``ids``), appended after the rows placed so far, coded; returns the difference that
         moves the code of each row that lands at another position to its new key."""
-        table = self.table
-        names = [n for n in fields if n != KEY_FIELD]
-        arrays = {"ids": ids, "rows": fields["row"], "counts": np.zeros(ids.size, np.uint32)}
-        arrays.update({n: fields[n] for n in names if n.startswith("state/")})
-        table.absorb(arrays)
-        positions = table.slots_of(ids)  # new rows: after every row held
+        self.table.put_fields(ids, fields)
+        positions = self.table.slots_of(ids)  # new rows: after every row held
         self._mark(positions)
         new_keys = self.placement.position_keys(self.index, positions)
         moved = new_keys != old_keys
