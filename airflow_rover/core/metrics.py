@@ -1,4 +1,4 @@
-"""Evaluation metrics, pure numpy/scipy so the master, workers and tests share one definition.
+"""Evaluation metrics, pure numpy so the master, workers and tests share one definition.
 
 AUC is computed exactly (Mann-Whitney U from average ranks) rather than with a binned
 approximation, so two runs that produce the same scores report the same AUC bit for bit.
@@ -7,7 +7,6 @@ approximation, so two runs that produce the same scores report the same AUC bit 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -40,7 +39,16 @@ def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
             f"labels must contain both classes to define AUC, got {num_pos} positives "
             f"and {num_neg} negatives"
         )
-    ranks = rankdata(s, method="average")
+    ranks = average_ranks(s)
     rank_sum = float(np.sum(ranks[positive], dtype=np.float64))
     u_statistic = rank_sum - num_pos * (num_pos + 1) / 2.0
     return float(u_statistic / (float(num_pos) * float(num_neg)))
+
+
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``values``, ties given the mean of the ranks they span (as
+    ``scipy.stats.rankdata(method="average")``, without importing scipy.stats on every
+    evaluation)."""
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)
+    return (ends - (counts - 1) / 2.0)[inverse.reshape(-1)]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from scipy.stats import rankdata
 
-from airflow_rover.core.metrics import roc_auc
+from airflow_rover.core.metrics import average_ranks, roc_auc
 
 
 def _pairwise_auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -21,6 +22,18 @@ def test_matches_brute_force_with_ties(seed: int) -> None:
     labels = (rng.random(600) < 0.3).astype(np.float32)
     scores = rng.integers(0, 7, size=600).astype(np.float64) + 0.4 * labels  # many ties
     assert roc_auc(labels, scores) == pytest.approx(_pairwise_auc(labels, scores), abs=1e-12)
+
+
+@pytest.mark.parametrize("size", [1, 2, 50, 20_000])
+def test_average_ranks_are_scipys(size: int) -> None:
+    """Bit for bit, so an AUC is the same whichever computed it."""
+    rng = np.random.default_rng(size)
+    for values in (
+        rng.normal(size=size),
+        rng.integers(0, 5, size=size).astype(np.float64),  # ties
+        np.round(rng.random(size), 2).astype(np.float32),
+    ):
+        assert np.array_equal(average_ranks(values), rankdata(values, method="average"))
 
 
 def test_continuous_scores_match_brute_force() -> None:
