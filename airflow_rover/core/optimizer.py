@@ -15,13 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from pymoo.algorithms.moo.nsga2 import NSGA2
-from pymoo.core.problem import ElementwiseProblem
-from pymoo.operators.crossover.sbx import SBX
-from pymoo.operators.mutation.pm import PM
-from pymoo.operators.repair.rounding import RoundingRepair
-from pymoo.operators.sampling.rnd import IntegerRandomSampling
-from pymoo.optimize import minimize
 
 from airflow_rover.core.spec import ResourcePlan
 from airflow_rover.core.throughput import ThroughputModel
@@ -165,29 +158,6 @@ def throughput_gain(
     return remaining_samples / seconds - old
 
 
-class _PlanProblem(ElementwiseProblem):
-    def __init__(
-        self,
-        model: ThroughputModel,
-        current: ResourcePlan,
-        bounds: PlanBounds,
-        prices: Prices,
-        remaining: float,
-        costs: ScalingCosts,
-    ) -> None:
-        n_var = len(bounds.lower)
-        super().__init__(n_var=n_var, n_obj=2, xl=bounds.lower, xu=bounds.upper, vtype=int)
-        self.args = (model, current, bounds, prices, remaining, costs)
-
-    def _evaluate(self, x: np.ndarray, out: dict, *args: object, **kwargs: object) -> None:
-        model, current, bounds, prices, remaining, costs = self.args
-        plan = bounds.plan(x, like=current)
-        out["F"] = [
-            prices.cost(plan),
-            -throughput_gain(model, current, plan, remaining, costs),
-        ]
-
-
 def pareto_plans(
     model: ThroughputModel,
     current: ResourcePlan,
@@ -203,19 +173,22 @@ def pareto_plans(
     every plan where the space holds no more plans than NSGA-II would evaluate (then the front
     is exact, and found without NSGA-II's hunt for unseen offspring in a nearly covered space)."""
     bounds, prices, costs = bounds or PlanBounds(), prices or Prices(), costs or ScalingCosts()
-    problem = _PlanProblem(model, current, bounds, prices, remaining_samples, costs)
     if bounds.size <= population * generations:
         genomes = bounds.every()
     else:
-        algorithm = NSGA2(
-            pop_size=population,
-            sampling=IntegerRandomSampling(),
-            crossover=SBX(prob=0.9, eta=15, vtype=float, repair=RoundingRepair()),
-            mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
-            eliminate_duplicates=True,
+        from airflow_rover.core.plan_search import nsga2_genomes  # pymoo: imported when used
+
+        genomes = nsga2_genomes(
+            lambda plan: (
+                prices.cost(plan),
+                throughput_gain(model, current, plan, remaining_samples, costs),
+            ),
+            current,
+            bounds,
+            seed,
+            generations,
+            population,
         )
-        result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
-        genomes = np.clip(np.atleast_2d(result.X), bounds.lower, bounds.upper)
     seen: dict[ResourcePlan, Candidate] = {}
     for x in genomes:
         plan = bounds.plan(x, like=current)
