@@ -105,10 +105,11 @@ def ecrm_training(status: dict[str, Any]) -> bool:
     )
 
 
+# Random kills of workers, PS and the master, one case per seed: CI runs two (20 kills);
+# ROVER_CHAOS_SEEDS=N runs N for a longer soak.
+GENERIC_SEEDS = int(os.environ.get("ROVER_CHAOS_SEEDS", "2"))
 CASES = {
-    "seed-1": (1, {}, {}),
-    "seed-2": (2, {}, {}),
-    "seed-3": (3, {}, {}),
+    **{f"seed-{seed}": (seed, {}, {}) for seed in range(1, GENERIC_SEEDS + 1)},
     # ECRM: the workers train through each lost PS (``core.ecrm.degraded``) while its replacement is
     # rebuilt from parity; PS (replacements too) are killed while every worker trains (workers
     # and the master are killed in the cases above).

@@ -47,7 +47,7 @@ def test_the_trigger_applies_the_optimizers_plan_and_throughput_rises(tmp_path: 
             "train_data": str(data.train_dir),
             "eval_data": str(data.eval_dir),
             "plan": {"num_ps": 1, "num_workers": 1},
-            "training": {"shard_size": 4096, "epochs": 30, "optimizer": "adagrad"},  # ~1 min
+            "training": {"shard_size": 4096, "epochs": 16, "optimizer": "adagrad"},  # ~35 s alone
             "autoscale": {
                 "interval_s": 2,
                 "sampling_s": 6,
