@@ -178,16 +178,13 @@ def pareto_plans(
     else:
         from airflow_rover.core.plan_search import nsga2_genomes  # pymoo: imported when used
 
+        def cost_and_gain(genome: np.ndarray) -> tuple[float, float]:
+            plan = bounds.plan(genome, like=current)
+            gain = throughput_gain(model, current, plan, remaining_samples, costs)
+            return prices.cost(plan), gain
+
         genomes = nsga2_genomes(
-            lambda plan: (
-                prices.cost(plan),
-                throughput_gain(model, current, plan, remaining_samples, costs),
-            ),
-            current,
-            bounds,
-            seed,
-            generations,
-            population,
+            cost_and_gain, bounds.lower, bounds.upper, seed, generations, population
         )
     seen: dict[ResourcePlan, Candidate] = {}
     for x in genomes:

@@ -4,7 +4,6 @@ so that a master imports pymoo only when a search needs it."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
@@ -15,39 +14,31 @@ from pymoo.operators.repair.rounding import RoundingRepair
 from pymoo.operators.sampling.rnd import IntegerRandomSampling
 from pymoo.optimize import minimize
 
-from airflow_rover.core.spec import ResourcePlan
-
-if TYPE_CHECKING:
-    from airflow_rover.core.optimizer import PlanBounds
-
-CostAndGain = Callable[[ResourcePlan], tuple[float, float]]
+CostAndGain = Callable[[np.ndarray], tuple[float, float]]
+"""A genome's (resource cost, throughput gain)."""
 
 
 class _PlanProblem(ElementwiseProblem):
-    """Minimise (cost, -gain) over integer genomes within ``bounds``."""
+    """Minimise (cost, -gain) over integer genomes between ``lower`` and ``upper``."""
 
-    def __init__(self, objectives: CostAndGain, current: ResourcePlan, bounds: PlanBounds) -> None:
-        super().__init__(
-            n_var=len(bounds.lower), n_obj=2, xl=bounds.lower, xu=bounds.upper, vtype=int
-        )
-        # (pymoo's Problem has a ``bounds()`` of its own)
-        self.plan_of = lambda genome: bounds.plan(genome, like=current)
+    def __init__(self, objectives: CostAndGain, lower: np.ndarray, upper: np.ndarray) -> None:
+        super().__init__(n_var=len(lower), n_obj=2, xl=lower, xu=upper, vtype=int)
         self.objectives = objectives
 
     def _evaluate(self, x: np.ndarray, out: dict, *args: object, **kwargs: object) -> None:
-        cost, gain = self.objectives(self.plan_of(x))
+        cost, gain = self.objectives(x)
         out["F"] = [cost, -gain]
 
 
 def nsga2_genomes(
     objectives: CostAndGain,
-    current: ResourcePlan,
-    bounds: PlanBounds,
+    lower: np.ndarray,
+    upper: np.ndarray,
     seed: int,
     generations: int,
     population: int,
 ) -> np.ndarray:
-    """The genomes of NSGA-II's last front (clipped to ``bounds``), one per row."""
+    """The genomes of NSGA-II's last front (clipped to the bounds), one per row."""
     algorithm = NSGA2(
         pop_size=population,
         sampling=IntegerRandomSampling(),
@@ -55,6 +46,6 @@ def nsga2_genomes(
         mutation=PM(eta=20, vtype=float, repair=RoundingRepair()),
         eliminate_duplicates=True,
     )
-    problem = _PlanProblem(objectives, current, bounds)
+    problem = _PlanProblem(objectives, lower, upper)
     result = minimize(problem, algorithm, ("n_gen", generations), seed=seed, verbose=False)
-    return np.clip(np.atleast_2d(result.X), bounds.lower, bounds.upper)
+    return np.clip(np.atleast_2d(result.X), lower, upper)
