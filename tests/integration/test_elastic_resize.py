@@ -29,7 +29,7 @@ def spec_for(data: Any, job_id: str) -> JobSpec:
             "train_data": str(data.train_dir),
             "eval_data": str(data.eval_dir),
             "plan": {"num_ps": 1, "num_workers": 1},
-            "training": {"shard_size": 2048, "epochs": 6, "optimizer": "adagrad", "seed": 3},
+            "training": {"shard_size": 2048, "epochs": 10, "optimizer": "adagrad", "seed": 3},
             "autoscale": {"enabled": False},
             "recovery": {"checkpoint_interval_s": 3},
         }
