@@ -144,6 +144,10 @@ def test_row_state_is_only_read_for_ids_being_pulled(client: PSClient) -> None:
         ).result()
 
 
+MIRROR_IDS = {"dim4": np.array([1, 2], dtype=np.int64)}
+ZERO_ROWS = {"dim4": np.zeros((2, 4), np.float32)}
+
+
 @contextmanager
 def mirrored_ps(refresh_every: int) -> Iterator[tuple[ParameterServer, PSClient, Any]]:
     """A PS serving ``DENSE`` (Adagrad 0.1), a client of it, and a ``DenseMirror`` of its
@@ -167,10 +171,6 @@ def mirrored_ps(refresh_every: int) -> Iterator[tuple[ParameterServer, PSClient,
     finally:
         client.close()
         server.stop(0)
-
-
-MIRROR_IDS = {"dim4": np.array([1, 2], dtype=np.int64)}
-ZERO_ROWS = {"dim4": np.zeros((2, 4), np.float32)}
 
 
 def test_a_mirror_that_applies_its_update_during_the_round_trip_stays_exact() -> None:

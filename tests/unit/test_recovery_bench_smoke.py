@@ -43,14 +43,17 @@ def section(out: str, title: str) -> list[str]:
     return out[start : end if end > 0 else None].splitlines()
 
 
+def row_of(lines: list[str], label: str, size: str) -> str | None:
+    """A table's row for ``label`` (a policy or variant) at failure size ``size``."""
+    pattern = re.compile(rf"^{re.escape(label)}\s+{re.escape(size)}\s")
+    return next((line for line in lines if pattern.match(line)), None)
+
+
 def test_table_has_every_policy_at_every_failure_size(quick_run: tuple[str, float]) -> None:
     lines = section(quick_run[0], "Overhead, accuracy and PLS")
     for policy in POLICIES:
         for size, num_ps in SIZES.items():
-            row = next(
-                (line for line in lines if re.match(rf"^{re.escape(policy)}\s+{size}\s", line)),
-                None,
-            )
+            row = row_of(lines, policy, size)
             assert row is not None, f"no row for {policy} at {size}"
             cells = row[len(policy) :].split()
             assert cells[1] == str(num_ps)
@@ -104,17 +107,16 @@ def test_partial_saves_scale_with_their_rows_and_restores_read_about_one_table(
     overview = section(quick_run[0], "Overhead, accuracy and PLS")
     for variant in ("cpr-vanilla", "cpr-mfu", "cpr-ssu"):
         for size in SIZES:
-            row = next(line for line in lines if re.match(rf"^{variant}\s+{size}\s", line))
+            row = row_of(lines, variant, size)
+            assert row is not None, f"no row for {variant} at {size}"
             cells = row.split()
             of_bound = float(cells[5])
             assert -100 < of_bound < 2
             if variant == "cpr-vanilla":
                 continue
             if cells[7] == "-":
-                fell_back = next(
-                    line for line in overview if re.match(rf"^{variant}\s+{size}\s", line)
-                )
-                assert "fell back to full recovery" in fell_back, (row, fell_back)
+                fell_back = row_of(overview, variant, size)
+                assert fell_back is not None and "fell back to full recovery" in fell_back, row
                 continue
             save_share, restore_share = float(cells[7]), float(cells[8])
             assert 0 < save_share <= 0.125 * 1.2, row
